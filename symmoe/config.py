@@ -1,0 +1,228 @@
+"""YAML -> frozen dataclasses, validated at load time.
+
+Every problem raises :class:`symmoe.ConfigError` naming the file, the key path, the value
+and what is allowed. ``Config.digest()`` is what ranks compare at start-up.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import ConfigError
+from .layout import DTYPES, MAX_CHANNELS, BufferLayout
+
+# Each backend's protocols, native one first. Kept here (not in the backend modules) so a
+# config can be checked on a machine where the backend's library is missing.
+PROTOCOLS: dict[str, tuple[str, ...]] = {
+    "host": ("push", "pull"),
+    "torch": ("pull", "push"),
+    "nvshmem": ("push",),
+    "nccl": ("push",),
+}
+OUTPUT_LAYOUTS = ("rank", "expert")
+
+
+@dataclass(frozen=True)
+class BufferConfig:
+    max_tokens_per_rank: int = 4096
+    hidden: int = 7168
+    topk: int = 8
+    num_experts: int = 256
+    dtype: str = "bfloat16"
+    output_layout: str = "rank"
+    expert_alignment: int = 1
+    recv_capacity: int = 0  # receive-pool rows; 0 = worst case
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    num_sms: int = 24
+    num_channels: int = 8
+    timeout_s: float = 30.0
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    poll_interval_us: int = 50
+
+
+@dataclass(frozen=True)
+class TorchConfig:
+    # Several ranks on one GPU (tests under MPS): sets TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES.
+    allow_overlapping_devices: bool = False
+
+
+@dataclass(frozen=True)
+class NvshmemConfig:
+    pass
+
+
+@dataclass(frozen=True)
+class NcclConfig:
+    pass
+
+
+@dataclass(frozen=True)
+class Config:
+    backend: str = "host"
+    protocol: str = ""  # "" = the backend's native protocol
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    kernel: KernelConfig = field(default_factory=KernelConfig)
+    host: HostConfig = field(default_factory=HostConfig)
+    torch: TorchConfig = field(default_factory=TorchConfig)
+    nvshmem: NvshmemConfig = field(default_factory=NvshmemConfig)
+    nccl: NcclConfig = field(default_factory=NcclConfig)
+    source: str | None = field(default=None, compare=False)
+
+    # -- derived -------------------------------------------------------------------------
+    @property
+    def effective_protocol(self) -> str:
+        return self.protocol or PROTOCOLS[self.backend][0]
+
+    def layout(self, world_size: int) -> BufferLayout:
+        b = self.buffer
+        return BufferLayout(
+            world_size=world_size, max_tokens=b.max_tokens_per_rank, hidden=b.hidden, topk=b.topk,
+            num_experts=b.num_experts, elem_size=DTYPES[b.dtype].itemsize, alignment=b.expert_alignment,
+            num_channels=self.kernel.num_channels, recv_capacity=b.recv_capacity,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d.pop("source")
+        d["protocol"] = self.effective_protocol
+        return d
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()[:16]
+
+    def replace(self, **changes: Any) -> "Config":
+        """A copy with dotted keys changed, validated like a file: ``replace(**{"buffer.hidden": 128})``."""
+        d = self.to_dict()
+        for key, value in changes.items():
+            node = d
+            *path, last = key.split(".")
+            for p in path:
+                node = node[p]
+            node[last] = value
+        return from_dict(d, source=self.source)
+
+
+# -- loading -----------------------------------------------------------------------------
+_RANGES: dict[str, tuple[float, float]] = {
+    "buffer.max_tokens_per_rank": (1, 1 << 20),
+    "buffer.hidden": (8, 1 << 16),
+    "buffer.topk": (1, 32),
+    "buffer.num_experts": (1, 1 << 16),
+    "buffer.expert_alignment": (1, 1024),
+    "buffer.recv_capacity": (0, 1 << 28),
+    "kernel.num_sms": (1, 1024),
+    "kernel.num_channels": (1, MAX_CHANNELS),
+    "kernel.timeout_s": (1e-3, 86400),
+    "host.poll_interval_us": (0, 1_000_000),
+}
+_CHOICES: dict[str, tuple[str, ...]] = {
+    "backend": tuple(PROTOCOLS),
+    "buffer.dtype": tuple(DTYPES),
+    "buffer.output_layout": OUTPUT_LAYOUTS,
+}
+
+
+def _type_name(t: Any) -> str:
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(t, str(t))
+
+
+def _build(cls: type, data: Any, path: str, source: str | None) -> Any:
+    if not isinstance(data, Mapping):
+        raise ConfigError(path or "<top level>", data, "expected a mapping of keys", source)
+    hints = typing.get_type_hints(cls)
+    known = {f.name: f for f in dataclasses.fields(cls) if f.name != "source"}
+    kwargs = {}
+    for key, value in data.items():
+        kp = f"{path}.{key}" if path else str(key)
+        if key not in known:
+            raise ConfigError(kp, value, f"unknown key; allowed here: {', '.join(sorted(known)) or 'none'}", source)
+        t = hints[key]
+        if dataclasses.is_dataclass(t):
+            kwargs[key] = _build(t, value if value is not None else {}, kp, source)
+            continue
+        kwargs[key] = _check_scalar(kp, value, t, source)
+    obj = cls(**kwargs)
+    return obj
+
+
+def _check_scalar(kp: str, value: Any, t: Any, source: str | None) -> Any:
+    if t is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if t is int and (isinstance(value, bool) or not isinstance(value, int)):
+        raise ConfigError(kp, value, f"expected {_type_name(int)}", source)
+    if t is not int and not isinstance(value, t):
+        raise ConfigError(kp, value, f"expected {_type_name(t)}", source)
+    if kp in _RANGES:
+        lo, hi = _RANGES[kp]
+        if not lo <= value <= hi:
+            raise ConfigError(kp, value, f"must be in [{lo:g}, {hi:g}]", source)
+    if kp in _CHOICES and value not in _CHOICES[kp]:
+        raise ConfigError(kp, value, f"allowed: {', '.join(_CHOICES[kp])}", source)
+    return value
+
+
+def _check_combinations(cfg: Config) -> None:
+    src, b = cfg.source, cfg.buffer
+    if cfg.protocol and cfg.protocol not in PROTOCOLS[cfg.backend]:
+        raise ConfigError("protocol", cfg.protocol,
+                          f"backend '{cfg.backend}' runs: {', '.join(PROTOCOLS[cfg.backend])}", src)
+    if b.hidden % 8:
+        raise ConfigError("buffer.hidden", b.hidden, "must be a multiple of 8 (16-byte rows for bulk copies)", src)
+    if b.topk > b.num_experts:
+        raise ConfigError("buffer.topk", b.topk, f"must be <= buffer.num_experts ({b.num_experts})", src)
+
+
+def from_dict(data: Mapping[str, Any], source: str | None = None) -> Config:
+    cfg = _build(Config, data, "", source)
+    if cfg.protocol and cfg.protocol not in ("push", "pull"):
+        raise ConfigError("protocol", cfg.protocol, "allowed: push, pull (or leave it out for the backend's native one)", source)
+    cfg = dataclasses.replace(cfg, source=source)
+    _check_combinations(cfg)
+    return cfg
+
+
+def load(path: str | os.PathLike) -> Config:
+    path = os.fspath(path)
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError("<file>", path, "file not found", path) from None
+    except yaml.YAMLError as e:
+        raise ConfigError("<file>", path, f"not valid YAML: {e}", path) from None
+    return from_dict(data if data is not None else {}, source=path)
+
+
+def check_world_size(cfg: Config, world_size: int) -> None:
+    """Checks that depend on the job's size; run when a Buffer is created."""
+    if cfg.buffer.num_experts % world_size:
+        raise ConfigError("buffer.num_experts", cfg.buffer.num_experts,
+                          f"must be divisible by the world size ({world_size})", cfg.source)
+
+
+def diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two ``Config.to_dict()`` mappings."""
+    keys = []
+    for k in sorted(set(a) | set(b)):
+        va, vb = a.get(k), b.get(k)
+        if isinstance(va, Mapping) and isinstance(vb, Mapping):
+            keys += diff(va, vb, f"{prefix}{k}.")
+        elif va != vb:
+            keys.append(f"{prefix}{k}")
+    return keys

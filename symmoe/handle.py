@@ -1,0 +1,34 @@
+"""What dispatch hands to combine."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DispatchHandle:
+    """Everything combine needs to send rows back to where dispatch took them from.
+
+    Source side (this rank as a sender): ``topk_idx``/``topk_weights``/``is_token_in_rank``
+    of the tokens it dispatched. Receiver side (this rank as a receiver): for each row it
+    received, the source rank, the source token and the combine slot on the source
+    (the destination rank for rank-major, the top-k position for expert-major).
+    """
+
+    output_layout: str  # "rank" | "expert"
+    num_tokens: int  # tokens this rank dispatched
+    topk_idx: torch.Tensor  # [T, K] int64, as given to dispatch
+    topk_weights: torch.Tensor  # [T, K] float32, as given to dispatch
+    is_token_in_rank: torch.Tensor  # [T, W] bool
+    counts: torch.Tensor  # [W, 1 + W + E] int32, the matrix every rank published (host copy)
+    num_recv_rows: int  # rows received (padded rows included, expert-major)
+    recv_src_rank: torch.Tensor  # [rows] int32, -1 on padding
+    recv_src_token: torch.Tensor  # [rows] int32, -1 on padding
+    recv_src_slot: torch.Tensor  # [rows] int32, -1 on padding
+    expert_offsets: torch.Tensor | None  # [L + 1] int64 padded group starts (expert-major)
+    buffer_id: int  # id() of the Buffer that made it: a handle is only valid there
+
+    @property
+    def num_recv_tokens(self) -> int:
+        return self.num_recv_rows

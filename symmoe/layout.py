@@ -1,0 +1,141 @@
+"""Where each named region lies in the symmetric buffer.
+
+One allocation per rank, cut into regions whose offsets are identical on every rank, so a
+kernel reaches a peer's region as ``peer_base[r] + offset``. ``csrc/common/layout.cuh``
+holds the same fields, in the same order, as a struct the kernels take by value
+(``BufferLayout.kernel_args()`` fills it); the arithmetic lives only here.
+
+    signals  int64 flags: barrier[W], ready[W], tail[C][W], head[C][W]
+    counts   int32 [W][1 + W + E]: row s = rank s's token count, then tokens it sends per
+             rank, then (token, slot) pairs per expert; every rank writes its row into every peer
+    input    x [T, H] | topk_idx int32 [T, K] | topk_weights f32 [T, K]   (published for pull)
+    recv     x [R, H] | topk_idx int32 [R, K] | topk_weights f32 [R, K] | src_token int32 [R]
+    combine  x [T * S, H] | topk_weights f32 [T * S, K], S = max(W, K): one slot per
+             (token, destination rank) for rank-major, per (token, k) for expert-major
+
+    recv_src holds, for each received row, its combine slot on the source: ``t * S + slot``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+ALIGN = 1024  # region alignment: a multiple of TMA's 16 bytes and of a cache line
+MAX_CHANNELS = 64
+
+DTYPES: dict[str, torch.dtype] = {
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float32": torch.float32,
+}
+
+
+def _up(n: int, a: int = ALIGN) -> int:
+    return (n + a - 1) // a * a
+
+
+@dataclass(frozen=True)
+class Region:
+    name: str
+    offset: int
+    nbytes: int
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+
+@dataclass(frozen=True)
+class BufferLayout:
+    world_size: int
+    max_tokens: int  # per rank
+    hidden: int
+    topk: int
+    num_experts: int
+    elem_size: int  # bytes per element of x
+    alignment: int = 1  # expert-major group padding
+    num_channels: int = 1
+    recv_capacity: int = 0  # rows of the receive pool; 0: the worst case for either layout
+    regions: dict[str, Region] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        W, T, H, K, E = self.world_size, self.max_tokens, self.hidden, self.topk, self.num_experts
+        R = self.recv_rows
+        C = self.num_channels
+        sizes = [
+            ("signals", 8 * W * (2 + 2 * C)),
+            ("counts", 4 * W * (1 + W + E)),
+            ("input", _up(T * H * self.elem_size) + 2 * _up(4 * T * K)),
+            ("recv", _up(R * H * self.elem_size) + 2 * _up(4 * R * K) + _up(4 * R)),
+            ("combine", _up(T * self.combine_slots * H * self.elem_size) + 4 * T * self.combine_slots * K),
+        ]
+        regions, off = {}, 0
+        for name, n in sizes:
+            regions[name] = Region(name, off, _up(max(n, 1)))
+            off += regions[name].nbytes
+        object.__setattr__(self, "regions", regions)
+
+    # -- sizes ---------------------------------------------------------------------------
+    @property
+    def local_experts(self) -> int:
+        return self.num_experts // self.world_size
+
+    @property
+    def combine_slots(self) -> int:
+        return max(self.world_size, self.topk)
+
+    @property
+    def recv_rows(self) -> int:
+        if self.recv_capacity:
+            return self.recv_capacity
+        return self.worst_case_rows("expert")
+
+    def worst_case_rows(self, output_layout: str) -> int:
+        W, T = self.world_size, self.max_tokens
+        if output_layout == "rank":
+            return W * T
+        slots = min(self.topk, self.local_experts)
+        return max(W * T, W * T * slots + self.local_experts * (self.alignment - 1))
+
+    @property
+    def total_bytes(self) -> int:
+        return self.regions["combine"].end
+
+    # -- sub-array offsets the kernels use -----------------------------------------------
+    def offsets(self) -> dict[str, int]:
+        W, T, H, K, R, C = self.world_size, self.max_tokens, self.hidden, self.topk, self.recv_rows, self.num_channels
+        g = self.regions
+        sig = g["signals"].offset
+        inp = g["input"].offset
+        rcv = g["recv"].offset
+        return {
+            "barrier": sig,
+            "ready": sig + 8 * W,
+            "tail": sig + 16 * W,
+            "head": sig + 16 * W + 8 * C * W,
+            "counts": g["counts"].offset,
+            "in_x": inp,
+            "in_idx": inp + _up(T * H * self.elem_size),
+            "in_w": inp + _up(T * H * self.elem_size) + _up(4 * T * K),
+            "recv_x": rcv,
+            "recv_idx": rcv + _up(R * H * self.elem_size),
+            "recv_w": rcv + _up(R * H * self.elem_size) + _up(4 * R * K),
+            "recv_src": rcv + _up(R * H * self.elem_size) + 2 * _up(4 * R * K),
+            "combine_x": g["combine"].offset,
+            "combine_w": g["combine"].offset + _up(T * self.combine_slots * H * self.elem_size),
+        }
+
+    # Order must match `struct Layout` in csrc/common/layout.cuh.
+    KERNEL_FIELDS = ("world_size", "max_tokens", "hidden", "topk", "num_experts", "elem_size",
+                     "recv_rows", "num_channels", "combine_slots")
+    KERNEL_OFFSETS = ("barrier", "ready", "tail", "head", "counts", "in_x", "in_idx", "in_w",
+                      "recv_x", "recv_idx", "recv_w", "recv_src", "combine_x", "combine_w")
+
+    def kernel_args(self) -> list[int]:
+        offs = self.offsets()
+        return [int(getattr(self, f)) for f in self.KERNEL_FIELDS] + [offs[k] for k in self.KERNEL_OFFSETS]
+
+    def describe(self) -> list[tuple[str, int, int]]:
+        """(region, offset, bytes) rows for ``symmoe size``."""
+        return [(r.name, r.offset, r.nbytes) for r in self.regions.values()]

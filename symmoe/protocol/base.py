@@ -1,0 +1,41 @@
+"""The contract between ``symmoe.Buffer`` and the code that moves the data.
+
+A protocol runs over one SymmetricMemory. ``Buffer`` validates every argument before it
+calls in here; a protocol may still raise CapacityError once the counts are exchanged
+(every rank sees the same counts matrix, so every rank raises together).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from ..config import Config
+from ..handle import DispatchHandle
+from ..layout import BufferLayout
+from ..memory import SymmetricMemory
+from ..reference import DispatchLayout, RecvResult
+
+
+class Protocol(ABC):
+    name: str  # "push" | "pull"
+
+    def __init__(self, mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int):
+        self.mem, self.layout, self.config, self.buffer_id = mem, layout, config, buffer_id
+
+    @abstractmethod
+    def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:
+        """Counts of this rank's own routing; no communication."""
+
+    @abstractmethod
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                 output_layout: str, alignment: int) -> tuple[RecvResult, DispatchHandle]:
+        """Collective. Returns this rank's received rows (as ``symmoe.reference`` defines them)."""
+
+    @abstractmethod
+    def combine(self, y: torch.Tensor, handle: DispatchHandle,
+                recv_topk_weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Collective. Returns (combined_x [T, H], combined_topk_weights [T, K] or None)."""
+
+    def close(self) -> None:
+        """Release what the protocol holds besides the SymmetricMemory (streams, modules)."""

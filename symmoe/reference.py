@@ -1,0 +1,214 @@
+"""The executable definition of symmoe's semantics, in plain torch, on any device.
+
+Every backend and protocol is tested bitwise against these functions. They take a
+global view: lists indexed by rank, one entry per rank's inputs, and return one result
+per rank. Ordering and reduction rules that make results bitwise reproducible:
+
+* Expert ``e`` lives on rank ``e // L`` where ``L = num_experts // world_size``; its
+  local id there is ``e % L``. ``-1`` in ``topk_idx`` means "no expert".
+* Rank-major dispatch: receiver ``r`` gets one row per (source rank ``s``, token ``t``)
+  with at least one expert on ``r``, ordered by ``s`` then ``t``. ``recv_topk_idx`` holds
+  the local expert id, or -1 for slots whose expert lives elsewhere; the matching weight
+  is 0 there.
+* Expert-major dispatch: receiver ``r`` gets one row per (source, token, local expert),
+  grouped by local expert, inside a group ordered by ``s`` then ``t``; each group is
+  padded with zero rows up to a multiple of ``alignment`` (what grouped GEMMs consume).
+  Padding rows have expert id -1 and weight 0.
+* Combine accumulates in fp32 and casts once. Rank-major: plain sum over destination
+  ranks in ascending order (the expert computation applied the weights). Expert-major:
+  ``sum_k fp32(w[t, k]) * fp32(y[row(t, k)])`` in ascending ``k``, each product rounded
+  to fp32 before it is added (kernels use ``__fmul_rn``/``__fadd_rn`` so no FMA fuses them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Sequence
+
+import torch
+
+OutputLayout = Literal["rank", "expert"]
+
+
+@dataclass(frozen=True)
+class DispatchLayout:
+    """Counts one rank derives from its own ``topk_idx`` (DeepEP's ``get_dispatch_layout``)."""
+
+    num_tokens_per_rank: torch.Tensor  # [W] int32: tokens with >= 1 expert on each rank
+    num_tokens_per_expert: torch.Tensor  # [E] int32: (token, slot) pairs per expert
+    is_token_in_rank: torch.Tensor  # [T, W] bool
+
+
+@dataclass(frozen=True)
+class RecvResult:
+    """What one receiving rank gets from dispatch."""
+
+    x: torch.Tensor  # [N, H] rank-major, [M_padded, H] expert-major
+    topk_idx: torch.Tensor  # [N, K] int64 (rank-major) or [M_padded] int64 (expert-major)
+    topk_weights: torch.Tensor  # [N, K] float32 or [M_padded] float32
+    num_recv_tokens_per_expert: torch.Tensor  # [L] int32, unpadded
+    src_rank: torch.Tensor  # [rows] int32, -1 on padding
+    src_token: torch.Tensor  # [rows] int32, -1 on padding
+    expert_offsets: torch.Tensor | None  # [L + 1] int64 padded group starts (expert-major)
+
+
+@dataclass(frozen=True)
+class DispatchResult:
+    recv: list[RecvResult]  # one per receiving rank
+    # send_rows[s]: [T_s, W] (rank-major) or [T_s, K] (expert-major) int64 -- the row in the
+    # receiver's output that (token, destination) / (token, slot) of source s landed in, -1 if none.
+    send_rows: list[torch.Tensor]
+
+
+def experts_per_rank(num_experts: int, world_size: int) -> int:
+    if num_experts % world_size:
+        raise ValueError(f"num_experts={num_experts} is not divisible by world_size={world_size}")
+    return num_experts // world_size
+
+
+def get_dispatch_layout(topk_idx: torch.Tensor, num_experts: int, world_size: int) -> DispatchLayout:
+    L = experts_per_rank(num_experts, world_size)
+    valid = topk_idx >= 0
+    owner = torch.where(valid, topk_idx // L, torch.full_like(topk_idx, -1))
+    ranks = torch.arange(world_size, device=topk_idx.device)
+    is_token_in_rank = (owner.unsqueeze(-1) == ranks).any(dim=1)  # [T, W]
+    per_expert = torch.bincount(topk_idx[valid].long(), minlength=num_experts)
+    return DispatchLayout(
+        num_tokens_per_rank=is_token_in_rank.sum(0).to(torch.int32),
+        num_tokens_per_expert=per_expert.to(torch.int32),
+        is_token_in_rank=is_token_in_rank,
+    )
+
+
+def dispatch(
+    xs: Sequence[torch.Tensor],
+    topk_idxs: Sequence[torch.Tensor],
+    topk_weights: Sequence[torch.Tensor],
+    num_experts: int,
+    layout: OutputLayout = "rank",
+    alignment: int = 1,
+) -> DispatchResult:
+    W = len(xs)
+    L = experts_per_rank(num_experts, W)
+    if layout == "rank":
+        return _dispatch_rank_major(xs, topk_idxs, topk_weights, W, L)
+    if layout == "expert":
+        return _dispatch_expert_major(xs, topk_idxs, topk_weights, W, L, alignment)
+    raise ValueError(f"layout={layout!r}: expected 'rank' or 'expert'")
+
+
+def _dispatch_rank_major(xs, topk_idxs, topk_weights, W, L) -> DispatchResult:
+    layouts = [get_dispatch_layout(idx, W * L, W) for idx in topk_idxs]
+    send_rows = [torch.full((idx.shape[0], W), -1, dtype=torch.int64, device=idx.device) for idx in topk_idxs]
+    recv = []
+    for r in range(W):
+        parts_x, parts_idx, parts_w, parts_rank, parts_tok = [], [], [], [], []
+        row = 0
+        for s in range(W):
+            tokens = layouts[s].is_token_in_rank[:, r].nonzero().flatten()
+            n = tokens.numel()
+            send_rows[s][tokens, r] = torch.arange(row, row + n, device=tokens.device)
+            row += n
+            idx = topk_idxs[s][tokens].long()
+            local = torch.where((idx >= 0) & (idx // L == r), idx - r * L, torch.full_like(idx, -1))
+            w = topk_weights[s][tokens].float()
+            parts_x.append(xs[s][tokens])
+            parts_idx.append(local)
+            parts_w.append(torch.where(local >= 0, w, torch.zeros_like(w)))
+            parts_rank.append(torch.full((n,), s, dtype=torch.int32, device=tokens.device))
+            parts_tok.append(tokens.to(torch.int32))
+        recv_idx = torch.cat(parts_idx)
+        per_expert = torch.bincount(recv_idx[recv_idx >= 0], minlength=L).to(torch.int32)
+        recv.append(RecvResult(torch.cat(parts_x), recv_idx, torch.cat(parts_w), per_expert,
+                               torch.cat(parts_rank), torch.cat(parts_tok), None))
+    return DispatchResult(recv, send_rows)
+
+
+def padded_group_offsets(counts: torch.Tensor, alignment: int) -> torch.Tensor:
+    """[L] counts -> [L + 1] int64 starts of groups padded to a multiple of ``alignment``."""
+    padded = (counts.long() + alignment - 1) // alignment * alignment
+    return torch.cat([padded.new_zeros(1), padded.cumsum(0)])
+
+
+def _dispatch_expert_major(xs, topk_idxs, topk_weights, W, L, alignment) -> DispatchResult:
+    device = xs[0].device
+    hidden = xs[0].shape[1]
+    K = topk_idxs[0].shape[1]
+    send_rows = [torch.full((idx.shape[0], K), -1, dtype=torch.int64, device=idx.device) for idx in topk_idxs]
+    t_max = max([idx.shape[0] for idx in topk_idxs] + [1])
+    recv = []
+    for r in range(W):
+        keys, srcs = [], []
+        for s in range(W):
+            idx = topk_idxs[s].long()
+            t, k = ((idx >= 0) & (idx // L == r)).nonzero(as_tuple=True)
+            j = idx[t, k] - r * L
+            keys.append((j * W + s) * t_max + t)  # unique: expert ids are distinct within a row
+            srcs.append(torch.stack([torch.full_like(t, s), t, k, j], dim=1))
+        key = torch.cat(keys)
+        src = torch.cat(srcs)[key.argsort()]
+        counts = torch.bincount(src[:, 3], minlength=L)
+        offsets = padded_group_offsets(counts, alignment)
+        rank_in_group = torch.arange(src.shape[0], device=device) - torch.cat([counts.new_zeros(1), counts.cumsum(0)])[src[:, 3]]
+        rows = offsets[src[:, 3]] + rank_in_group
+        m = int(offsets[-1])
+        out_x = torch.zeros((m, hidden), dtype=xs[0].dtype, device=device)
+        out_idx = torch.full((m,), -1, dtype=torch.int64, device=device)
+        out_w = torch.zeros((m,), dtype=torch.float32, device=device)
+        out_rank = torch.full((m,), -1, dtype=torch.int32, device=device)
+        out_tok = torch.full((m,), -1, dtype=torch.int32, device=device)
+        for s in range(W):
+            sel = src[:, 0] == s
+            t, k, rr = src[sel, 1], src[sel, 2], rows[sel]
+            out_x[rr] = xs[s][t]
+            out_w[rr] = topk_weights[s][t, k].float()
+            out_rank[rr] = s
+            out_tok[rr] = t.to(torch.int32)
+            send_rows[s][t, k] = rr
+        out_idx[rows] = src[:, 3]
+        recv.append(RecvResult(out_x, out_idx, out_w, counts.to(torch.int32), out_rank, out_tok, offsets))
+    return DispatchResult(recv, send_rows)
+
+
+def combine(
+    ys: Sequence[torch.Tensor],
+    dispatched: DispatchResult,
+    topk_idxs: Sequence[torch.Tensor],
+    topk_weights: Sequence[torch.Tensor],
+    num_experts: int,
+    layout: OutputLayout = "rank",
+    recv_topk_weights: Sequence[torch.Tensor] | None = None,
+) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """Return, per source rank, ``(combined_x, combined_topk_weights)``.
+
+    ``ys[r]`` holds one row per row that rank ``r`` received. ``combined_topk_weights`` is
+    the fp32 sum over ranks of ``recv_topk_weights`` (rank-major only, when given)."""
+    W = len(ys)
+    L = experts_per_rank(num_experts, W)
+    out = []
+    for s in range(W):
+        rows = dispatched.send_rows[s]
+        T = rows.shape[0]
+        hidden = ys[0].shape[1]
+        acc = torch.zeros((T, hidden), dtype=torch.float32, device=ys[0].device)
+        acc_w = None
+        if layout == "rank":
+            if recv_topk_weights is not None:
+                acc_w = torch.zeros((T, topk_idxs[s].shape[1]), dtype=torch.float32, device=ys[0].device)
+            for r in range(W):
+                t = (rows[:, r] >= 0).nonzero().flatten()
+                acc[t] = acc[t] + ys[r][rows[t, r]].float()
+                if acc_w is not None:
+                    acc_w[t] = acc_w[t] + recv_topk_weights[r][rows[t, r]].float()
+        else:
+            idx = topk_idxs[s].long()
+            for k in range(idx.shape[1]):
+                t = (rows[:, k] >= 0).nonzero().flatten()
+                owner = idx[t, k] // L
+                vals = torch.empty((t.numel(), hidden), dtype=torch.float32, device=ys[0].device)
+                for r in range(W):
+                    sel = owner == r
+                    vals[sel] = ys[r][rows[t[sel], k]].float()
+                prod = topk_weights[s][t, k].float().unsqueeze(1) * vals
+                acc[t] = acc[t] + prod
+        out.append((acc.to(ys[0].dtype), acc_w))
+    return out
