@@ -1,0 +1,133 @@
+"""symmoe.Buffer: DeepEP-shaped dispatch/combine over any backend."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import backends, protocol, validate
+from .config import Config, check_world_size, diff, load
+from .errors import ConfigMismatch
+from .event import EventOverlap
+from .handle import DispatchHandle
+from .layout import DTYPES
+
+
+def _resolve(config: Config | str | os.PathLike | None) -> Config:
+    if config is None:
+        return Config()
+    if isinstance(config, Config):
+        return config
+    return load(config)
+
+
+class Buffer:
+    """One symmetric buffer and the protocol that moves rows through it.
+
+    ``Buffer(group, config)`` is collective over ``group`` (None: the default group, or a
+    single process when torch.distributed is not initialised)."""
+
+    def __init__(self, group: dist.ProcessGroup | None = None, config: Config | str | os.PathLike | None = None):
+        self.config = cfg = _resolve(config)
+        self.group = group
+        self.rank = dist.get_rank(group) if dist.is_initialized() else 0
+        self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
+        check_world_size(cfg, self.world_size)
+        self._check_same_config()
+        self.layout = cfg.layout(self.world_size)
+        self.dtype = DTYPES[cfg.buffer.dtype]
+        self.memory = backends.create(cfg, group, self.layout.total_bytes)
+        try:
+            self._protocol = protocol.make(self.memory, self.layout, cfg, id(self))
+        except BaseException:
+            self.memory.close()
+            raise
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike, group: dist.ProcessGroup | None = None) -> "Buffer":
+        return cls(group, load(path))
+
+    def _check_same_config(self) -> None:
+        if self.world_size == 1:
+            return
+        mine = (self.config.digest(), self.config.to_dict())
+        every: list[Any] = [None] * self.world_size
+        dist.all_gather_object(every, mine, group=self.group)
+        differ = {r: diff(mine[1], d) for r, (h, d) in enumerate(every) if h != mine[0]}
+        if differ:
+            r, keys = next(iter(differ.items()))
+            raise ConfigMismatch(
+                f"rank {self.rank}: ranks started with different configs (digests "
+                f"{sorted({h for h, _ in every})}); rank {r} differs from rank {self.rank} in: {', '.join(keys)}")
+
+    # -- properties --------------------------------------------------------------------------
+    @property
+    def num_experts(self) -> int:
+        return self.layout.num_experts
+
+    @property
+    def device(self) -> torch.device:
+        return self.memory.device
+
+    @property
+    def protocol(self) -> str:
+        return self._protocol.name
+
+    # -- API -------------------------------------------------------------------------------
+    def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int | None = None):
+        """(num_tokens_per_rank, num_tokens_per_rdma_rank=None, num_tokens_per_expert, is_token_in_rank, event)."""
+        if num_experts is not None and num_experts != self.num_experts:
+            from .errors import InputError
+            raise InputError(f"num_experts={num_experts}; this Buffer was sized for {self.num_experts}")
+        validate.check_topk_idx(topk_idx, self.layout, self.device)
+        lay = self._protocol.get_dispatch_layout(topk_idx)
+        return (lay.num_tokens_per_rank, None, lay.num_tokens_per_expert, lay.is_token_in_rank,
+                EventOverlap.record(self.device))
+
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, *,
+                 output_layout: str | None = None, expert_alignment: int | None = None,
+                 previous_event: EventOverlap | None = None):
+        """Send each token to the ranks holding its experts.
+
+        Returns ``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list,
+        handle, event)`` with the meaning ``symmoe.reference`` defines for ``output_layout``
+        ('rank' or 'expert'; default from ``buffer.output_layout``)."""
+        output_layout = output_layout or self.config.buffer.output_layout
+        alignment = self.config.buffer.expert_alignment if expert_alignment is None else expert_alignment
+        validate.check_dispatch(x, topk_idx, topk_weights, self.layout, self.dtype, self.device,
+                                output_layout, alignment)
+        if previous_event is not None:
+            previous_event.current_stream_wait()
+        recv, handle = self._protocol.dispatch(x, topk_idx, topk_weights, output_layout, alignment)
+        return (recv.x, recv.topk_idx, recv.topk_weights, recv.num_recv_tokens_per_expert.tolist(), handle,
+                EventOverlap.record(self.device))
+
+    def combine(self, x: torch.Tensor, handle: DispatchHandle, topk_weights: torch.Tensor | None = None, *,
+                previous_event: EventOverlap | None = None):
+        """Bring expert outputs back to the tokens' ranks and reduce them.
+
+        Returns ``(combined_x, combined_topk_weights, event)``."""
+        validate.check_combine(x, handle, topk_weights, self.layout, self.dtype, self.device, id(self))
+        if previous_event is not None:
+            previous_event.current_stream_wait()
+        out, out_w = self._protocol.combine(x, handle, topk_weights)
+        return out, out_w, EventOverlap.record(self.device)
+
+    # -- lifetime ----------------------------------------------------------------------------
+    def close(self) -> None:
+        self._protocol.close()
+        self.memory.close()
+
+    def __enter__(self) -> "Buffer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    @staticmethod
+    def size_hint(config: Config, world_size: int) -> int:
+        """Bytes of symmetric memory each rank needs for ``config`` at ``world_size``."""
+        check_world_size(config, world_size)
+        return config.layout(world_size).total_bytes

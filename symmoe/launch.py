@@ -1,0 +1,88 @@
+"""Starting ranks: reuse torchrun's process group, or spawn N local processes.
+
+The process group is gloo: symmoe moves data through symmetric memory, the group only
+carries set-up metadata, and gloo also works for several ranks on one GPU (where NCCL
+refuses duplicate devices).
+"""
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from datetime import timedelta
+from typing import Any, Callable
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def under_torchrun() -> bool:
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
+def init_from_env(timeout_s: float = 120.0) -> tuple[int, int]:
+    """Join torchrun's rendezvous (gloo) and return (rank, world_size)."""
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, env: dict[str, str],
+            results: Any, timeout_s: float) -> None:
+    os.environ.update(env)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    try:
+        results[rank] = ("ok", fn(rank, world_size, *args))
+    except BaseException as e:  # reported to the parent with the rank that raised
+        results[rank] = ("error", f"{type(e).__name__}: {e}", traceback.format_exc())
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), env: dict[str, str] | None = None,
+          timeout_s: float = 120.0) -> list[Any]:
+    """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes; return each
+    rank's result, or raise ``RankFailed`` carrying every rank's outcome."""
+    ctx = mp.get_context("spawn")
+    with ctx.Manager() as manager:
+        results = manager.dict()
+        port = free_port()
+        procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, env or {}, results, timeout_s))
+                 for r in range(world_size)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout_s * 4)
+        for p in procs:
+            if p.is_alive():
+                p.kill()
+                p.join()
+        out = dict(results)
+    if any(out.get(r, ("missing",))[0] != "ok" for r in range(world_size)):
+        raise RankFailed(out, world_size)
+    return [out[r][1] for r in range(world_size)]
+
+
+class RankFailed(RuntimeError):
+    def __init__(self, outcomes: dict[int, Any], world_size: int):
+        self.outcomes = outcomes
+        lines = []
+        for r in range(world_size):
+            o = outcomes.get(r)
+            if o is None:
+                lines.append(f"rank {r}: exited without a result")
+            elif o[0] == "error":
+                lines.append(f"rank {r}: {o[1]}")
+        super().__init__("; ".join(lines) or "a rank failed")
+
+    def errors(self) -> dict[int, str]:
+        return {r: o[1] for r, o in self.outcomes.items() if o[0] == "error"}

@@ -1,0 +1,25 @@
+"""Protocols: the algorithms that move rows over a SymmetricMemory.
+
+``host`` memory runs the plain-torch flow in ``host.py``; every GPU backend runs the CUDA
+kernels through ``cuda.py``. Which protocol runs comes from the config (push or pull).
+"""
+from __future__ import annotations
+
+from ..config import Config
+from ..layout import BufferLayout
+from ..memory import SymmetricMemory
+from .base import Protocol
+
+
+def make(mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int) -> Protocol:
+    proto = config.effective_protocol
+    if mem.name == "host":
+        from .host import HostPull, HostPush
+        cls = HostPush if proto == "push" else HostPull
+    else:
+        from .cuda import CudaPull, CudaPush
+        cls = CudaPush if proto == "push" else CudaPull
+    return cls(mem, layout, config, buffer_id)
+
+
+__all__ = ["Protocol", "make"]

@@ -1,0 +1,124 @@
+"""Per-rank checks shared by the test suites (host and GPU) and ``scripts/gpu_check.sh``.
+
+Each function runs inside one rank (``symmoe.launch.spawn`` or torchrun), builds every
+rank's inputs from the seed, runs the Buffer, and compares its own results bitwise with
+``symmoe.reference`` computed from the same global inputs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from . import reference
+from .buffer import Buffer
+from .config import Config, from_dict
+from .layout import DTYPES
+from .workload import Routing, make_inputs
+
+# The routings every backend is checked on: masked slots, ranks that receive nothing,
+# heavy skew, and every token on one expert.
+CHECK_ROUTINGS = (
+    Routing("uniform"),
+    Routing("masked", mask_prob=0.3),
+    Routing("empty_ranks", empty_ranks=(1, 3)),
+    Routing("zipf", zipf_s=2.0),
+    Routing("one_expert", expert=1),
+    Routing("group_limited", num_groups=4, topk_groups=2),
+)
+
+
+def first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
+    if a.shape != b.shape:
+        return f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
+    if a.dtype != b.dtype:
+        return f"dtype {a.dtype} vs {b.dtype}"
+    ne = (a != b) if a.dtype != torch.bool else (a ^ b)
+    if a.is_floating_point():
+        ne = ne & ~(torch.isnan(a) & torch.isnan(b))
+    where = ne.nonzero()
+    if where.numel() == 0:
+        return ""
+    pos = tuple(where[0].tolist())
+    return f"first difference at {pos}: {a[pos].item()!r} vs {b[pos].item()!r}"
+
+
+def assert_bitwise(name: str, got: torch.Tensor, want: torch.Tensor, ctx: str) -> None:
+    got, want = got.detach().cpu(), want.detach().cpu()
+    same = got.shape == want.shape and got.dtype == want.dtype and (
+        torch.equal(got.view(torch.uint8) if got.is_floating_point() and got.numel() else got,
+                    want.view(torch.uint8) if want.is_floating_point() and want.numel() else want))
+    if not same:
+        raise AssertionError(f"{ctx}: {name} differs from the reference: {first_difference(got, want)}")
+
+
+def _tokens_per_rank(world_size: int, max_tokens: int, seed: int) -> list[int]:
+    """Different token counts per rank (one rank with none when there are several)."""
+    g = torch.Generator().manual_seed(seed)
+    counts = torch.randint(max_tokens // 2, max_tokens + 1, (world_size,), generator=g).tolist()
+    if world_size > 2:
+        counts[world_size - 1] = 0
+    return counts
+
+
+def check_dispatch_combine(rank: int, world_size: int, config: dict[str, Any], seed: int,
+                           routings: tuple[Routing, ...] = CHECK_ROUTINGS, layouts: tuple[str, ...] = ("rank", "expert"),
+                           device: str = "cpu", repeats: int = 1) -> int:
+    """Run dispatch + combine for each routing and layout; raise on any bitwise difference.
+    Returns the number of (routing, layout) cases checked."""
+    cfg: Config = from_dict(config)
+    b = cfg.buffer
+    dtype = DTYPES[b.dtype]
+    dev = torch.device(device)
+    checked = 0
+    with Buffer(None, cfg) as buf:
+        for i, routing in enumerate(routings):
+            for layout in layouts:
+                for rep in range(repeats):
+                    case_seed = seed + 7919 * i + 31 * rep
+                    counts = _tokens_per_rank(world_size, b.max_tokens_per_rank, case_seed)
+                    inputs = make_inputs(routing, num_tokens=counts, hidden=b.hidden, topk=b.topk,
+                                         num_experts=b.num_experts, world_size=world_size, dtype=dtype,
+                                         seed=case_seed)
+                    ctx = (f"rank {rank}/{world_size} {cfg.backend}/{buf.protocol} routing={routing.kind} "
+                           f"layout={layout} seed={case_seed}")
+                    _check_one(buf, inputs, rank, world_size, cfg, layout, dev, ctx, case_seed)
+                    checked += 1
+    return checked
+
+
+def _check_one(buf: Buffer, inputs, rank: int, world_size: int, cfg: Config, layout: str, dev: torch.device,
+               ctx: str, seed: int) -> None:
+    b = cfg.buffer
+    align = b.expert_alignment
+    mine = inputs[rank]
+    ref = reference.dispatch([i.x for i in inputs], [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
+                             b.num_experts, layout, align)
+    want = ref.recv[rank]
+    rx, ri, rw, per_expert, handle, event = buf.dispatch(mine.x.to(dev), mine.topk_idx.to(dev),
+                                                         mine.topk_weights.to(dev), output_layout=layout,
+                                                         expert_alignment=align)
+    event.synchronize()
+    assert_bitwise("recv_x", rx, want.x, ctx)
+    assert_bitwise("recv_topk_idx", ri, want.topk_idx, ctx)
+    assert_bitwise("recv_topk_weights", rw, want.topk_weights, ctx)
+    if per_expert != want.num_recv_tokens_per_expert.tolist():
+        raise AssertionError(f"{ctx}: num_recv_tokens_per_expert {per_expert} != {want.num_recv_tokens_per_expert.tolist()}")
+    assert_bitwise("handle.recv_src_rank", handle.recv_src_rank, want.src_rank, ctx)
+    assert_bitwise("handle.recv_src_token", handle.recv_src_token, want.src_token, ctx)
+
+    # Expert outputs: fresh values per receiving rank, derived from the seed so that every
+    # rank can compute every rank's y for the reference combine.
+    ys = []
+    for r in range(world_size):
+        g = torch.Generator().manual_seed(seed * 7 + r)
+        ys.append(torch.randn(ref.recv[r].x.shape, generator=g).to(ref.recv[r].x.dtype))
+    rws = [torch.rand(ref.recv[r].topk_weights.shape, generator=torch.Generator().manual_seed(seed * 11 + r))
+           for r in range(world_size)] if layout == "rank" else None
+    want_c = reference.combine(ys, ref, [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
+                               b.num_experts, layout, rws)
+    out, out_w, event = buf.combine(ys[rank].to(dev), handle, rws[rank].to(dev) if rws else None)
+    event.synchronize()
+    assert_bitwise("combined_x", out, want_c[rank][0], ctx)
+    if rws is not None:
+        assert_bitwise("combined_topk_weights", out_w, want_c[rank][1], ctx)
