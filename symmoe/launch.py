@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
 import traceback
 from datetime import timedelta
 from typing import Any, Callable
@@ -39,13 +40,16 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, en
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    failed = False
     try:
         results[rank] = ("ok", fn(rank, world_size, *args))
-    except BaseException as e:  # reported to the parent with the rank that raised
+    except BaseException as e:  # the parent reports it, with the rank that raised
         results[rank] = ("error", f"{type(e).__name__}: {e}", traceback.format_exc())
-        raise
+        failed = True
     finally:
         dist.destroy_process_group()
+    if failed:
+        sys.exit(1)
 
 
 def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), env: dict[str, str] | None = None,

@@ -1,0 +1,206 @@
+"""The ``symmoe`` command: info, config check, size, build, bench, ab."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+from .config import load
+from .errors import SymmoeError
+
+
+def _versions() -> dict[str, str]:
+    import torch
+    out = {"torch": torch.__version__, "cuda_available": str(torch.cuda.is_available())}
+    if torch.cuda.is_available():
+        out["gpu"] = torch.cuda.get_device_name(0)
+    for mod, attr in (("nvshmem.core", "__version__"), ("nccl", "__version__")):
+        try:
+            m = importlib.import_module(mod)
+            out[mod.split(".")[0] + "4py"] = str(getattr(m, attr, "installed"))
+        except Exception:
+            pass
+    return out
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .backends import BACKENDS, probe
+    for k, v in _versions().items():
+        print(f"{k:>16}: {v}")
+    print()
+    print(f"{'backend':<9} {'protocols':<11} {'status':<10} detail")
+    for name, info in BACKENDS.items():
+        ok, reason = probe(name)
+        detail = reason
+        if ok:
+            cls = info.load()
+            extra = getattr(cls, "describe_transports", None)
+            detail = f"modelled on {info.modelled_on}" + (f"; {extra()}" if extra else "")
+        print(f"{name:<9} {'/'.join(info.protocols):<11} {'usable' if ok else 'unusable':<10} {detail}")
+    return 0
+
+
+def cmd_config_check(args: argparse.Namespace) -> int:
+    cfg = load(args.file)
+    print(f"# {args.file}: valid; effective config (digest {cfg.digest()})")
+    print(cfg.to_yaml(), end="")
+    return 0
+
+
+def cmd_size(args: argparse.Namespace) -> int:
+    from .buffer import Buffer
+    cfg = load(args.file)
+    total = Buffer.size_hint(cfg, args.world_size)
+    lay = cfg.layout(args.world_size)
+    print(f"# {args.file} at world size {args.world_size}: bytes per rank")
+    print(f"{'region':<8} {'offset':>14} {'bytes':>14} {'MiB':>10}")
+    for name, off, n in lay.describe():
+        print(f"{name:<8} {off:>14} {n:>14} {n / 2**20:>10.2f}")
+    print(f"{'total':<8} {'':>14} {total:>14} {total / 2**20:>10.2f}")
+    return 0
+
+
+def cmd_build(args: argparse.Namespace) -> int:
+    from . import build
+    for name, path in build.build_all(force=args.force).items():
+        print(f"built {name}: {path}")
+    return 0
+
+
+def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from .buffer import Buffer
+    from .config import from_dict
+    from .layout import DTYPES
+    from .progress import Progress
+    from .timing import repeat
+    from .workload import Routing, make_inputs
+
+    cfg = from_dict(config)
+    b = cfg.buffer
+    device = torch.device("cpu")
+    if cfg.backend != "host":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    tokens = opts["tokens"] or b.max_tokens_per_rank
+    inputs = make_inputs(Routing(opts["routing"]), num_tokens=tokens, hidden=b.hidden, topk=b.topk,
+                         num_experts=b.num_experts, world_size=world_size, dtype=DTYPES[b.dtype], seed=opts["seed"],
+                         device=device)[rank]
+    layout = opts["layout"] or b.output_layout
+    bar = Progress(2 * (opts["warmup"] + opts["repeats"]), f"bench {cfg.backend}/{cfg.effective_protocol}",
+                   enabled=rank == 0)
+    with Buffer(None, cfg) as buf:
+        state: dict[str, Any] = {}
+
+        def dispatch() -> None:
+            state["out"] = buf.dispatch(inputs.x, inputs.topk_idx, inputs.topk_weights, output_layout=layout)
+            bar.update()
+
+        def combine() -> None:
+            rx, _, _, _, handle, _ = state["out"]
+            buf.combine(rx, handle)
+            bar.update()
+
+        d = repeat(dispatch, device, opts["warmup"], opts["repeats"])
+        c = repeat(combine, device, opts["warmup"], opts["repeats"])
+        rows = state["out"][0].shape[0]
+    row_bytes = b.hidden * DTYPES[b.dtype].itemsize
+    return {"rank": rank, "recv_rows": rows, "bytes": rows * row_bytes,
+            "dispatch": d.summary(), "combine": c.summary()}
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from . import launch
+    from .config import check_world_size
+    cfg = load(args.config)
+    check_world_size(cfg, args.world_size)
+    opts = {"tokens": args.tokens, "routing": args.routing, "seed": args.seed, "warmup": args.warmup,
+            "repeats": args.repeats, "layout": args.layout}
+    if launch.under_torchrun():
+        rank, world = launch.init_from_env()
+        results = [None] * world
+        import torch.distributed as dist
+        dist.all_gather_object(results, _bench_rank(rank, world, cfg.to_dict(), opts))
+        if rank != 0:
+            return 0
+    else:
+        env = {}
+        if cfg.backend == "torch" and args.world_size > 1:
+            env["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
+        results = launch.spawn(_bench_rank, args.world_size, args=(cfg.to_dict(), opts), env=env)
+    print(f"# {args.config}: backend {cfg.backend}, protocol {cfg.effective_protocol}, "
+          f"world size {len(results)}, layout {opts['layout'] or cfg.buffer.output_layout}, routing {args.routing}")
+    print(f"{'rank':>4} {'rows':>8} {'MB':>9} {'dispatch us':>12} {'GB/s':>8} {'combine us':>11} {'GB/s':>8}")
+    for r in results:
+        dm, cm = r["dispatch"]["median_s"], r["combine"]["median_s"]
+        print(f"{r['rank']:>4} {r['recv_rows']:>8} {r['bytes'] / 1e6:>9.2f} {dm * 1e6:>12.1f} "
+              f"{r['bytes'] / dm / 1e9:>8.2f} {cm * 1e6:>11.1f} {r['bytes'] / cm / 1e9:>8.2f}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"config": cfg.to_dict(), "options": opts, "ranks": results}, f, indent=1)
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="symmoe", description=__doc__)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("info", help="which backends are usable here, and why not").set_defaults(fn=cmd_info)
+
+    cfg = sub.add_parser("config", help="config files").add_subparsers(dest="config_cmd", required=True)
+    chk = cfg.add_parser("check", help="validate a config and print the effective config")
+    chk.add_argument("file")
+    chk.set_defaults(fn=cmd_config_check)
+
+    size = sub.add_parser("size", help="bytes per region of the symmetric buffer for a config")
+    size.add_argument("file")
+    size.add_argument("--world-size", type=int, default=1)
+    size.set_defaults(fn=cmd_size)
+
+    build = sub.add_parser("build", help="compile the CUDA extensions now (otherwise built on first use)")
+    build.add_argument("--force", action="store_true", help="rebuild even if cached")
+    build.set_defaults(fn=cmd_build)
+
+    bench = sub.add_parser("bench", help="time dispatch and combine for a config")
+    bench.add_argument("config")
+    bench.add_argument("--world-size", type=int, default=1, help="local ranks to spawn (ignored under torchrun)")
+    bench.add_argument("--tokens", type=int, default=0, help="tokens per rank (default: buffer.max_tokens_per_rank)")
+    bench.add_argument("--routing", default="uniform")
+    bench.add_argument("--layout", choices=["rank", "expert"], default=None)
+    bench.add_argument("--seed", type=int, default=0)
+    bench.add_argument("--warmup", type=int, default=5)
+    bench.add_argument("--repeats", type=int, default=30)
+    bench.add_argument("--json", default=None, help="write every rank's numbers here")
+    bench.set_defaults(fn=cmd_bench)
+
+    try:
+        from .ab import cli as ab_cli
+    except ImportError:
+        ab_cli = None
+    if ab_cli is not None:
+        ab = sub.add_parser("ab", help="A/B comparison of configs on one seeded workload")
+        ab_cli.add_arguments(ab)
+        ab.set_defaults(fn=ab_cli.run)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except SymmoeError as e:
+        print(f"symmoe: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:
+        from .launch import RankFailed
+        if isinstance(e, RankFailed):
+            print(f"symmoe: error: {e}", file=sys.stderr)
+            return 1
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

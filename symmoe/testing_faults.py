@@ -1,0 +1,63 @@
+"""Per-rank scenarios for the fault tests (importable by spawned processes)."""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from .buffer import Buffer
+from .config import from_dict
+from .errors import CapacityError, ConfigMismatch, StallError
+from .workload import Routing, make_inputs
+
+
+def mismatched_configs(rank: int, world_size: int, config: dict[str, Any]) -> str:
+    cfg = from_dict(config)
+    if rank == 1:
+        cfg = cfg.replace(**{"buffer.hidden": cfg.buffer.hidden * 2, "kernel.timeout_s": 5.0})
+    try:
+        Buffer(None, cfg)
+    except ConfigMismatch as e:
+        return str(e)
+    return "no error"
+
+
+def absent_rank(rank: int, world_size: int, config: dict[str, Any]) -> str:
+    """The last rank never calls dispatch; the others must raise StallError."""
+    cfg = from_dict(config)
+    b = cfg.buffer
+    buf = Buffer(None, cfg)
+    inp = make_inputs(Routing("uniform"), num_tokens=8, hidden=b.hidden, topk=b.topk, num_experts=b.num_experts,
+                      world_size=world_size, dtype=torch.bfloat16, seed=3)[rank]
+    if rank == world_size - 1:
+        import time
+        time.sleep(cfg.kernel.timeout_s * 3)
+        return "absent"
+    try:
+        buf.dispatch(inp.x, inp.topk_idx, inp.topk_weights)
+    except StallError as e:
+        return str(e)
+    return "no error"
+
+
+def overflow(rank: int, world_size: int, config: dict[str, Any]) -> str:
+    """Every token goes to rank 0, whose pool is too small: every rank must raise."""
+    cfg = from_dict(config)
+    b = cfg.buffer
+    with Buffer(None, cfg) as buf:
+        inp = make_inputs(Routing("one_expert", expert=0), num_tokens=b.max_tokens_per_rank, hidden=b.hidden,
+                          topk=b.topk, num_experts=b.num_experts, world_size=world_size, dtype=torch.bfloat16,
+                          seed=4)[rank]
+        try:
+            buf.dispatch(inp.x, inp.topk_idx, inp.topk_weights)
+        except CapacityError as e:
+            return str(e)
+    return "no error"
+
+
+def raise_after_alloc(rank: int, world_size: int, config: dict[str, Any]) -> list[str]:
+    Buffer(None, from_dict(config))
+    if rank == 0:
+        raise RuntimeError("rank 0 fails on purpose")
+    return sorted(os.listdir("/dev/shm"))

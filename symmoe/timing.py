@@ -1,0 +1,91 @@
+"""Timing dispatch and combine the same way everywhere: CUDA events on GPUs, the host
+clock on the CPU, warm-up first, median and spread over many repeats."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+
+@dataclass
+class Samples:
+    seconds: list[float] = field(default_factory=list)
+
+    def add(self, s: float) -> None:
+        self.seconds.append(s)
+
+    def quantile(self, q: float) -> float:
+        xs = sorted(self.seconds)
+        if not xs:
+            return float("nan")
+        pos = q * (len(xs) - 1)
+        lo = int(pos)
+        hi = min(lo + 1, len(xs) - 1)
+        return xs[lo] + (xs[hi] - xs[lo]) * (pos - lo)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds) if self.seconds else float("nan")
+
+    def summary(self) -> dict[str, float]:
+        return {"median_s": self.median, "p10_s": self.quantile(0.1), "p90_s": self.quantile(0.9),
+                "n": len(self.seconds)}
+
+
+class Timer:
+    """``with timer: work()`` records one sample; events are read back lazily on the GPU."""
+
+    def __init__(self, device: torch.device, samples: Samples):
+        self.device, self.samples = device, samples
+        self._pending: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+
+    def __enter__(self) -> "Timer":
+        if self.device.type == "cuda":
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+        else:
+            self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.device.type == "cuda":
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+            self._pending.append((self._start, end))
+        else:
+            self.samples.add(time.perf_counter() - self._t0)
+
+    def flush(self) -> None:
+        for a, b in self._pending:
+            b.synchronize()
+            self.samples.add(a.elapsed_time(b) * 1e-3)
+        self._pending.clear()
+
+
+_L2_SCRATCH: dict[torch.device, torch.Tensor] = {}
+
+
+def flush_l2(device: torch.device) -> None:
+    """Evict the GPU's L2 (50 MB on H200) by writing a 256 MB scratch tensor."""
+    if device.type != "cuda":
+        return
+    if device not in _L2_SCRATCH:
+        _L2_SCRATCH[device] = torch.empty(256 << 20, dtype=torch.uint8, device=device)
+    _L2_SCRATCH[device].fill_(1)
+
+
+def repeat(fn: Callable[[], None], device: torch.device, warmup: int, repeats: int, flush: bool = True) -> Samples:
+    samples = Samples()
+    timer = Timer(device, samples)
+    for _ in range(warmup):
+        fn()
+    for _ in range(repeats):
+        if flush:
+            flush_l2(device)
+        with timer:
+            fn()
+    timer.flush()
+    return samples

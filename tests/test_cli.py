@@ -1,0 +1,44 @@
+"""The symmoe command line."""
+import json
+import subprocess
+import sys
+
+
+def symmoe(*args):
+    return subprocess.run([sys.executable, "-m", "symmoe.cli", *args], capture_output=True, text=True, timeout=300)
+
+
+def test_info_lists_every_backend_with_a_status():
+    out = symmoe("info")
+    assert out.returncode == 0, out.stderr
+    for name in ["host", "torch", "nvshmem", "nccl"]:
+        line = next(l for l in out.stdout.splitlines() if l.startswith(name + " "))
+        assert "usable" in line
+    host = next(l for l in out.stdout.splitlines() if l.startswith("host "))
+    assert " usable " in host
+
+
+def test_size_lists_regions_that_add_up():
+    out = symmoe("size", "configs/torch.yaml", "--world-size", "8")
+    assert out.returncode == 0, out.stderr
+    rows = {l.split()[0]: l.split() for l in out.stdout.splitlines()[2:]}
+    assert set(rows) == {"signals", "counts", "input", "recv", "combine", "total"}
+    assert sum(int(rows[r][2]) for r in ["signals", "counts", "input", "recv", "combine"]) == int(rows["total"][1])
+
+
+def test_bench_spawns_ranks_and_reports_each(tmp_path):
+    out = symmoe("bench", "configs/host.yaml", "--world-size", "2", "--repeats", "3", "--warmup", "1",
+                 "--tokens", "32", "--json", str(tmp_path / "b.json"))
+    assert out.returncode == 0, out.stderr
+    data = json.loads((tmp_path / "b.json").read_text())
+    assert [r["rank"] for r in data["ranks"]] == [0, 1]
+    assert all(r["dispatch"]["n"] == 3 and r["dispatch"]["median_s"] > 0 for r in data["ranks"])
+    assert "bench host/push" in out.stderr  # the progress bar
+
+
+def test_bench_reports_a_bad_config_without_traceback(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("backend: host\nbuffer:\n  num_experts: 63\n")
+    out = symmoe("bench", str(p), "--world-size", "2")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert "must be divisible by the world size (2)" in out.stderr

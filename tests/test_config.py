@@ -1,0 +1,97 @@
+"""Configs load into frozen dataclasses; every bad key, type, value or combination fails at
+load time with the file, the key path, the value and what is allowed."""
+import dataclasses
+import subprocess
+import sys
+
+import pytest
+
+import symmoe
+from symmoe.config import from_dict, load
+
+
+def write(tmp_path, text, name="c.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_shipped_configs_load(tmp_path):
+    for name in ["host", "torch", "nvshmem", "nccl"]:
+        cfg = load(f"configs/{name}.yaml")
+        assert cfg.backend == name
+
+
+def test_defaults_and_native_protocol():
+    assert from_dict({"backend": "torch"}).effective_protocol == "pull"
+    assert from_dict({"backend": "nvshmem"}).effective_protocol == "push"
+    assert from_dict({"backend": "host", "protocol": "pull"}).effective_protocol == "pull"
+
+
+def test_config_is_frozen():
+    cfg = from_dict({})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.backend = "nccl"
+
+
+def test_digest_depends_on_effective_values_only():
+    assert from_dict({"backend": "torch"}).digest() == from_dict({"backend": "torch", "protocol": "pull"}).digest()
+    assert from_dict({}).digest() != from_dict({"buffer": {"hidden": 128}}).digest()
+
+
+BAD = [
+    ("backend: gloo\n", "backend", "allowed: host, torch, nvshmem, nccl"),
+    ("backend: nvshmem\nprotocol: pull\n", "protocol", "backend 'nvshmem' runs: push"),
+    ("backend: nccl\nprotocol: pull\n", "protocol", "backend 'nccl' runs: push"),
+    ("protocol: scatter\n", "protocol", "allowed: push, pull"),
+    ("bufer: {}\n", "bufer", "unknown key"),
+    ("buffer:\n  hiden: 128\n", "buffer.hiden", "unknown key"),
+    ("buffer:\n  hidden: '128'\n", "buffer.hidden", "expected an integer"),
+    ("buffer:\n  hidden: 12.5\n", "buffer.hidden", "expected an integer"),
+    ("buffer:\n  hidden: 100\n", "buffer.hidden", "multiple of 8"),
+    ("buffer:\n  hidden: 0\n", "buffer.hidden", "must be in"),
+    ("buffer:\n  topk: 0\n", "buffer.topk", "must be in"),
+    ("buffer:\n  topk: 9\n  num_experts: 8\n", "buffer.topk", "<= buffer.num_experts"),
+    ("buffer:\n  dtype: int8\n", "buffer.dtype", "allowed: bfloat16, float16, float32"),
+    ("buffer:\n  output_layout: token\n", "buffer.output_layout", "allowed: rank, expert"),
+    ("buffer:\n  max_tokens_per_rank: -4\n", "buffer.max_tokens_per_rank", "must be in"),
+    ("buffer:\n  expert_alignment: 0\n", "buffer.expert_alignment", "must be in"),
+    ("buffer: 7\n", "buffer", "expected a mapping"),
+    ("kernel:\n  num_channels: 65\n", "kernel.num_channels", "must be in"),
+    ("kernel:\n  timeout_s: 0\n", "kernel.timeout_s", "must be in"),
+    ("kernel:\n  timeout_s: soon\n", "kernel.timeout_s", "expected a number"),
+    ("torch:\n  allow_overlapping_devices: 1\n", "torch.allow_overlapping_devices", "true or false"),
+    ("nvshmem:\n  heap_size: 1\n", "nvshmem.heap_size", "unknown key"),
+    ("- backend\n", "<top level>", "expected a mapping"),
+    ("backend: [torch\n", "<file>", "not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("text,key,allowed", BAD, ids=[b[1] + ":" + b[0].strip()[:20] for b in BAD])
+def test_bad_config_names_file_key_value_and_allowed(tmp_path, text, key, allowed):
+    path = write(tmp_path, text)
+    with pytest.raises(symmoe.ConfigError) as e:
+        load(path)
+    msg = str(e.value)
+    assert path in msg and key in msg and allowed in msg, msg
+
+
+def test_missing_file(tmp_path):
+    with pytest.raises(symmoe.ConfigError, match="file not found"):
+        load(tmp_path / "nope.yaml")
+
+
+def test_experts_must_divide_among_ranks():
+    cfg = from_dict({"buffer": {"num_experts": 6, "topk": 2, "hidden": 64, "max_tokens_per_rank": 4}})
+    with pytest.raises(symmoe.ConfigError, match="divisible by the world size"):
+        symmoe.Buffer.size_hint(cfg, 4)
+
+
+def test_config_check_cli_prints_effective_config_or_error_without_traceback(tmp_path):
+    ok = subprocess.run([sys.executable, "-m", "symmoe.cli", "config", "check", "configs/torch.yaml"],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0 and "protocol: pull" in ok.stdout and "digest" in ok.stdout
+    bad = subprocess.run([sys.executable, "-m", "symmoe.cli", "config", "check", write(tmp_path, "buffer:\n  topk: x\n")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 1
+    assert "buffer.topk = 'x'" in bad.stderr and "Traceback" not in bad.stderr
