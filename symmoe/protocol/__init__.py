@@ -16,6 +16,9 @@ def make(mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: 
     if mem.name == "host":
         from .host import HostPull, HostPush
         cls = HostPush if proto == "push" else HostPull
+    elif mem.name == "nvshmem":
+        from .nvshmem import NvshmemPush  # push on the NVSHMEM device API (puts + signals)
+        cls = NvshmemPush
     else:
         from .cuda import CudaPull, CudaPush
         cls = CudaPush if proto == "push" else CudaPull
