@@ -5,7 +5,9 @@ outputs against the reference without gathering anything.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
@@ -80,13 +82,26 @@ class RankInputs:
     topk_weights: torch.Tensor
 
 
+def _rank_generator(seed: int, rank: int) -> torch.Generator:
+    """Rank ``rank``'s generator: routing first, then weights, then x are drawn from it."""
+    return torch.Generator().manual_seed(seed * 1000003 + rank)
+
+
 def make_inputs(routing: Routing, *, num_tokens: int | list[int], hidden: int, topk: int, num_experts: int,
-                world_size: int, dtype: torch.dtype, seed: int, device: torch.device | str = "cpu") -> list[RankInputs]:
-    """Every rank's inputs. ``num_tokens`` may differ per rank (a list)."""
+                world_size: int, dtype: torch.dtype, seed: int, device: torch.device | str = "cpu",
+                ranks: Sequence[int] | None = None) -> list[RankInputs]:
+    """Every rank's inputs. ``num_tokens`` may differ per rank (a list).
+
+    ``ranks``: build only these ranks' inputs (the others' entries are None); each rank's
+    inputs depend only on the seed and the rank, so a rank can build just its own."""
     counts = num_tokens if isinstance(num_tokens, list) else [num_tokens] * world_size
+    wanted = set(range(world_size) if ranks is None else ranks)
     out = []
     for r in range(world_size):
-        gen = torch.Generator().manual_seed(seed * 1000003 + r)
+        if r not in wanted:
+            out.append(None)
+            continue
+        gen = _rank_generator(seed, r)
         T = counts[r]
         idx = make_topk_idx(routing, T, topk, num_experts, world_size, r, gen)
         w = torch.softmax(torch.randn(T, topk, generator=gen), dim=1)
@@ -94,3 +109,38 @@ def make_inputs(routing: Routing, *, num_tokens: int | list[int], hidden: int, t
         x = torch.randn(T, hidden, generator=gen).to(dtype)
         out.append(RankInputs(x.to(device), idx.to(device), w.to(device)))
     return out
+
+
+def make_topk_idxs(routing: Routing, *, num_tokens: int | list[int], topk: int, num_experts: int, world_size: int,
+                   seed: int) -> list[torch.Tensor]:
+    """Every rank's ``topk_idx`` exactly as ``make_inputs`` draws it, without building x
+    (cheap: what byte accounting needs)."""
+    counts = num_tokens if isinstance(num_tokens, list) else [num_tokens] * world_size
+    return [make_topk_idx(routing, counts[r], topk, num_experts, world_size, r, _rank_generator(seed, r))
+            for r in range(world_size)]
+
+
+def load_replay(path: str | os.PathLike, *, world_size: int | None = None, num_tokens: int | None = None,
+                topk: int | None = None, num_experts: int | None = None) -> torch.Tensor:
+    """A saved routing (``torch.save`` of an integer ``[W, T, K]`` topk_idx) for ``Routing(kind="replay")``.
+
+    Raises ValueError saying what does not fit when a given size disagrees with the file."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"{path}: file not found")
+    try:
+        t = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 -- any unreadable file gets the same clear message
+        raise ValueError(f"{path}: cannot be read by torch.load: {e}") from None
+    if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.dtype.is_floating_point or t.dtype == torch.bool:
+        what = f"a tensor of shape {tuple(t.shape)} and dtype {t.dtype}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{path}: holds {what}; expected an integer tensor [world_size, tokens, topk]")
+    W, T, K = t.shape
+    for name, have, want in (("world size", W, world_size), ("tokens per rank", T, num_tokens), ("top-k", K, topk)):
+        if want is not None and have != want:
+            raise ValueError(f"{path}: shape {tuple(t.shape)} has {name} {have}; the workload needs {want}")
+    if num_experts is not None and t.numel():
+        lo, hi = int(t.min()), int(t.max())
+        if lo < -1 or hi >= num_experts:
+            raise ValueError(f"{path}: expert ids span [{lo}, {hi}]; allowed: -1 (none) and [0, {num_experts})")
+    return t.long()
