@@ -9,6 +9,9 @@ holds the same fields, in the same order, as a struct the kernels take by value
     counts   int32 [W][1 + W + E]: row s = rank s's token count, then tokens it sends per
              rank, then (token, slot) pairs per expert; every rank writes its row into every peer
     input    x [T, H] | topk_idx int32 [T, K] | topk_weights f32 [T, K]   (published for pull)
+             | pos int32 [T, W + K]: the sender's row of each (token, rank) among the tokens it
+             sends that rank, then of each (token, slot) among its tokens of that expert; with
+             the counts matrix this gives every row's destination (the CUDA kernels use it)
     recv     x [R, H] | topk_idx int32 [R, K] | topk_weights f32 [R, K] | src_token int32 [R]
     combine  x [T * S, H] | topk_weights f32 [T * S, K], S = max(W, K): one slot per
              (token, destination rank) for rank-major, per (token, k) for expert-major
@@ -66,7 +69,7 @@ class BufferLayout:
         sizes = [
             ("signals", 8 * W * (2 + 2 * C)),
             ("counts", 4 * W * (1 + W + E)),
-            ("input", _up(T * H * self.elem_size) + 2 * _up(4 * T * K)),
+            ("input", _up(T * H * self.elem_size) + 2 * _up(4 * T * K) + _up(4 * T * (W + K))),
             ("recv", _up(R * H * self.elem_size) + 2 * _up(4 * R * K) + _up(4 * R)),
             ("combine", _up(T * self.combine_slots * H * self.elem_size) + 4 * T * self.combine_slots * K),
         ]
@@ -118,6 +121,7 @@ class BufferLayout:
             "in_x": inp,
             "in_idx": inp + _up(T * H * self.elem_size),
             "in_w": inp + _up(T * H * self.elem_size) + _up(4 * T * K),
+            "in_pos": inp + _up(T * H * self.elem_size) + 2 * _up(4 * T * K),
             "recv_x": rcv,
             "recv_idx": rcv + _up(R * H * self.elem_size),
             "recv_w": rcv + _up(R * H * self.elem_size) + _up(4 * R * K),
@@ -129,7 +133,7 @@ class BufferLayout:
     # Order must match `struct Layout` in csrc/common/layout.cuh.
     KERNEL_FIELDS = ("world_size", "max_tokens", "hidden", "topk", "num_experts", "elem_size",
                      "recv_rows", "num_channels", "combine_slots")
-    KERNEL_OFFSETS = ("barrier", "ready", "tail", "head", "counts", "in_x", "in_idx", "in_w",
+    KERNEL_OFFSETS = ("barrier", "ready", "tail", "head", "counts", "in_x", "in_idx", "in_w", "in_pos",
                       "recv_x", "recv_idx", "recv_w", "recv_src", "combine_x", "combine_w")
 
     def kernel_args(self) -> list[int]:

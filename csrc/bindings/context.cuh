@@ -1,0 +1,237 @@
+// The Python-facing kernel context, a template on the device transport. Each extension
+// module instantiates it with its transport and binds it with bind_context(); the Python
+// protocol (symmoe/protocol/cuda.py) calls the same methods whatever the backend.
+#pragma once
+#include <cuda_runtime.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../common/barrier.cuh"
+#include "../common/layout.cuh"
+#include "../kernels/combine.cuh"
+#include "../kernels/dispatch.cuh"
+
+namespace symmoe {
+namespace py = pybind11;
+
+inline void check(cudaError_t e, const char* what) {
+  if (e != cudaSuccess) throw std::runtime_error(std::string(what) + ": " + cudaGetErrorString(e));
+}
+
+template <typename T>
+T* P(uintptr_t v) {
+  return reinterpret_cast<T*>(v);
+}
+
+inline cudaStream_t S(uintptr_t v) { return reinterpret_cast<cudaStream_t>(v); }
+
+constexpr uint32_t kMaxSlotBytes = 16384;
+
+template <class Transport>
+struct Ctx {
+  Layout L;
+  int rank;
+  Transport tp;
+  ErrorWord* err;
+  uint64_t timeout_ns;
+  int grid;      // blocks of the persistent kernels (config kernel.num_sms, clamped to the device)
+  int max_smem;  // opt-in shared memory per block
+  unsigned int* done;  // [4] grid completion counters, zeroed by the caller
+  MoveCfg move;        // data kernels' bulk piece size and warps per block (for plan_bytes = 0)
+
+  Ctx(const std::vector<int64_t>& layout, int rank_, Transport tp_, uintptr_t err_dev, double timeout_s, int num_sms,
+      uintptr_t counters)
+      : rank(rank_), tp(tp_), err(P<ErrorWord>(err_dev)), done(P<unsigned int>(counters)) {
+    if (layout.size() != size_t(kLayoutArgs))
+      throw std::invalid_argument("layout: expected " + std::to_string(kLayoutArgs) + " values (BufferLayout.kernel_args()), got " +
+                                  std::to_string(layout.size()));
+    std::memcpy(&L, layout.data(), sizeof(Layout));
+    timeout_ns = uint64_t(timeout_s * 1e9);
+    int dev = 0, sms = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "multiprocessor count");
+    check(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "shared memory limit");
+    grid = std::max(1, std::min(num_sms, sms));
+    const int64_t rb = L.row_bytes();
+    const int64_t pieces = (rb + kMaxSlotBytes - 1) / kMaxSlotBytes;
+    move.slot_bytes = uint32_t(((rb + pieces - 1) / pieces + 15) / 16 * 16);
+    move.slot_bytes = (move.slot_bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+    move.plan_bytes = 0;
+    move.warps = 8;
+    set_max_smem();
+  }
+
+  void set_max_smem() {
+    // Once per kernel: allow the opt-in shared memory (bulk-copy slots need > 48 KB).
+    check(cudaFuncSetAttribute(pull_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "pull attr");
+    check(cudaFuncSetAttribute(push_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "push attr");
+    check(cudaFuncSetAttribute(unpack_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "unpack attr");
+    check(cudaFuncSetAttribute(combine_send_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
+          "combine attr");
+    check(cudaFuncSetAttribute(layout_kernel<Transport, int64_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
+          "layout attr");
+    check(cudaFuncSetAttribute(layout_kernel<Transport, int32_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
+          "layout attr");
+  }
+
+  // Warps per block that fit next to `plan` bytes of tables.
+  MoveCfg move_cfg(int64_t plan) const {
+    MoveCfg m = move;
+    m.plan_bytes = (plan + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+    const int64_t per = WarpMoverSmem::per_warp_bytes(m.slot_bytes);
+    const int64_t fit = (max_smem - m.plan_bytes) / per;
+    if (fit < 1)
+      throw std::invalid_argument("shared memory: plan tables of " + std::to_string(plan) +
+                                  " bytes leave no room for a bulk-copy slot (fewer experts per rank needed)");
+    m.warps = int(std::min<int64_t>(8, fit));
+    return m;
+  }
+  size_t smem_of(const MoveCfg& m) const {
+    return size_t(m.plan_bytes + int64_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes));
+  }
+
+  Sync sync(int64_t epoch, int which) const { return Sync{rank, epoch, timeout_ns, err, done + which}; }
+
+  // Bytes of routing scratch the layout kernel needs; > max_smem: the caller passes global scratch.
+  int64_t layout_scratch_bytes() const { return int64_t(32 + 1) * (L.world_size + L.num_experts) * 4; }
+
+  void layout(uintptr_t idx, bool idx64, uintptr_t w, int64_t T, uintptr_t hist_global, uintptr_t in_rank,
+              uintptr_t per_rank, uintptr_t per_expert, bool publish, int64_t epoch, uintptr_t stream) {
+    const int64_t need = layout_scratch_bytes();
+    const size_t smem = hist_global ? 0 : size_t(need);
+    if (!hist_global && need > max_smem) throw std::invalid_argument("layout: routing scratch exceeds shared memory; pass hist_global");
+    if (idx64) {
+      RoutingArgs<int64_t> a{P<const int64_t>(idx), P<const float>(w), int(T), int(L.topk), int(L.world_size),
+                             int(L.num_experts), P<int32_t>(hist_global), nullptr, P<bool>(in_rank), nullptr, nullptr};
+      layout_kernel<Transport, int64_t><<<1, 1024, smem, S(stream)>>>(tp, L, a, P<int32_t>(per_rank), P<int32_t>(per_expert),
+                                                                     publish, sync(epoch, 0));
+    } else {
+      RoutingArgs<int32_t> a{P<const int32_t>(idx), P<const float>(w), int(T), int(L.topk), int(L.world_size),
+                             int(L.num_experts), P<int32_t>(hist_global), nullptr, P<bool>(in_rank), nullptr, nullptr};
+      layout_kernel<Transport, int32_t><<<1, 1024, smem, S(stream)>>>(tp, L, a, P<int32_t>(per_rank), P<int32_t>(per_expert),
+                                                                     publish, sync(epoch, 0));
+    }
+    check(cudaGetLastError(), "layout_kernel launch");
+  }
+
+  static Outputs outputs(const py::dict& o) {
+    auto g = [&](const char* k) { return o[k].cast<uintptr_t>(); };
+    return Outputs{P<uint8_t>(g("x")),         P<int64_t>(g("idx")),       P<float>(g("w")),
+                   P<int32_t>(g("src_rank")),  P<int32_t>(g("src_token")), P<int32_t>(g("src_slot")),
+                   P<int64_t>(g("expert_offsets")), o["capacity"].cast<int64_t>()};
+  }
+
+  void pull(uintptr_t self_x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
+    const MoveCfg m = move_cfg(RecvPlan::bytes(int(L.world_size), int(L.local_experts())));
+    pull_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(self_x), outputs(out),
+                                                                         expert_major, alignment, m, sync(epoch, 1));
+    check(cudaGetLastError(), "pull_kernel launch");
+  }
+
+  void push(uintptr_t x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
+    const MoveCfg m = move_cfg(SendPlan::bytes(int(L.world_size), int(L.local_experts())));
+    push_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(x), outputs(out),
+                                                                         expert_major, alignment, m, sync(epoch, 2));
+    check(cudaGetLastError(), "push_kernel launch");
+  }
+
+  void unpack(uintptr_t counts, const py::dict& out, bool expert_major, int alignment, uintptr_t stream) {
+    const size_t smem = size_t(RecvPlan::bytes(int(L.world_size), int(L.local_experts())));
+    unpack_kernel<Transport><<<grid, 512, smem, S(stream)>>>(tp, L, P<const int32_t>(counts), outputs(out), expert_major,
+                                                             alignment, err, rank);
+    check(cudaGetLastError(), "unpack_kernel launch");
+  }
+
+  void combine_send(uintptr_t y, uintptr_t rw, uintptr_t src_rank, uintptr_t src_token, uintptr_t src_slot, int64_t rows,
+                    uintptr_t selfmap, int64_t epoch, uintptr_t stream) {
+    const MoveCfg m = move_cfg(0);
+    RecvRows rr{P<const int32_t>(src_rank), P<const int32_t>(src_token), P<const int32_t>(src_slot), rows};
+    combine_send_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(
+        tp, L, P<const uint8_t>(y), P<const float>(rw), rr, P<int32_t>(selfmap), m, sync(epoch, 3));
+    check(cudaGetLastError(), "combine_send_kernel launch");
+  }
+
+  void combine_reduce(int elem_size, bool is_bf16, uintptr_t y, uintptr_t rw, uintptr_t in_rank, uintptr_t topk_idx,
+                      uintptr_t topk_w, int64_t T, uintptr_t selfmap, uintptr_t out, uintptr_t out_w, bool expert_major,
+                      int64_t epoch, uintptr_t stream) {
+    if (L.combine_slots > kMaxSlots) throw std::invalid_argument("combine: more than 64 slots per token (max(world, topk))");
+    SourceSide ss{P<const bool>(in_rank), P<const int64_t>(topk_idx), P<const float>(topk_w), T};
+    const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(T, int64_t(grid) * 16)));
+    const Sync sy = sync(epoch, 4);
+    if (elem_size == 4) {
+      combine_reduce_kernel<Transport, float><<<blocks, kReduceThreads, 0, S(stream)>>>(
+          tp, L, P<const uint8_t>(y), P<const float>(rw), ss, P<const int32_t>(selfmap), P<float>(out), P<float>(out_w),
+          expert_major, sy);
+    } else if (is_bf16) {
+      combine_reduce_kernel<Transport, __nv_bfloat16><<<blocks, kReduceThreads, 0, S(stream)>>>(
+          tp, L, P<const uint8_t>(y), P<const float>(rw), ss, P<const int32_t>(selfmap), P<__nv_bfloat16>(out),
+          P<float>(out_w), expert_major, sy);
+    } else {
+      combine_reduce_kernel<Transport, __half><<<blocks, kReduceThreads, 0, S(stream)>>>(
+          tp, L, P<const uint8_t>(y), P<const float>(rw), ss, P<const int32_t>(selfmap), P<__half>(out), P<float>(out_w),
+          expert_major, sy);
+    }
+    check(cudaGetLastError(), "combine_reduce_kernel launch");
+  }
+
+  void barrier(int64_t flags_off, int64_t epoch, int stage, uintptr_t stream) {
+    barrier_kernel<Transport><<<1, 32, 0, S(stream)>>>(tp, rank, int(L.world_size), flags_off, epoch, timeout_ns, err, stage);
+    check(cudaGetLastError(), "barrier_kernel launch");
+  }
+};
+
+// Module-level helpers and the Context class (constructor given by the module: it knows how to
+// make its transport). Methods are identical across modules.
+template <class Transport, class Init>
+void bind_context(py::module_& m, Init init) {
+  using C = Ctx<Transport>;
+  m.attr("LAYOUT_ARGS") = kLayoutArgs;
+  m.attr("STAGES") = py::dict(py::arg("dispatch.counts") = int(kStageDispatchCounts),
+                              py::arg("dispatch.data") = int(kStageDispatchData),
+                              py::arg("dispatch.done") = int(kStageDispatchDone),
+                              py::arg("combine.data") = int(kStageCombineData),
+                              py::arg("combine.done") = int(kStageCombineDone),
+                              py::arg("barrier") = int(kStageMemoryBarrier));
+  m.def("host_alloc_mapped", [](size_t nbytes) {
+    void* h = nullptr;
+    check(cudaHostAlloc(&h, nbytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");
+    std::memset(h, 0, nbytes);
+    void* d = nullptr;
+    check(cudaHostGetDevicePointer(&d, h, 0), "cudaHostGetDevicePointer");
+    return py::make_tuple(reinterpret_cast<uintptr_t>(h), reinterpret_cast<uintptr_t>(d));
+  }, "Pinned host memory the device can write: (host pointer, device pointer).");
+  m.def("host_free", [](uintptr_t h) { check(cudaFreeHost(reinterpret_cast<void*>(h)), "cudaFreeHost"); });
+  m.def("device_sms", []() {
+    int dev = 0, sms = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "multiprocessor count");
+    return sms;
+  });
+  py::class_<C>(m, "Context")
+      .def(py::init(init))
+      .def_readonly("grid", &C::grid)
+      .def_readonly("max_smem", &C::max_smem)
+      .def("layout_scratch_bytes", &C::layout_scratch_bytes)
+      .def("layout", &C::layout, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"), py::arg("hist"),
+           py::arg("in_rank"), py::arg("per_rank"), py::arg("per_expert"), py::arg("publish"), py::arg("epoch"),
+           py::arg("stream"))
+      .def("pull", &C::pull, py::arg("self_x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
+           py::arg("epoch"), py::arg("stream"))
+      .def("push", &C::push, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
+           py::arg("epoch"), py::arg("stream"))
+      .def("unpack", &C::unpack, py::arg("counts"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"), py::arg("stream"))
+      .def("combine_send", &C::combine_send, py::arg("y"), py::arg("rw"), py::arg("src_rank"), py::arg("src_token"),
+           py::arg("src_slot"), py::arg("rows"), py::arg("selfmap"), py::arg("epoch"), py::arg("stream"))
+      .def("combine_reduce", &C::combine_reduce, py::arg("elem_size"), py::arg("is_bf16"), py::arg("y"), py::arg("rw"),
+           py::arg("in_rank"), py::arg("topk_idx"), py::arg("topk_w"), py::arg("tokens"), py::arg("selfmap"),
+           py::arg("out"), py::arg("out_w"), py::arg("expert_major"), py::arg("epoch"), py::arg("stream"))
+      .def("barrier", &C::barrier, py::arg("flags_offset"), py::arg("epoch"), py::arg("stage"), py::arg("stream"));
+}
+
+}  // namespace symmoe

@@ -1,0 +1,16 @@
+// symmoe_cuda: the kernels over the load/store (LSA) transport, for backends whose peers'
+// segments are mapped into this process (torch symmetric memory). Pointers, sizes and CUDA
+// streams cross from Python as integers: no torch headers, so this builds with a CPU torch.
+#include "../common/transport.cuh"
+#include "context.cuh"
+
+using namespace symmoe;
+
+PYBIND11_MODULE(symmoe_cuda, m) {
+  m.doc() = "symmoe CUDA kernels over the load/store (LSA) transport";
+  bind_context<LsaTransport>(m, [](const std::vector<int64_t>& layout, int rank, uintptr_t local, uintptr_t peer_bases,
+                                   uintptr_t err, double timeout_s, int num_sms, uintptr_t counters) {
+    return new Ctx<LsaTransport>(layout, rank, LsaTransport{P<uint8_t>(local), P<const int64_t>(peer_bases)}, err,
+                                 timeout_s, num_sms, counters);
+  });
+}

@@ -1,0 +1,81 @@
+// Device barrier across ranks with a timeout. One int64 flag per peer lives in each rank's
+// barrier area: rank r stores the epoch into flag[r] of every peer, then waits until all of
+// its own flags reach the epoch. Epochs only grow (the host counts them), so a peer already
+// one barrier ahead satisfies the wait too. On timeout the block records the stage, peer and
+// epoch in the host-mapped ErrorWord and returns: the host raises StallError, nothing hangs.
+#pragma once
+#include <cstdint>
+
+#include "layout.cuh"
+#include "ptx.cuh"
+
+namespace symmoe {
+
+__device__ __forceinline__ bool error_set(const ErrorWord* err) {
+  return ld_volatile(&err->stage) != 0;
+}
+
+__device__ __forceinline__ void report_error(ErrorWord* err, int stage, int peer, int64_t epoch) {
+  // Plain stores (host memory has no device atomics on PCIe hosts); stage last so a reader
+  // that sees it also sees the rest.
+  volatile int64_t* e = reinterpret_cast<volatile int64_t*>(err);
+  e[1] = peer;
+  e[2] = epoch;
+  __threadfence_system();
+  e[0] = stage;
+  __threadfence_system();
+}
+
+// Whole block calls. Every write of the calling grid that peers must see has to be ordered
+// before (see grid_last_block). flags_off: offset of the W-entry flag array in the segment.
+template <class Transport>
+__device__ void block_barrier(const Transport& tp, int rank, int world, int64_t flags_off, int64_t epoch,
+                              uint64_t timeout_ns, ErrorWord* err, int stage) {
+  __syncthreads();
+  if (threadIdx.x == 0) fence_sys();  // cumulative: orders everything this block observed
+  __syncthreads();
+  for (int p = threadIdx.x; p < world; p += blockDim.x) tp.signal(p, flags_off + 8 * int64_t(rank), epoch);
+  int64_t* flags = tp.local_flag(flags_off);
+  for (int p = threadIdx.x; p < world; p += blockDim.x) {
+    const uint64_t start = global_timer_ns();
+    uint32_t spins = 0;
+    while (ld_acquire_sys(flags + p) < epoch) {
+      if ((++spins & 63) == 0) {
+        if (global_timer_ns() - start > timeout_ns) {
+          report_error(err, stage, p, epoch);
+          break;
+        }
+        if (error_set(err)) break;  // another wait already failed: stop spinning
+      }
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) fence_sys();
+  __syncthreads();
+}
+
+// Last-block-done: returns true in exactly one block, after every block of the grid called
+// it; that block then sees all the grid's writes. `counter` is reset for the next launch.
+__device__ __forceinline__ bool grid_last_block(unsigned int* counter) {
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned int ticket = atomicAdd(counter, 1u);
+    last = (ticket == gridDim.x - 1);
+    if (last) {
+      *counter = 0u;
+      __threadfence();
+    }
+  }
+  __syncthreads();
+  return last;
+}
+
+template <class Transport>
+__global__ void barrier_kernel(Transport tp, int rank, int world, int64_t flags_off, int64_t epoch,
+                               uint64_t timeout_ns, ErrorWord* err, int stage) {
+  block_barrier(tp, rank, world, flags_off, epoch, timeout_ns, err, stage);
+}
+
+}  // namespace symmoe

@@ -1,0 +1,96 @@
+// A warp moves row pieces with bulk copies: load a piece global->shared (completing on an
+// mbarrier), then store it shared->global to up to kMaxDst destinations. Two shared slots per
+// warp: the load of item n is in flight while item n-1 is being stored.
+//
+// Usage (all lanes of the warp, uniformly):
+//   uint8_t** d = mv.next_dsts(); lanes write d[0..n); __syncwarp(); mv.push(src, n, bytes);
+//   ... mv.flush();   // all stores complete and ordered before later fences
+// Lane 0 issues the copies; the bookkeeping is replicated in every lane so it stays uniform.
+#pragma once
+#include <cstdint>
+
+#include "ptx.cuh"
+
+namespace symmoe {
+
+constexpr int kMaxDst = 32;  // topk <= 32 (config) bounds the destinations of one row
+constexpr uint32_t kSlotAlign = 128;
+
+struct WarpMoverSmem {
+  static __host__ __device__ uint32_t per_warp_bytes(uint32_t slot_bytes) {
+    return 2 * slot_bytes + 2 * 8 + 2 * kMaxDst * 8 + 2 * 8;
+  }
+};
+
+struct WarpMover {
+  uint8_t* slots;     // [2][slot_bytes]
+  uint32_t slot_bytes;
+  uint64_t* bar;      // [2]
+  uint8_t** dsts;     // [2][kMaxDst]
+  uint32_t* meta;     // [2][2]: ndst, bytes
+  uint32_t phase;     // parity bit per slot
+  int cur;
+  bool pending;
+
+  // `base`: this warp's shared area, per_warp_bytes(slot_bytes) long, kSlotAlign aligned.
+  __device__ void init(uint8_t* base, uint32_t slot_bytes) {
+    slots = base;
+    this->slot_bytes = slot_bytes;
+    bar = reinterpret_cast<uint64_t*>(base + 2 * slot_bytes);
+    dsts = reinterpret_cast<uint8_t**>(base + 2 * slot_bytes + 16);
+    meta = reinterpret_cast<uint32_t*>(base + 2 * slot_bytes + 16 + 2 * kMaxDst * 8);
+    phase = 0;
+    cur = 0;
+    pending = false;
+    if ((threadIdx.x & 31) == 0) {
+      mbar_init(&bar[0], 1);
+      mbar_init(&bar[1], 1);
+      mbar_init_fence();
+    }
+    __syncwarp();
+  }
+
+  __device__ __forceinline__ uint8_t** next_dsts() const { return dsts + cur * kMaxDst; }
+
+  __device__ __forceinline__ void drain(int s) {
+    if ((threadIdx.x & 31) == 0) {
+      const uint32_t par = (phase >> s) & 1u;
+      while (!mbar_try_wait(&bar[s], par)) {
+      }
+      const uint32_t n = meta[2 * s], bytes = meta[2 * s + 1];
+      uint8_t** d = dsts + s * kMaxDst;
+      for (uint32_t i = 0; i < n; ++i) bulk_store(d[i], slots + s * slot_bytes, bytes);
+      bulk_commit();
+    }
+    phase ^= 1u << s;
+  }
+
+  // src: global address of the piece; n destinations already in next_dsts(); bytes % 16 == 0.
+  __device__ void push(const void* src, int n, uint32_t bytes) {
+    if ((threadIdx.x & 31) == 0) {
+      // The slot's previous stores (two items back, the latest committed group) must have
+      // read it before the new load lands.
+      bulk_wait_read_all();
+      meta[2 * cur] = uint32_t(n);
+      meta[2 * cur + 1] = bytes;
+      mbar_arrive_expect_tx(&bar[cur], bytes);
+      bulk_load(slots + cur * slot_bytes, src, bytes, &bar[cur]);
+    }
+    if (pending) drain(cur ^ 1);
+    pending = true;
+    cur ^= 1;
+    __syncwarp();
+  }
+
+  __device__ void flush() {
+    if (pending) drain(cur ^ 1);
+    pending = false;
+    if ((threadIdx.x & 31) == 0) {
+      bulk_wait_all();
+      fence_proxy_async_global();  // order the async-proxy writes before generic fences/flags
+    }
+    __syncwarp();
+  }
+};
+
+}  // namespace symmoe

@@ -1,0 +1,209 @@
+// Combine kernels, templates on the device transport:
+//
+//   combine_send_kernel    receivers store each received row (and, rank-major, its weights)
+//                          into the source's combine region at slot t * S + slot; rows whose
+//                          source is this rank are not copied: their row index goes into
+//                          `selfmap` and the reduction reads them where they lie. Barrier
+//                          "combine.data".
+//   combine_reduce_kernel  sources add, per token, the slots in fixed order in fp32 -- rank
+//                          order for rank-major, k order with w * y rounded before the add for
+//                          expert-major (__fmul_rn/__fadd_rn: no FMA) -- and cast once. Barrier
+//                          "combine.done" (peers may then store the next combine).
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "../common/barrier.cuh"
+#include "../common/layout.cuh"
+#include "../common/mover.cuh"
+#include "dispatch.cuh"
+
+namespace symmoe {
+
+struct RecvRows {  // the receiver side of a dispatch handle
+  const int32_t* src_rank;
+  const int32_t* src_token;
+  const int32_t* src_slot;
+  int64_t rows;
+};
+
+template <class Transport>
+__global__ void __launch_bounds__(1024) combine_send_kernel(Transport tp, Layout L, const uint8_t* y,
+                                                            const float* rw, RecvRows rr, int32_t* selfmap,
+                                                            MoveCfg mc, Sync sy) {
+  uint8_t* smem_raw = dyn_smem();
+  const int W = int(L.world_size), K = int(L.topk), S = int(L.combine_slots), me = sy.rank;
+  const int64_t rb = L.row_bytes();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = error_set(sy.err);
+  __syncthreads();
+  WarpMover mv;
+  mv.init(smem_raw + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes);
+  if (!dead) {
+    const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
+    for (int64_t i = gw; i < rr.rows; i += nwt) {
+      const int s = rr.src_rank[i];
+      if (s < 0 || s >= W) continue;  // padding row
+      const int64_t slot = int64_t(rr.src_token[i]) * S + rr.src_slot[i];
+      if (s == me) {
+        if (lane == 0) selfmap[slot] = int32_t(i);
+        continue;
+      }
+      if (rw != nullptr && lane < K)
+        reinterpret_cast<float*>(tp.map(s, L.combine_w))[slot * K + lane] = rw[i * K + lane];
+      uint8_t* dst = tp.map(s, L.combine_x) + slot * rb;
+      const uint8_t* src = y + i * rb;
+      for (int64_t off = 0; off < rb; off += mc.slot_bytes) {
+        const uint32_t bytes = uint32_t(min(int64_t(mc.slot_bytes), rb - off));
+        if (lane == 0) mv.next_dsts()[0] = dst + off;
+        __syncwarp();
+        mv.push(src + off, 1, bytes);
+      }
+    }
+  }
+  mv.flush();
+  if (grid_last_block(sy.done) && !dead)
+    block_barrier(tp, me, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, kStageCombineData);
+}
+
+template <typename T>
+struct Elem;
+template <>
+struct Elem<__nv_bfloat16> {
+  static __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16_rn(v); }
+};
+template <>
+struct Elem<__half> {
+  static __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half from_f(float v) { return __float2half_rn(v); }
+};
+template <>
+struct Elem<float> {
+  static __device__ __forceinline__ float to_f(float v) { return v; }
+  static __device__ __forceinline__ float from_f(float v) { return v; }
+};
+
+struct SourceSide {  // the source side of a dispatch handle
+  const bool* in_rank;     // [T, W] (rank-major)
+  const int64_t* topk_idx; // [T, K] (expert-major)
+  const float* topk_w;     // [T, K] (expert-major)
+  int64_t tokens;
+};
+
+constexpr int kReduceThreads = 128;
+constexpr int kMaxSlots = 64;  // S = max(W, K) <= 64 (checked on the host)
+
+template <class Transport, typename T>
+__global__ void __launch_bounds__(kReduceThreads) combine_reduce_kernel(Transport tp, Layout L, const uint8_t* y,
+                                                                        const float* rw, SourceSide ss,
+                                                                        const int32_t* selfmap, T* out, float* out_w,
+                                                                        bool expert_major, Sync sy) {
+  constexpr int V = 16 / sizeof(T);  // elements per 16-byte vector
+  constexpr int U = 2;               // vectors per thread in flight
+  __shared__ const uint8_t* ptrs[kMaxSlots];
+  __shared__ const float* wptrs[kMaxSlots];
+  __shared__ float wts[kMaxSlots];
+  __shared__ int nslots;
+  __shared__ bool dead;
+  const int W = int(L.world_size), K = int(L.topk), S = int(L.combine_slots), Le = int(L.local_experts());
+  const int me = sy.rank;
+  const int64_t rb = L.row_bytes(), nvec = rb / 16;
+  const int tid = threadIdx.x, lane = tid & 31;
+  const uint8_t* cx = tp.local + L.combine_x;
+  const float* cw = reinterpret_cast<const float*>(tp.local + L.combine_w);
+  if (tid == 0) dead = error_set(sy.err);
+  __syncthreads();
+  if (!dead) {
+    for (int64_t t = blockIdx.x; t < ss.tokens; t += gridDim.x) {
+      if (tid < 32) {  // warp 0: the valid slots of token t, in order
+        int n = 0;
+        const int nc = expert_major ? K : W;
+        for (int base = 0; base < nc; base += 32) {
+          const int c = base + lane;
+          bool valid = false;
+          int owner = -1;
+          float wt = 0.f;
+          if (c < nc) {
+            if (expert_major) {
+              const int64_t e = ss.topk_idx[t * K + c];
+              valid = e >= 0;
+              owner = valid ? int(e / Le) : -1;
+              wt = ss.topk_w[t * K + c];
+            } else {
+              valid = ss.in_rank[t * W + c];
+              owner = c;
+            }
+          }
+          const uint32_t bal = __ballot_sync(0xffffffffu, valid);
+          if (valid) {
+            const int at = n + __popc(bal & lanemask_lt());
+            const int64_t slot = t * S + c;
+            if (owner == me) {
+              const int64_t row = selfmap[slot];
+              ptrs[at] = y + row * rb;
+              wptrs[at] = rw ? rw + row * K : nullptr;
+            } else {
+              ptrs[at] = cx + slot * rb;
+              wptrs[at] = cw + slot * K;
+            }
+            wts[at] = wt;
+          }
+          n += __popc(bal);
+        }
+        if (lane == 0) nslots = n;
+      }
+      __syncthreads();
+      const int n = nslots;
+      for (int64_t v0 = tid; v0 < nvec; v0 += int64_t(kReduceThreads) * U) {
+        float acc[U][V];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+          for (int i = 0; i < V; ++i) acc[u][i] = 0.f;
+        for (int j = 0; j < n; ++j) {
+          const int4* src = reinterpret_cast<const int4*>(ptrs[j]);
+          int4 raw[U];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const int64_t v = v0 + int64_t(u) * kReduceThreads;
+            raw[u] = v < nvec ? src[v] : make_int4(0, 0, 0, 0);
+          }
+          const float wj = wts[j];
+#pragma unroll
+          for (int u = 0; u < U; ++u) {
+            const T* e = reinterpret_cast<const T*>(&raw[u]);
+#pragma unroll
+            for (int i = 0; i < V; ++i) {
+              const float f = Elem<T>::to_f(e[i]);
+              acc[u][i] = expert_major ? __fadd_rn(acc[u][i], __fmul_rn(wj, f)) : __fadd_rn(acc[u][i], f);
+            }
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          const int64_t v = v0 + int64_t(u) * kReduceThreads;
+          if (v >= nvec) continue;
+          int4 o;
+          T* oe = reinterpret_cast<T*>(&o);
+#pragma unroll
+          for (int i = 0; i < V; ++i) oe[i] = Elem<T>::from_f(acc[u][i]);
+          reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(out) + t * rb)[v] = o;
+        }
+      }
+      if (out_w != nullptr && tid < K) {
+        float a = 0.f;
+        for (int j = 0; j < n; ++j) a = __fadd_rn(a, wptrs[j][tid]);
+        out_w[t * K + tid] = a;
+      }
+      __syncthreads();
+    }
+  }
+  if (grid_last_block(sy.done) && !dead)
+    block_barrier(tp, me, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, kStageCombineDone);
+}
+
+}  // namespace symmoe

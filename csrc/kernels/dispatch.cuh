@@ -1,0 +1,384 @@
+// Dispatch kernels, templates on the device transport (csrc/common/transport.cuh):
+//
+//   layout_kernel   one block: routing counts and positions of this rank's tokens; for a
+//                   dispatch it also publishes topk (int32) / weights / positions in the input
+//                   region, stores its counts row into every peer, and runs the barrier
+//                   "dispatch.counts".
+//   pull_kernel     receivers fetch the rows meant for them from every source's input region
+//                   with bulk copies (peer global -> shared -> local output), write metadata and
+//                   zero padding; barrier "dispatch.done" (sources may overwrite their inputs).
+//   push_kernel     senders store rows into the receivers' recv pools (their own rows straight
+//                   into the outputs); barrier "dispatch.data".
+//   unpack_kernel   receivers copy what peers pushed from the pool into the outputs (reading a
+//                   private snapshot of the counts matrix).
+//
+// Row order is the reference's: rank-major by (source, token); expert-major by (local expert,
+// source, token) with each group padded to `alignment` rows of zeros.
+#pragma once
+#include <cstdint>
+
+#include "../common/barrier.cuh"
+#include "../common/layout.cuh"
+#include "../common/mover.cuh"
+#include "../common/routing.cuh"
+#include "plan.cuh"
+
+namespace symmoe {
+
+struct Sync {  // what every kernel that ends with a cross-rank barrier needs
+  int rank;
+  int64_t epoch;
+  uint64_t timeout_ns;
+  ErrorWord* err;
+  unsigned int* done;  // grid completion counter (zero between launches)
+};
+
+struct Outputs {  // a receiver's output tensors (worst-case sized by the host)
+  uint8_t* x;          // [cap, H]
+  int64_t* idx;        // [cap, K] rank-major, [cap] expert-major
+  float* w;            // same shape as idx
+  int32_t* src_rank;   // [cap]
+  int32_t* src_token;  // [cap]
+  int32_t* src_slot;   // [cap]
+  int64_t* expert_offsets;  // [L + 1] (expert-major) or nullptr
+  int64_t capacity;    // rows the tensors hold
+};
+
+// ---------------------------------------------------------------------------------------
+template <class Transport, typename Idx>
+__global__ void __launch_bounds__(1024) layout_kernel(Transport tp, Layout L, RoutingArgs<Idx> a,
+                                                      int32_t* out_per_rank, int32_t* out_per_expert,
+                                                      bool publish, Sync sy) {
+  uint8_t* smem_raw = dyn_smem();
+  if (a.hist == nullptr) a.hist = reinterpret_cast<int32_t*>(smem_raw);
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = error_set(sy.err);
+  __syncthreads();
+  if (dead) return;  // an earlier wait failed: the buffer is unusable, the host raises
+  if (publish) {
+    a.pub_idx = reinterpret_cast<int32_t*>(tp.local + L.in_idx);
+    a.pub_w = reinterpret_cast<float*>(tp.local + L.in_w);
+    a.pos = reinterpret_cast<int32_t*>(tp.local + L.in_pos);
+  }
+  const int32_t* totals = routing_block(a);
+  const int C = a.W + a.E;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    if (c < a.W) {
+      if (out_per_rank) out_per_rank[c] = totals[c];
+    } else if (out_per_expert) {
+      out_per_expert[c - a.W] = totals[c];
+    }
+  }
+  if (!publish) return;
+  const int64_t row = 1 + C;
+  for (int64_t i = threadIdx.x; i < int64_t(a.W) * row; i += blockDim.x) {
+    const int p = int(i / row), c = int(i % row);
+    int32_t* dst = reinterpret_cast<int32_t*>(tp.map(p, L.counts)) + int64_t(sy.rank) * row + c;
+    *dst = c == 0 ? a.T : totals[c - 1];
+  }
+  block_barrier(tp, sy.rank, a.W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, kStageDispatchCounts);
+}
+
+// Zero-filled padding rows of the expert-major output (ids -1, weights 0, sources -1).
+__device__ void fill_padding(const RecvPlan& pl, int Le, const Outputs& o, int64_t row_bytes) {
+  for (int j = blockIdx.x; j < Le; j += gridDim.x) {
+    const int64_t a = pl.goff[j] + pl.gcnt[j], b = pl.goff[j + 1];
+    if (a >= b || b > o.capacity) continue;
+    const int64_t nvec = (b - a) * row_bytes / 16;
+    int4* x = reinterpret_cast<int4*>(o.x + a * row_bytes);
+    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) x[i] = make_int4(0, 0, 0, 0);
+    for (int64_t r = a + threadIdx.x; r < b; r += blockDim.x) {
+      o.idx[r] = -1;
+      o.w[r] = 0.f;
+      o.src_rank[r] = -1;
+      o.src_token[r] = -1;
+      o.src_slot[r] = -1;
+    }
+  }
+}
+
+struct MoveCfg {
+  uint32_t slot_bytes;  // bulk piece size (multiple of 16)
+  int warps;            // warps per block (each with two slots)
+  int64_t plan_bytes;   // shared bytes before the warps' areas
+};
+
+// ---------------------------------------------------------------------------------------
+template <class Transport>
+__global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, const uint8_t* self_x, Outputs o,
+                                                    bool expert_major, int alignment, MoveCfg mc, Sync sy) {
+  uint8_t* smem_raw = dyn_smem();
+  const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), r = sy.rank;
+  const int PC = int(L.pos_cols());
+  const int64_t rb = L.row_bytes();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = error_set(sy.err);
+  __syncthreads();
+  const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
+  RecvPlan pl;
+  pl.carve(smem_raw, W, Le);
+  int64_t rows = 0;
+  if (!dead) rows = pl.build(counts, L, r, expert_major, alignment);
+  const bool run = !dead && rows <= o.capacity;
+
+  if (run && expert_major) {
+    fill_padding(pl, Le, o, rb);
+    if (blockIdx.x == 0)
+      for (int j = threadIdx.x; j <= Le; j += blockDim.x) o.expert_offsets[j] = pl.goff[j];
+  }
+
+  WarpMover mv;
+  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes);
+
+  if (run) {
+    const int64_t total_tokens = pl.tstart[W];
+    const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
+    for (int64_t g = gw; g < total_tokens; g += nwt) {
+      const int s = pl.source_of_token(g, W);
+      const int64_t t = g - pl.tstart[s];
+      const int32_t* sidx = reinterpret_cast<const int32_t*>(tp.map(s, L.in_idx)) + t * K;
+      const float* sw = reinterpret_cast<const float*>(tp.map(s, L.in_w)) + t * K;
+      const int32_t* spos = reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)) + t * PC;
+      const int e = lane < K ? sidx[lane] : -1;
+      const bool mine = e >= 0 && e / Le == r;
+      const uint32_t bal = __ballot_sync(0xffffffffu, mine);
+      if (bal == 0) continue;
+      int64_t my_row = -1;  // lane k: destination row of slot k (expert-major); lane 0: the row (rank-major)
+      int ndst;
+      if (!expert_major) {
+        int64_t row = 0;
+        if (lane == 0) row = pl.rbase[s] + spos[r];
+        row = __shfl_sync(0xffffffffu, row, 0);
+        if (row >= rows) continue;  // only with corrupt inputs; never write out of bounds
+        if (lane < K) {
+          o.idx[row * K + lane] = mine ? int64_t(e - r * Le) : -1;
+          o.w[row * K + lane] = mine ? sw[lane] : 0.f;
+        }
+        if (lane == 0) {
+          o.src_rank[row] = s;
+          o.src_token[row] = int32_t(t);
+          o.src_slot[row] = r;
+        }
+        my_row = lane == 0 ? row : -1;
+        ndst = 1;
+      } else {
+        if (mine) {
+          const int j = e - r * Le;
+          my_row = pl.src_offset(counts, L, r, s, j) + spos[W + lane];
+          if (my_row >= rows) my_row = -1;
+        }
+        const uint32_t ok = __ballot_sync(0xffffffffu, my_row >= 0);
+        if (my_row >= 0) {
+          o.idx[my_row] = e - r * Le;
+          o.w[my_row] = sw[lane];
+          o.src_rank[my_row] = s;
+          o.src_token[my_row] = int32_t(t);
+          o.src_slot[my_row] = lane;
+        }
+        // compact the destinations into lanes 0..n-1 (lane i takes the i-th set lane)
+        const int n = __popc(ok);
+        const int from = lane < n ? int(__fns(ok, 0, lane + 1)) : 0;
+        my_row = __shfl_sync(0xffffffffu, my_row, from);
+        ndst = n;
+        if (n == 0) continue;
+      }
+      const uint8_t* src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb;
+      for (int64_t off = 0; off < rb; off += mc.slot_bytes) {
+        const uint32_t bytes = uint32_t(min(int64_t(mc.slot_bytes), rb - off));
+        if (lane < ndst) mv.next_dsts()[lane] = o.x + my_row * rb + off;
+        __syncwarp();
+        mv.push(src + off, ndst, bytes);
+      }
+    }
+  }
+  mv.flush();
+  if (grid_last_block(sy.done) && !dead)
+    block_barrier(tp, r, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, kStageDispatchDone);
+}
+
+// ---------------------------------------------------------------------------------------
+// recv pool rows hold int32 ids/weights ([R, K]; expert-major uses column 0) and
+// recv_src = t * S + slot; the source rank follows from the row (plan tables).
+template <class Transport>
+__global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, const uint8_t* x, Outputs o,
+                                                    bool expert_major, int alignment, MoveCfg mc, Sync sy) {
+  uint8_t* smem_raw = dyn_smem();
+  const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), me = sy.rank;
+  const int PC = int(L.pos_cols()), S = int(L.combine_slots);
+  const int64_t rb = L.row_bytes();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = error_set(sy.err);
+  __syncthreads();
+  const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
+  SendPlan pl;
+  pl.carve(smem_raw, W, Le);
+  bool run = !dead;
+  if (run) {
+    pl.build(counts, L, me, expert_major, alignment);
+    for (int q = 0; q < W; ++q) run = run && pl.rows[q] <= L.recv_rows && (q != me || pl.rows[q] <= o.capacity);
+  }
+  WarpMover mv;
+  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes);
+
+  if (run) {
+    const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.in_idx);
+    const float* pw = reinterpret_cast<const float*>(tp.local + L.in_w);
+    const int32_t* ppos = reinterpret_cast<const int32_t*>(tp.local + L.in_pos);
+    const int64_t T = counts[int64_t(me) * L.counts_cols()];
+    const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
+    for (int64_t t = gw; t < T; t += nwt) {
+      const int e = lane < K ? pidx[t * K + lane] : -1;
+      const float wt = lane < K ? pw[t * K + lane] : 0.f;
+      const int own = e >= 0 ? e / Le : -1;
+      uint8_t* dst_x = nullptr;  // lane i < n: destination row address
+      int n = 0;
+      if (!expert_major) {
+        // one row per destination rank, at the slot that owns it first
+        bool first = own >= 0;
+        for (int kk = 0; kk < K; ++kk) {
+          const int okk = __shfl_sync(0xffffffffu, own, kk);
+          if (kk < lane && okk == own) first = false;
+        }
+        const uint32_t firsts = __ballot_sync(0xffffffffu, first);
+        n = __popc(firsts);
+        for (int i = 0; i < n; ++i) {
+          const int fl = __fns(firsts, 0, i + 1);
+          const int q = __shfl_sync(0xffffffffu, own, fl);
+          const int64_t row = pl.rbase[q] + ppos[t * PC + q];
+          const bool mine = own == q;
+          if (q == me) {
+            if (lane < K) {
+              o.idx[row * K + lane] = mine ? int64_t(e - q * Le) : -1;
+              o.w[row * K + lane] = mine ? wt : 0.f;
+            }
+            if (lane == 0) {
+              o.src_rank[row] = me;
+              o.src_token[row] = int32_t(t);
+              o.src_slot[row] = q;
+            }
+          } else {
+            if (lane < K) {
+              reinterpret_cast<int32_t*>(tp.map(q, L.recv_idx))[row * K + lane] = mine ? e - q * Le : -1;
+              reinterpret_cast<float*>(tp.map(q, L.recv_w))[row * K + lane] = mine ? wt : 0.f;
+            }
+            if (lane == 0) reinterpret_cast<int32_t*>(tp.map(q, L.recv_src))[row] = int32_t(t * S + q);
+          }
+          uint8_t* d = (q == me ? o.x : tp.map(q, L.recv_x)) + row * rb;
+          if (lane == i) dst_x = d;
+        }
+      } else {
+        uint8_t* d = nullptr;
+        if (own >= 0) {
+          const int j = e - own * Le;
+          int64_t row = pl.goff[int64_t(own) * (Le + 1) + j] + ppos[t * PC + W + lane];
+          for (int q = 0; q < me; ++q) row += count_at(counts, L, q, 1 + W + e);
+          if (own == me) {
+            o.idx[row] = j;
+            o.w[row] = wt;
+            o.src_rank[row] = me;
+            o.src_token[row] = int32_t(t);
+            o.src_slot[row] = lane;
+            d = o.x + row * rb;
+          } else {
+            reinterpret_cast<int32_t*>(tp.map(own, L.recv_idx))[row * K] = j;
+            reinterpret_cast<float*>(tp.map(own, L.recv_w))[row * K] = wt;
+            reinterpret_cast<int32_t*>(tp.map(own, L.recv_src))[row] = int32_t(t * S + lane);
+            d = tp.map(own, L.recv_x) + row * rb;
+          }
+        }
+        const uint32_t has = __ballot_sync(0xffffffffu, d != nullptr);
+        n = __popc(has);
+        const int from = lane < n ? int(__fns(has, 0, lane + 1)) : 0;
+        dst_x = reinterpret_cast<uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(d), from));
+      }
+      if (n == 0) continue;
+      const uint8_t* src = x + t * rb;
+      for (int64_t off = 0; off < rb; off += mc.slot_bytes) {
+        const uint32_t bytes = uint32_t(min(int64_t(mc.slot_bytes), rb - off));
+        if (lane < n) mv.next_dsts()[lane] = dst_x + off;
+        __syncwarp();
+        mv.push(src + off, n, bytes);
+      }
+    }
+  }
+  mv.flush();
+  if (grid_last_block(sy.done) && !dead)
+    block_barrier(tp, me, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, kStageDispatchData);
+}
+
+// ---------------------------------------------------------------------------------------
+// Local: copy the rows peers pushed into this rank's pool to the outputs; padding rows.
+template <class Transport>
+__global__ void __launch_bounds__(1024) unpack_kernel(Transport tp, Layout L, const int32_t* counts, Outputs o,
+                                                      bool expert_major, int alignment, ErrorWord* err, int rank) {
+  uint8_t* smem_raw = dyn_smem();
+  const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), r = rank;
+  const int S = int(L.combine_slots);
+  const int64_t rb = L.row_bytes();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = error_set(err);
+  __syncthreads();
+  if (dead) return;
+  // `counts` is a private snapshot: once "dispatch.data" passed, peers may already store the
+  // next call's rows into the shared matrix.
+  RecvPlan pl;
+  pl.carve(smem_raw, W, Le);
+  const int64_t rows = pl.build(counts, L, r, expert_major, alignment);
+  if (rows > o.capacity || rows > L.recv_rows) return;
+  if (expert_major) {
+    fill_padding(pl, Le, o, rb);
+    if (blockIdx.x == 0)
+      for (int j = threadIdx.x; j <= Le; j += blockDim.x) o.expert_offsets[j] = pl.goff[j];
+  }
+  const uint8_t* px = tp.local + L.recv_x;
+  const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.recv_idx);
+  const float* pw = reinterpret_cast<const float*>(tp.local + L.recv_w);
+  const int32_t* psrc = reinterpret_cast<const int32_t*>(tp.local + L.recv_src);
+  const int64_t gw = int64_t(blockIdx.x) * warps + warp, nwt = int64_t(gridDim.x) * warps;
+  for (int64_t row = gw; row < rows; row += nwt) {
+    int s;
+    if (!expert_major) {
+      s = 0;
+      while (s + 1 < W && pl.rbase[s + 1] <= row) ++s;
+    } else {
+      int lo = 0, hi = Le - 1;  // group j: goff[j] <= row < goff[j + 1]
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (pl.goff[mid] <= row) lo = mid; else hi = mid - 1;
+      }
+      const int j = lo;
+      int64_t rel = row - pl.goff[j];
+      if (rel >= pl.gcnt[j]) continue;  // padding: filled above
+      s = 0;
+      for (; s < W; ++s) {
+        const int64_t c = count_at(counts, L, s, 1 + W + int64_t(r) * Le + j);
+        if (rel < c) break;
+        rel -= c;
+      }
+    }
+    if (s == r || s >= W) continue;  // own rows were written straight into the outputs
+    const int4* sx = reinterpret_cast<const int4*>(px + row * rb);
+    int4* dx = reinterpret_cast<int4*>(o.x + row * rb);
+    for (int64_t i = lane; i < rb / 16; i += 32) dx[i] = sx[i];
+    const int32_t src = psrc[row];
+    if (!expert_major) {
+      if (lane < K) {
+        o.idx[row * K + lane] = pidx[row * K + lane];
+        o.w[row * K + lane] = pw[row * K + lane];
+      }
+    } else if (lane == 0) {
+      o.idx[row] = pidx[row * K];
+      o.w[row] = pw[row * K];
+    }
+    if (lane == 0) {
+      o.src_rank[row] = s;
+      o.src_token[row] = src / S;
+      o.src_slot[row] = src % S;
+    }
+  }
+}
+
+}  // namespace symmoe

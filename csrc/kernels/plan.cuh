@@ -1,0 +1,129 @@
+// Row offsets every rank derives identically from the exchanged counts matrix
+// counts[s][1 + W + E] = (tokens of s, tokens s sends each rank, pairs s sends each expert).
+// Each block recomputes its tables in shared memory (cheaper than another launch).
+#pragma once
+#include <cstdint>
+
+#include "../common/layout.cuh"
+#include "../common/scan.cuh"
+
+namespace symmoe {
+
+__device__ __forceinline__ int32_t count_at(const int32_t* counts, const Layout& L, int s, int64_t col) {
+  return counts[int64_t(s) * L.counts_cols() + col];
+}
+
+// One receiver's view. Shared arrays sized by plan_bytes().
+struct RecvPlan {
+  int64_t* tstart;  // [W + 1] token prefix over sources
+  int64_t* rbase;   // [W + 1] rank-major: first row of each source (rbase[W] = rows)
+  int64_t* goff;    // [L + 1] expert-major: padded group starts (goff[L] = rows)
+  int32_t* gcnt;    // [L] unpadded rows per local expert
+  int64_t* tmp;     // scan scratch [33]
+
+  static __host__ __device__ int64_t bytes(int W, int L) {
+    return 8 * (int64_t(W + 1) * 2 + (L + 1) + 33) + 4 * int64_t(L) + 16;
+  }
+
+  __device__ void carve(uint8_t* p, int W, int L) {
+    tstart = reinterpret_cast<int64_t*>(p);
+    rbase = tstart + W + 1;
+    goff = rbase + W + 1;
+    tmp = goff + L + 1;
+    gcnt = reinterpret_cast<int32_t*>(tmp + 33);
+  }
+
+  // Whole block. Returns the rows this receiver gets in `layout` (expert_major or not).
+  __device__ int64_t build(const int32_t* counts, const Layout& L, int r, bool expert_major, int alignment) {
+    const int W = int(L.world_size), Le = int(L.local_experts());
+    for (int s = threadIdx.x; s < W; s += blockDim.x) {
+      tstart[s] = count_at(counts, L, s, 0);
+      rbase[s] = count_at(counts, L, s, 1 + r);
+    }
+    for (int j = threadIdx.x; j < Le; j += blockDim.x) {
+      int32_t c = 0;
+      for (int s = 0; s < W; ++s) c += count_at(counts, L, s, 1 + W + int64_t(r) * Le + j);
+      gcnt[j] = c;
+      goff[j] = expert_major ? (int64_t(c) + alignment - 1) / alignment * alignment : 0;
+    }
+    __syncthreads();
+    tstart[W] = 0;  // scanned below; the last slot receives the total
+    const int64_t tokens = block_exclusive_scan(tstart, W, tmp);
+    const int64_t rows_r = block_exclusive_scan(rbase, W, tmp);
+    const int64_t rows_e = block_exclusive_scan(goff, Le, tmp);
+    if (threadIdx.x == 0) {
+      tstart[W] = tokens;
+      rbase[W] = rows_r;
+      goff[Le] = rows_e;
+    }
+    __syncthreads();
+    return expert_major ? rows_e : rows_r;
+  }
+
+  // First row of source s inside local expert j's group.
+  __device__ __forceinline__ int64_t src_offset(const int32_t* counts, const Layout& L, int r, int s, int j) const {
+    const int W = int(L.world_size), Le = int(L.local_experts());
+    int64_t off = goff[j];
+    for (int q = 0; q < s; ++q) off += count_at(counts, L, q, 1 + W + int64_t(r) * Le + j);
+    return off;
+  }
+
+  __device__ __forceinline__ int source_of_token(int64_t g, int W) const {
+    int s = 0;
+    while (s + 1 < W && tstart[s + 1] <= g) ++s;
+    return s;
+  }
+};
+
+// One sender's view of every receiver (push).
+struct SendPlan {
+  int64_t* rbase;   // [W]: first row of this sender in each receiver (rank-major)
+  int64_t* rows;    // [W]: rows each receiver gets in the chosen layout
+  int64_t* goff;    // [W][L + 1]: each receiver's padded group starts (expert-major)
+  int64_t* tmp;     // [33]
+
+  static __host__ __device__ int64_t bytes(int W, int L) {
+    return 8 * (int64_t(W) * 2 + int64_t(W) * (L + 1) + 33) + 16;
+  }
+
+  __device__ void carve(uint8_t* p, int W, int L) {
+    rbase = reinterpret_cast<int64_t*>(p);
+    rows = rbase + W;
+    goff = rows + W;
+    tmp = goff + int64_t(W) * (L + 1);
+  }
+
+  __device__ void build(const int32_t* counts, const Layout& L, int me, bool expert_major, int alignment) {
+    const int W = int(L.world_size), Le = int(L.local_experts());
+    for (int o = threadIdx.x; o < W; o += blockDim.x) {
+      int64_t b = 0, n = 0;
+      for (int s = 0; s < W; ++s) {
+        const int32_t c = count_at(counts, L, s, 1 + o);
+        if (s < me) b += c;
+        n += c;
+      }
+      rbase[o] = b;
+      rows[o] = n;
+    }
+    if (expert_major) {
+      for (int o = 0; o < W; ++o) {
+        int64_t* g = goff + int64_t(o) * (Le + 1);
+        for (int j = threadIdx.x; j < Le; j += blockDim.x) {
+          int64_t c = 0;
+          for (int s = 0; s < W; ++s) c += count_at(counts, L, s, 1 + W + int64_t(o) * Le + j);
+          g[j] = (c + alignment - 1) / alignment * alignment;
+        }
+        __syncthreads();
+        const int64_t total = block_exclusive_scan(g, Le, tmp);
+        if (threadIdx.x == 0) {
+          g[Le] = total;
+          rows[o] = total;
+        }
+        __syncthreads();
+      }
+    }
+    __syncthreads();
+  }
+};
+
+}  // namespace symmoe

@@ -1,0 +1,287 @@
+"""push and pull on the GPU: the flow of ``host.py``, run by the CUDA kernels in ``csrc/``.
+
+dispatch (both protocols)
+  1. ``layout`` kernel (one block): routing counts and each (token, rank) / (token, slot)
+     position among this rank's tokens; publishes topk (int32), weights and positions in the
+     ``input`` region, stores its counts row into every peer, barrier "dispatch.counts".
+     Pull also publishes x there when there are peers (see the zero-copy notes).
+  2. the counts matrix is copied to pinned host memory; the data kernel is launched right
+     behind it, into outputs sized for the worst case, so the host wait overlaps the data
+     movement instead of idling the GPU.
+  3. pull: each receiver fetches the rows meant for it from every source's ``input`` with
+     TMA bulk copies (peer global -> shared -> output), barrier "dispatch.done".
+     push: each sender bulk-stores its rows into the receivers' ``recv`` pools, barrier
+     "dispatch.data"; receivers unpack the pool into the outputs.
+  4. the host reads the counts, checks every receiver's capacity (all ranks raise together),
+     and returns views of the first ``rows`` rows of the outputs.
+combine (both protocols)
+  5. receivers bulk-store each row into its source's ``combine`` region at ``t * S + slot``,
+     barrier "combine.data"; 6. sources reduce in fixed order in fp32 and cast once, barrier
+     "combine.done". No host synchronisation.
+
+Zero-copy paths:
+  * a rank's own rows never go through the symmetric buffer: pull reads them from ``x``
+    itself, push writes them straight into the outputs, combine reduces them from ``y``
+    where it lies (``selfmap`` records their rows). At world size 1 nothing is copied into
+    the buffer at all.
+  * with peers, pull must publish ``x`` in the ``input`` region; a caller that builds x in
+    ``input_view(num_tokens)`` (e.g. as the output of the previous layer) skips that copy.
+
+Errors: every device wait has the configured timeout; on expiry the kernel records the
+stage and the missing peer in host-mapped memory and finishes. ``check()`` turns that into
+StallError; dispatch checks after its host wait, every call checks on entry, and
+``check(synchronize=True)`` waits for the stream first (combine does not wait on the host).
+After a StallError the buffer is unusable (the ranks' barrier epochs diverged).
+"""
+from __future__ import annotations
+
+import ctypes
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import build
+from ..config import Config
+from ..errors import CapacityError, InputError, StallError
+from ..handle import DispatchHandle
+from ..layout import DTYPES, BufferLayout
+from ..memory import SymmetricMemory
+from ..reference import DispatchLayout, RecvResult
+from .base import Protocol
+
+MAX_LOCAL_EXPERTS = 4096  # the data kernels keep per-expert tables in shared memory
+MAX_SLOTS = 64  # combine slots per token, max(world_size, topk)
+
+
+def _ptr(t: torch.Tensor | None) -> int:
+    return 0 if t is None or t.numel() == 0 else t.data_ptr()
+
+
+class _CudaProtocol(Protocol):
+    def __init__(self, mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int):
+        super().__init__(mem, layout, config, buffer_id)
+        if not mem.load_store_peers and not mem.remote_put:
+            raise InputError(f"backend '{mem.name}' reaches peers neither by load/store nor by remote puts")
+        if layout.local_experts > MAX_LOCAL_EXPERTS:
+            raise InputError(f"{layout.local_experts} experts per rank; the CUDA protocols handle at most "
+                             f"{MAX_LOCAL_EXPERTS} (num_experts / world_size)")
+        if layout.combine_slots > MAX_SLOTS:
+            raise InputError(f"max(world_size, topk) = {layout.combine_slots}; the CUDA protocols handle at most {MAX_SLOTS}")
+        self.device = mem.device
+        self.rank, self.world_size = mem.rank, mem.world_size
+        self.timeout_s = config.kernel.timeout_s
+        self.mod = build.load(getattr(mem, "kernel_module", "symmoe_cuda"))
+        self._stage_names = {v: k for k, v in self.mod.STAGES.items()}
+        self._err = self.mod.host_alloc_mapped(64)  # (host, device) pointers of the ErrorWord
+        self._counters = torch.zeros(8, dtype=torch.int32, device=self.device)
+        args = layout.kernel_args()
+        make = getattr(mem, "kernel_context", None)
+        if make is not None:  # backends with their own transport (nvshmem, nccl)
+            self.ctx = make(self.mod, args, self._err[1], self.timeout_s, config.kernel.num_sms,
+                            self._counters.data_ptr())
+        else:
+            self.ctx = self.mod.Context(args, self.rank, mem.local.data_ptr(), mem.peer_bases.data_ptr(),
+                                        self._err[1], self.timeout_s, config.kernel.num_sms, self._counters.data_ptr())
+        self._epoch = 0
+        W, E, K, S = layout.world_size, layout.num_experts, layout.topk, layout.combine_slots
+        self._selfmap = torch.empty(max(1, layout.max_tokens * S), dtype=torch.int32, device=self.device)
+        need = self.ctx.layout_scratch_bytes()
+        self._hist = (torch.empty(need // 4, dtype=torch.int32, device=self.device)
+                      if need > self.ctx.max_smem else None)
+        self._counts_host = torch.empty((W, 1 + W + E), dtype=torch.int32, pin_memory=True)
+        self._counts_np = self._counts_host.numpy()
+        self._counts_event = torch.cuda.Event()
+        self._counts_snap = torch.empty((W, 1 + W + E), dtype=torch.int32, device=self.device)
+        offs = layout.offsets()
+        self._offs = offs
+        self._base = mem.local.data_ptr()
+        self._counts_dev = self._region("counts", torch.int32, (W, 1 + W + E))
+        self._closed = False
+
+    # -- helpers ---------------------------------------------------------------------------
+    def _stream(self) -> torch.cuda.Stream:
+        return torch.cuda.current_stream(self.device)
+
+    def _next_epoch(self) -> int:
+        self._epoch += 1
+        return self._epoch
+
+    def _region(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        return self.mem.view(self._offs[name], dtype, shape)
+
+    def input_view(self, num_tokens: int, dtype: torch.dtype | None = None) -> torch.Tensor:
+        """The ``input`` region as an x tensor [num_tokens, hidden]: x built here is published
+        without a copy (pull with peers)."""
+        if not 0 <= num_tokens <= self.layout.max_tokens:
+            raise CapacityError(f"{num_tokens} tokens; the input region holds max_tokens_per_rank={self.layout.max_tokens}")
+        dtype = dtype or DTYPES[self.config.buffer.dtype]
+        return self._region("in_x", dtype, (num_tokens, self.layout.hidden))
+
+    def check(self, synchronize: bool = False) -> None:
+        """Raise StallError if a device wait of an earlier call expired."""
+        if synchronize:
+            self._stream().synchronize()
+        word = (ctypes.c_int64 * 4).from_address(self._err[0])
+        if word[0]:
+            stage = self._stage_names.get(int(word[0]), f"stage {int(word[0])}")
+            raise StallError(self.rank, stage, self.timeout_s,
+                             f"no arrival from rank {int(word[1])} at barrier epoch {int(word[2])}; "
+                             "this Buffer is unusable now")
+
+    def _check_aligned(self, name: str, t: torch.Tensor) -> None:
+        if t.numel() and t.data_ptr() % 16:
+            raise InputError(f"{name} starts at an address that is not 16-byte aligned ({t.data_ptr():#x}); "
+                             "bulk copies need 16-byte alignment (use a fresh or .clone()d tensor)")
+
+    # -- routing ---------------------------------------------------------------------------
+    def _layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, publish: bool,
+                per_rank: torch.Tensor | None, per_expert: torch.Tensor | None, in_rank: torch.Tensor) -> None:
+        epoch = self._next_epoch() if publish else 0
+        self.ctx.layout(_ptr(topk_idx), topk_idx.dtype == torch.int64, _ptr(topk_weights), topk_idx.shape[0],
+                        _ptr(self._hist), _ptr(in_rank), _ptr(per_rank), _ptr(per_expert), publish, epoch,
+                        self._stream().cuda_stream)
+
+    def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:
+        self.check()
+        W, E, T = self.layout.world_size, self.layout.num_experts, topk_idx.shape[0]
+        per_rank = torch.empty(W, dtype=torch.int32, device=self.device)
+        per_expert = torch.empty(E, dtype=torch.int32, device=self.device)
+        in_rank = torch.zeros((T, W), dtype=torch.bool, device=self.device)
+        self._layout(topk_idx.contiguous(), None, False, per_rank, per_expert, in_rank)
+        return DispatchLayout(per_rank, per_expert, in_rank)
+
+    # -- dispatch --------------------------------------------------------------------------
+    def _capacity(self, output_layout: str) -> int:
+        return min(self.layout.recv_rows, self.layout.worst_case_rows(output_layout))
+
+    def _outputs(self, cap: int, output_layout: str, dtype: torch.dtype) -> dict[str, Any]:
+        lay, dev = self.layout, self.device
+        K, L = lay.topk, lay.local_experts
+        shape = (cap, K) if output_layout == "rank" else (cap,)
+        t = {
+            "x": torch.empty((cap, lay.hidden), dtype=dtype, device=dev),
+            "idx": torch.empty(shape, dtype=torch.int64, device=dev),
+            "w": torch.empty(shape, dtype=torch.float32, device=dev),
+            "src_rank": torch.empty(cap, dtype=torch.int32, device=dev),
+            "src_token": torch.empty(cap, dtype=torch.int32, device=dev),
+            "src_slot": torch.empty(cap, dtype=torch.int32, device=dev),
+            "expert_offsets": torch.empty(L + 1, dtype=torch.int64, device=dev) if output_layout == "expert" else None,
+        }
+        return t
+
+    def _plan(self, counts: np.ndarray, output_layout: str, alignment: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows per receiver, unpadded rows per local expert of this rank) from the matrix.
+        numpy: this runs while the data kernel does, and must stay cheap."""
+        lay = self.layout
+        W, L = lay.world_size, lay.local_experts
+        per_expert = counts[:, 1 + W:].astype(np.int64).reshape(W, W, L).sum(0)  # [dst, L]
+        if output_layout == "rank":
+            totals = counts[:, 1:1 + W].astype(np.int64).sum(0)
+        else:
+            totals = ((per_expert + alignment - 1) // alignment * alignment).sum(1)
+        if totals.max(initial=0) > lay.recv_rows:
+            r = int(np.argmax(totals > lay.recv_rows))
+            raise CapacityError(
+                f"rank {r} would receive {int(totals[r])} rows ({output_layout}-major) but the receive pool holds "
+                f"{lay.recv_rows}: raise buffer.recv_capacity (0 = worst case)")
+        return totals, per_expert[self.rank].astype(np.int32)
+
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                 output_layout: str, alignment: int) -> tuple[RecvResult, DispatchHandle]:
+        self.check()
+        lay, me = self.layout, self.rank
+        W, T = lay.world_size, x.shape[0]
+        expert_major = output_layout == "expert"
+        self._check_aligned("x", x)
+        stream = self._stream()
+        sp = stream.cuda_stream
+        topk_idx = topk_idx.contiguous()
+        topk_weights = topk_weights.float().contiguous()
+        if self.name == "pull" and W > 1 and T and x.data_ptr() != self._base + self._offs["in_x"]:
+            self.input_view(T, x.dtype).copy_(x)  # peers read it; own rows are read from x
+        # Allocate everything first: the launches below then follow each other closely.
+        cap = self._capacity(output_layout)
+        out = self._outputs(cap, output_layout, x.dtype)
+        args = {k: _ptr(v) for k, v in out.items()}
+        args["capacity"] = cap
+        in_rank = torch.zeros((T, W), dtype=torch.bool, device=self.device)
+        counts_dev = self._counts_dev
+        self._layout(topk_idx, topk_weights, True, None, None, in_rank)
+        self._counts_host.copy_(counts_dev, non_blocking=True)
+        self._counts_event.record(stream)
+        epoch = self._next_epoch()
+        if self.name == "pull":
+            self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
+        else:
+            self._counts_snap.copy_(counts_dev)  # unpack runs after peers may move on
+            self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)
+            self.ctx.unpack(_ptr(self._counts_snap), args, expert_major, alignment, sp)
+
+        self._counts_event.synchronize()  # the data kernel keeps the GPU busy meanwhile
+        self.check()
+        counts = self._counts_np.copy()
+        totals, per_expert = self._plan(counts, output_layout, alignment)
+        rows = int(totals[me])
+        recv = RecvResult(
+            x=out["x"][:rows], topk_idx=out["idx"][:rows], topk_weights=out["w"][:rows],
+            num_recv_tokens_per_expert=torch.from_numpy(per_expert),  # host tensor: reading it costs no sync
+            src_rank=out["src_rank"][:rows], src_token=out["src_token"][:rows],
+            expert_offsets=out["expert_offsets"])
+        handle = DispatchHandle(
+            output_layout=output_layout, num_tokens=T, topk_idx=topk_idx.long(), topk_weights=topk_weights,
+            is_token_in_rank=in_rank, counts=torch.from_numpy(counts), num_recv_rows=rows, recv_src_rank=recv.src_rank,
+            recv_src_token=recv.src_token, recv_src_slot=out["src_slot"][:rows],
+            expert_offsets=out["expert_offsets"], buffer_id=self.buffer_id)
+        return recv, handle
+
+    # -- combine ---------------------------------------------------------------------------
+    def combine(self, y: torch.Tensor, handle: DispatchHandle,
+                recv_topk_weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        self.check()
+        lay = self.layout
+        self._check_aligned("x", y)
+        T, rows = handle.num_tokens, handle.num_recv_rows
+        expert_major = handle.output_layout == "expert"
+        sp = self._stream().cuda_stream
+        rw = recv_topk_weights.float().contiguous() if recv_topk_weights is not None else None
+        out = torch.empty((T, lay.hidden), dtype=y.dtype, device=self.device)
+        out_w = torch.empty((T, lay.topk), dtype=torch.float32, device=self.device) if rw is not None else None
+        self.ctx.combine_send(_ptr(y), _ptr(rw), _ptr(handle.recv_src_rank), _ptr(handle.recv_src_token),
+                              _ptr(handle.recv_src_slot), rows, _ptr(self._selfmap), self._next_epoch(), sp)
+        self.ctx.combine_reduce(y.element_size(), y.dtype == torch.bfloat16, _ptr(y), _ptr(rw),
+                                _ptr(handle.is_token_in_rank), _ptr(handle.topk_idx), _ptr(handle.topk_weights), T,
+                                _ptr(self._selfmap), _ptr(out), _ptr(out_w), expert_major, self._next_epoch(), sp)
+        return out, out_w
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            torch.cuda.synchronize(self.device)
+        except Exception:
+            pass
+        try:
+            self.mod.host_free(self._err[0])
+        except Exception:
+            pass
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class CudaPull(_CudaProtocol):
+    """Mega MoE style: sources publish, receivers pull with TMA bulk copies."""
+
+    name = "pull"
+
+
+class CudaPush(_CudaProtocol):
+    """DeepEP style: senders store rows into the receivers' pools."""
+
+    name = "push"

@@ -1,0 +1,106 @@
+"""torch backend on the GPU: CUDA push/pull must agree bitwise with symmoe.reference at world
+size 1 and at 2 and 4 processes on one GPU (CUDA MPS, overlapping devices allowed), and a
+rank that never arrives must make the others raise StallError naming the stage."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+import torch
+
+from symmoe.config import Config, from_dict
+from symmoe.launch import spawn
+from symmoe.testing import CHECK_ROUTINGS, check_dispatch_combine
+
+pytestmark = pytest.mark.gpu
+
+# Keep NVLink multicast off in every process we start (machines with several GPUs).
+ENV = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+       "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def gpu_config(**over) -> dict:
+    base = {"backend": "torch", "buffer.hidden": 256, "buffer.max_tokens_per_rank": 96, "buffer.topk": 8,
+            "buffer.num_experts": 64, "buffer.expert_alignment": 4, "buffer.dtype": "bfloat16",
+            "kernel.timeout_s": 30.0, "kernel.num_sms": 16, "torch.allow_overlapping_devices": True}
+    base.update(over)
+    return Config().replace(**base).to_dict()
+
+
+def _run(world_size: int, cfg: dict, seed: int, routings=CHECK_ROUTINGS, layouts=("rank", "expert"), repeats=1):
+    if world_size == 1:
+        os.environ.update(ENV)
+        return [check_dispatch_combine(0, 1, cfg, seed, routings, layouts, "cuda", repeats)]
+    return spawn(check_dispatch_combine, world_size, args=(cfg, seed, routings, layouts, "cuda", repeats),
+                 env=ENV, timeout_s=300.0)
+
+
+@pytest.mark.parametrize("protocol", ["pull", "push"])
+@pytest.mark.parametrize("hidden", [256, 7168])
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_bitwise_equal_to_reference(world_size, hidden, protocol):
+    cfg = gpu_config(protocol=protocol, **{"buffer.hidden": hidden})
+    assert _run(world_size, cfg, 4242 + world_size + hidden) == [len(CHECK_ROUTINGS) * 2] * world_size
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_other_payload_dtypes(dtype):
+    cfg = gpu_config(**{"buffer.dtype": dtype, "buffer.hidden": 136})
+    assert _run(2, cfg, 77, CHECK_ROUTINGS[:3]) == [6, 6]
+
+
+def test_repeated_calls_and_big_pieces():
+    # hidden 16384 fp32: rows of 64 KiB move in several bulk pieces; repeats reuse the buffer.
+    cfg = gpu_config(protocol="pull", **{"buffer.dtype": "float32", "buffer.hidden": 16384,
+                                        "buffer.max_tokens_per_rank": 24, "buffer.topk": 4, "buffer.num_experts": 16})
+    assert _run(4, cfg, 9, CHECK_ROUTINGS[:2], repeats=3) == [12] * 4
+
+
+def test_single_process_world_size_one_without_process_group():
+    cfg = gpu_config()
+    assert _run(1, cfg, 5, CHECK_ROUTINGS[:2]) == [4]
+
+
+# -- a rank that never arrives -------------------------------------------------------------
+def _absent_peer(rank: int, world_size: int, cfg_dict: dict, stage: str) -> tuple:
+    from symmoe import Buffer, StallError
+
+    cfg = from_dict(cfg_dict)
+    timeout = cfg.kernel.timeout_s
+    b = cfg.buffer
+    torch.manual_seed(rank)
+    T = 32
+    x = torch.randn(T, b.hidden, device="cuda").to(torch.bfloat16)
+    idx = torch.rand(T, b.num_experts, device="cuda").topk(b.topk, dim=1).indices
+    w = torch.rand(T, b.topk, device="cuda")
+    with Buffer(None, cfg) as buf:
+        if stage == "dispatch.counts" and rank == 1:
+            time.sleep(3 * timeout + 2)  # arrives only after rank 0 gave up
+            return ("absent",)
+        rx, ri, rw, _, handle, _ = buf.dispatch(x, idx, w)
+        if stage == "combine.data" and rank == 1:
+            time.sleep(3 * timeout + 2)
+            return ("absent",)
+        t0 = time.monotonic()
+        try:
+            if stage == "dispatch.counts":
+                buf.dispatch(x, idx, w)
+            else:
+                buf.combine(rx, handle)
+                buf._protocol.check(synchronize=True)
+        except StallError as e:
+            return ("stall", e.stage, time.monotonic() - t0, str(e))
+        return ("no error",)
+
+
+@pytest.mark.parametrize("stage", ["dispatch.counts", "combine.data"])
+def test_absent_rank_raises_stall_error_naming_the_stage(stage):
+    timeout = 2.0
+    cfg = gpu_config(**{"kernel.timeout_s": timeout})
+    out = spawn(_absent_peer, 2, args=(cfg, stage), env=ENV, timeout_s=120.0)
+    assert out[1] == ("absent",)
+    kind, got_stage, waited, msg = out[0]
+    assert kind == "stall" and got_stage == stage, out[0]
+    assert waited < timeout + 5.0, out[0]
+    assert "rank 0" in msg and "rank 1" in msg, msg
