@@ -24,12 +24,15 @@ puts and signals (``transports()`` says which rank is reached how).
 """
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from .. import build
 from ..config import Config
 from ..errors import BackendUnavailable, StallError, SymmoeError
 from ..memory import SymmetricMemory
@@ -79,6 +82,33 @@ def _ext_call(call: str, fn: Any, *args: Any, **kw: Any) -> Any:
         raise NcclError(call, str(e), getattr(e, "code", None)) from None
 
 
+def _cccl_include() -> list[str]:
+    """CCCL's headers (<cuda/atomic>, used by NCCL's device API) live in include/cccl."""
+    homes = [os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"]
+    nvcc = build.nvcc_path()
+    if nvcc:
+        homes.append(str(Path(nvcc).resolve().parent.parent))
+    for h in homes:
+        if h and (Path(h) / "include" / "cccl").is_dir():
+            return [str(Path(h) / "include" / "cccl")]
+    return []
+
+
+def _nccl_lib() -> str:
+    return str(build.site_lib_root("nccl") / "lib")
+
+
+# The extension is compiled against the headers of the nvidia-nccl wheel and linked to its
+# libnccl.so.2 (rpath), the same library nccl4py and torch load.
+SPEC = build.register(build.ExtensionSpec(
+    name="symmoe_nccl",
+    sources=("nccl/nccl_ext.cu",),
+    include_dirs=lambda: [build.site_include("nccl"), *_cccl_include()],
+    link_flags=lambda: [f"-L{_nccl_lib()}", "-l:libnccl.so.2", "-Xlinker", f"-rpath,{_nccl_lib()}"],
+    lib_dists=("nvidia-nccl-cu13", "nvidia-nccl-cu12"),
+    description="NCCL device communicator, LSA peer pointers, LSA/GIN barrier, GIN puts (nccl backend)",
+))
+
 _EXT_LOCK = threading.Lock()
 _EXT: Any = None
 
@@ -88,8 +118,7 @@ def _ext() -> Any:
     global _EXT
     with _EXT_LOCK:
         if _EXT is None:
-            from .. import build  # noqa: PLC0415
-            _EXT = build.load("nccl")
+            _EXT = build.load(SPEC.name)
         return _EXT
 
 
@@ -122,18 +151,43 @@ class NcclMemory(SymmetricMemory):
             return f"libnccl cannot be loaded through nccl4py: {e}"
         if v < MIN_VERSION:
             return f"NCCL {_fmt_version(v)} is older than 2.28 (the device API with symmetric windows starts there)"
+        if build.nvcc_path() is None:
+            return "nvcc not found (set NVCC or CUDA_HOME): the NCCL device-API extension is compiled on first use"
         try:
-            from .. import build  # noqa: PLC0415
-        except ImportError as e:
-            return f"symmoe.build is missing ({e})"
-        reason = getattr(build, "unavailable_reason", lambda _n: None)("nccl")
-        if reason:
-            return reason
+            build.site_include("nccl")
+        except Exception as e:  # noqa: BLE001 - BuildError: the wheel with the headers is missing
+            return f"NCCL headers missing: {e}"
+        if not _cccl_include():
+            return "CCCL headers (include/cccl of the CUDA toolkit) not found; NCCL's device API needs them"
         return None
 
     @classmethod
+    def describe_transports(cls) -> str:
+        """For ``symmoe info``: how each class of peer is reached."""
+        try:
+            v = runtime_version()
+            how = ("host ncclGetLsaDevicePointer" if v >= HOST_LSA_POINTER_VERSION
+                   else "a one-time ncclGetLsaPointer kernel")
+            ver = f"NCCL {_fmt_version(v)}"
+        except Exception:  # noqa: BLE001
+            how, ver = "ncclGetLsaPointer", "NCCL ?"
+        return (f"{ver}; peers in the LSA team (NVLink domain): load/store through LSA pointers ({how}); "
+                "peers outside it: GIN puts + signals, where NCCL sets up a GIN transport (multi-node with "
+                "GPUDirect RDMA)")
+
+    @classmethod
     def allocate(cls, config: Config, group: dist.ProcessGroup | None, nbytes: int) -> "NcclMemory":
-        return cls(group, nbytes, config)
+        mem = cls(group, nbytes, config)
+        gin = mem.transports()["gin"]
+        if gin:
+            # The push/combine kernels (csrc/kernels) reach peers through load/store
+            # pointers only; rows for GIN peers would need a GIN-aware push kernel.
+            mem.close()
+            raise BackendUnavailable(
+                f"nccl: rank {mem.rank} reaches ranks {gin} only through GIN (outside its NVLink domain of "
+                f"{mem.lsa_size}); the nccl push kernels move rows over LSA only so far. Use one NVLink "
+                "domain per job, or the nvshmem backend across nodes")
+        return mem
 
     def __init__(self, group: dist.ProcessGroup | None, nbytes: int, config: Config | None = None):
         super().__init__(group, nbytes)
