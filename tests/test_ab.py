@@ -182,12 +182,24 @@ def test_variants_sized_differently_are_named_with_the_key(tmp_path):
     msg = _spec_error(tmp_path, "workload: {tokens_per_rank: 300, hidden: 1024, topk: 8, num_experts: 64}",
                       two_host_variants())
     assert "buffer.max_tokens_per_rank = 256: must be >= workload.tokens_per_rank = 300" in msg
+    msg = _spec_error(tmp_path, "workload: {tokens_per_rank: 8, hidden: 1024, topk: 8, num_experts: 64, "
+                      "output_layout: expert, expert_alignment: 16}", two_host_variants())
+    assert "buffer.expert_alignment = 8: must be >= workload.expert_alignment = 16" in msg
 
 
 def test_fewer_than_two_variants(tmp_path):
     msg = _spec_error(tmp_path, f"workload: {SMALL}\nvariants:\n  - {{name: a, config: {HOST}}}\n")
     assert "variants" in msg and "needs two or more variants; got 1" in msg
     assert "expected a list of two or more" in _spec_error(tmp_path, f"workload: {SMALL}\n")
+
+
+def test_choosing_variants_by_name():
+    spec = os.path.join(AB, "v1_v2_mega.yaml")
+    assert [v.name for v in load_spec(spec, only=["mega-torch", "v1-nvshmem"]).variants] == ["v1-nvshmem", "mega-torch"]
+    with pytest.raises(SpecError, match="--variants = \\['v3'\\]: no such variant; the spec has: v1-nvshmem"):
+        load_spec(spec, only=["v3"])
+    with pytest.raises(SpecError, match="needs two or more variants"):
+        load_spec(spec, only=["v2-nccl"])
 
 
 def test_duplicate_names_and_bad_inline_config(tmp_path):

@@ -44,6 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens-per-rank", type=int, default=None, help="override workload.tokens_per_rank")
     p.add_argument("--set", dest="config_set", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
                    help="change a dotted config key in every variant (repeatable), e.g. --set kernel.timeout_s=60")
+    p.add_argument("--variants", default=None, metavar="A,B,...",
+                   help="run only these variants of the spec (two or more, by name)")
     p.add_argument("--no-gpu", action="store_true", help="behave as if no GPU were visible (the fallback applies)")
     p.add_argument("--no-fallback", action="store_true",
                    help="fail instead of falling back to the host backend when GPU variants meet no GPU")
@@ -54,7 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _options(args: argparse.Namespace, argv: Sequence[str] | None) -> Options:
     return Options(out=args.out, world_size=args.world_size, ranks_per_node=args.ranks_per_node, seed=args.seed,
                    warmup=args.warmup, repeats=args.repeats, tokens_per_rank=args.tokens_per_rank,
-                   config_set=dict(args.config_set), no_gpu=args.no_gpu, no_fallback=args.no_fallback,
+                   config_set=dict(args.config_set),
+                   only=[n.strip() for n in args.variants.split(",") if n.strip()] if args.variants else None,
+                   no_gpu=args.no_gpu, no_fallback=args.no_fallback,
                    plot=not args.no_plot, progress=not args.quiet,
                    argv=list(argv) if argv is not None else None)
 

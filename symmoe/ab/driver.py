@@ -45,6 +45,7 @@ class Options:
     repeats: int | None = None
     tokens_per_rank: int | None = None
     config_set: dict[str, Any] = field(default_factory=dict)
+    only: list[str] | None = None
     no_gpu: bool = False
     no_fallback: bool = False
     plot: bool = True
@@ -75,7 +76,7 @@ def plan(spec_path: str, opts: Options) -> Plan:
     """Load and check the spec and decide where and how it runs. Raises SpecError."""
     overrides = {"seed": opts.seed, "warmup": opts.warmup, "repeats": opts.repeats,
                  "tokens_per_rank": opts.tokens_per_rank}
-    spec = load_spec(spec_path, overrides=overrides, config_set=opts.config_set)
+    spec = load_spec(spec_path, overrides=overrides, config_set=opts.config_set, only=opts.only)
     notes: list[str] = []
     fb = None
     gpu, why = gpu_visible(opts.no_gpu)

@@ -51,6 +51,9 @@ def bootstrap_ratio(a: list[float], b: list[float], seed: int, resamples: int = 
     """median(a) / median(b) and its ``level`` CI, resampling paired repeat indices."""
     n = min(len(a), len(b))
     a, b = a[:n], b[:n]
+    if n == 0 or min(b) <= 0:
+        nan = float("nan")
+        return {"value": nan, "ci_low": nan, "ci_high": nan, "level": level, "resamples": 0}
     value = _median(a) / _median(b)
     rng = random.Random(seed)
     ratios = []

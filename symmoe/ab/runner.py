@@ -240,13 +240,32 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
         for v in variants:
             bufs.append(Buffer(None, v.config))
         by_device: dict[torch.device, tuple] = {}
-        golden: dict[str, torch.Tensor | None] | None = None
+        golden: dict[str, torch.Tensor | None] = {}  # the first variant's round-0 outputs
         y_by_device: dict[torch.device, tuple] = {}
         timer = {"cuda" if b.device.type == "cuda" else "cpu" for b in bufs}
         for rnd in range(rounds):
             problem = None
             timed = rnd >= 1 + wl.warmup
             for vi, (v, buf) in enumerate(zip(variants, bufs)):
+
+                def check(outs: dict[str, Any]) -> None:
+                    """Compare right after each call (outputs may alias the buffer's pools)."""
+                    nonlocal problem
+                    if problem is not None:
+                        return
+                    if v.corrupt is not None:
+                        outs = corrupt_outputs(outs, v.corrupt, rank, world_size)
+                    if rnd == 0 and vi == 0:
+                        golden.update({k: (t.clone() if t is not None else None) for k, t in outs.items()})
+                        if expected is not None:
+                            diff = compare_outputs(outs, {k: expected[k] for k in outs})
+                            if diff is not None:
+                                problem = _problem(rnd, wl.warmup, v.name, "symmoe.reference", rank, *diff)
+                    else:
+                        diff = compare_outputs(outs, {k: golden[k] for k in outs})
+                        if diff is not None:
+                            problem = _problem(rnd, wl.warmup, v.name, names[0], rank, *diff)
+
                 dev = buf.device
                 if dev not in by_device:
                     by_device[dev] = (mine.x.to(dev), mine.topk_idx.to(dev), mine.topk_weights.to(dev))
@@ -255,38 +274,25 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
                 (rx, ri, rw, per_expert, handle, ev), td = clock.time(
                     buf.dispatch, x, idx, w, output_layout=wl.output_layout, expert_alignment=wl.expert_alignment)
                 ev.synchronize()
+                check({"recv_x": rx, "recv_topk_idx": ri, "recv_topk_weights": rw,
+                       "num_recv_tokens_per_expert": torch.tensor(per_expert, dtype=torch.int64)})
                 if not y_by_device:  # expert outputs for combine: the first variant's recv rows
-                    y0 = rx.clone()
-                    yw0 = rw.clone() if wl.output_layout == "rank" else None
-                    y_by_device[dev] = (y0, yw0)
+                    y_by_device[dev] = (rx.clone(), rw.clone() if wl.output_layout == "rank" else None)
                 if dev not in y_by_device:
                     y0, yw0 = next(iter(y_by_device.values()))
                     y_by_device[dev] = (y0.to(dev), yw0.to(dev) if yw0 is not None else None)
                 y, yw = y_by_device[dev]
+                del rx, ri, rw
                 (cx, cw, ev), tc = clock.time(buf.combine, y, handle, yw)
                 ev.synchronize()
+                check({"combined_x": cx, "combined_topk_weights": cw})
                 if timed:
                     samples[v.name]["dispatch"].append(clock.seconds(td))
                     samples[v.name]["combine"].append(clock.seconds(tc))
-                if problem is None:
-                    outs = {"recv_x": rx, "recv_topk_idx": ri, "recv_topk_weights": rw,
-                            "num_recv_tokens_per_expert": torch.tensor(per_expert, dtype=torch.int64),
-                            "combined_x": cx, "combined_topk_weights": cw}
-                    if v.corrupt is not None:
-                        outs = corrupt_outputs(outs, v.corrupt, rank, world_size)
-                    if golden is None:
-                        golden = {k: (t.clone() if t is not None else None) for k, t in outs.items()}
-                        if expected is not None:
-                            diff = compare_outputs(outs, expected)
-                            if diff is not None:
-                                problem = _problem(rnd, wl.warmup, v.name, "symmoe.reference", rank, *diff)
-                            expected = None  # checked once; free it
-                    else:
-                        diff = compare_outputs(outs, golden)
-                        if diff is not None:
-                            problem = _problem(rnd, wl.warmup, v.name, names[0], rank, *diff)
-                del rx, ri, rw, handle, cx, cw
+                del handle, cx, cw
                 bar.update()
+            if rnd == 0:
+                expected = None  # checked; free it
             found = [p for p in _gather(problem, world_size) if p is not None]
             if found:
                 return {"status": "mismatch", "rank": rank, "problem": found[0], "ranks_with_problems":

@@ -35,8 +35,10 @@ names the spec file, the key, the value and what is allowed. A spec looks like::
 
 Every variant must be sized for the workload: ``buffer.hidden``, ``buffer.topk``,
 ``buffer.num_experts`` and ``buffer.dtype`` equal to the workload's, and
-``buffer.max_tokens_per_rank`` at least ``workload.tokens_per_rank``. The output layout
-and expert alignment are the workload's (passed to every call), whatever the configs say.
+``buffer.max_tokens_per_rank`` at least ``workload.tokens_per_rank`` (expert-major: also
+``buffer.expert_alignment`` at least the workload's, unless ``buffer.recv_capacity`` is set).
+The output layout and expert alignment are the workload's (passed to every call),
+whatever the configs say.
 """
 from __future__ import annotations
 
@@ -307,6 +309,11 @@ def check_sizes(src: str, workload: Workload, variants: tuple[Variant, ...] | li
                 raise _err(src, f"variants[{i}] ('{v.name}', config {v.origin}) buffer.{k}", have,
                            f"must equal workload.{k} = {getattr(workload, k)!r}")
     for i, v in enumerate(variants):
+        b = v.config.buffer
+        if workload.output_layout == "expert" and b.recv_capacity == 0 and b.expert_alignment < workload.expert_alignment:
+            raise _err(src, f"variants[{i}] ('{v.name}', config {v.origin}) buffer.expert_alignment", b.expert_alignment,
+                       f"must be >= workload.expert_alignment = {workload.expert_alignment} (the receive pool is "
+                       f"sized for the buffer's alignment; or set buffer.recv_capacity)")
         if v.config.buffer.max_tokens_per_rank < workload.tokens_per_rank:
             raise _err(src, f"variants[{i}] ('{v.name}', config {v.origin}) buffer.max_tokens_per_rank",
                        v.config.buffer.max_tokens_per_rank,
@@ -331,10 +338,10 @@ def check_world(spec: Spec, world_size: int) -> None:
 
 # -- loading -------------------------------------------------------------------------------
 def load_spec(path: str | os.PathLike, *, overrides: Mapping[str, Any] | None = None,
-              config_set: Mapping[str, Any] | None = None) -> Spec:
+              config_set: Mapping[str, Any] | None = None, only: list[str] | None = None) -> Spec:
     """Read and validate a spec. ``overrides``: workload keys (seed, warmup, repeats,
     tokens_per_rank) from the command line; ``config_set``: dotted config keys changed in
-    every variant."""
+    every variant; ``only``: run just these variants (by name, in the spec's order)."""
     src = os.fspath(path)
     try:
         with open(src) as f:
@@ -376,6 +383,13 @@ def load_spec(path: str | os.PathLike, *, overrides: Mapping[str, Any] | None = 
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
         raise _err(src, "variants[].name", dup, "variant names must be unique")
+    if only:
+        unknown = [n for n in only if n not in names]
+        if unknown:
+            raise _err(src, "--variants", unknown, f"no such variant; the spec has: {', '.join(names)}")
+        variants = [v for v in variants if v.name in only]
+        if len(variants) < 2:
+            raise _err(src, "--variants", list(only), "an A/B run needs two or more variants")
     check_sizes(src, workload, variants)
 
     ws = data.get("world_size")
