@@ -28,15 +28,21 @@ CHECK_ROUTINGS = (
 )
 
 
+_INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """Integer view of a float tensor, so -0.0 vs 0.0 and NaN payloads count as differences."""
+    return t.view(_INT_VIEW[t.element_size()]) if t.is_floating_point() else t
+
+
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
+    """'' when bitwise equal, else where and how the two first differ."""
     if a.shape != b.shape:
         return f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
     if a.dtype != b.dtype:
         return f"dtype {a.dtype} vs {b.dtype}"
-    ne = (a != b) if a.dtype != torch.bool else (a ^ b)
-    if a.is_floating_point():
-        ne = ne & ~(torch.isnan(a) & torch.isnan(b))
-    where = ne.nonzero()
+    where = (_bits(a) != _bits(b)).nonzero()
     if where.numel() == 0:
         return ""
     pos = tuple(where[0].tolist())
@@ -44,12 +50,9 @@ def first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
 
 
 def assert_bitwise(name: str, got: torch.Tensor, want: torch.Tensor, ctx: str) -> None:
-    got, want = got.detach().cpu(), want.detach().cpu()
-    same = got.shape == want.shape and got.dtype == want.dtype and (
-        torch.equal(got.view(torch.uint8) if got.is_floating_point() and got.numel() else got,
-                    want.view(torch.uint8) if want.is_floating_point() and want.numel() else want))
-    if not same:
-        raise AssertionError(f"{ctx}: {name} differs from the reference: {first_difference(got, want)}")
+    diff = first_difference(got.detach().cpu(), want.detach().cpu())
+    if diff:
+        raise AssertionError(f"{ctx}: {name} differs from the reference: {diff}")
 
 
 def _tokens_per_rank(world_size: int, max_tokens: int, seed: int) -> list[int]:
