@@ -18,7 +18,8 @@ constexpr uint32_t kSlotAlign = 128;
 
 struct WarpMoverSmem {
   static __host__ __device__ uint32_t per_warp_bytes(uint32_t slot_bytes) {
-    return 2 * slot_bytes + 2 * 8 + 2 * kMaxDst * 8 + 2 * 8;
+    const uint32_t n = 2 * slot_bytes + 2 * 8 + 2 * kMaxDst * 8 + 2 * 8;
+    return (n + kSlotAlign - 1) / kSlotAlign * kSlotAlign;  // next warp's slots stay aligned
   }
 };
 

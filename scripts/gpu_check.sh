@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# One run on the GPU machine: install the carried wheels and symmoe, start CUDA MPS, build
+# the kernels, run the GPU tests and the benchmark; logs and JSON go to $OUT (default
+# ./gpu_out), a short table is printed last.
+#
+#   scripts/gpu_check.sh [section ...]      default: build test bench
+#   sections: build | test | test-quick | bench | bench-quick | nccl | nvshmem   (setup and MPS always run)
+#   PYTEST_ARGS='-k pull' scripts/gpu_check.sh test      extra pytest arguments
+# Later backends add their own sections in the case statement below.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+export PYTHONUNBUFFERED=1
+# NVLink multicast stays off everywhere (shared multi-GPU hosts), also in child processes.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export SYMMOE_CACHE=${SYMMOE_CACHE:-/tmp/symmoe-cache}
+SECTIONS=("$@")
+[ ${#SECTIONS[@]} -eq 0 ] && SECTIONS=(build test bench)
+SUMMARY=()
+note() { SUMMARY+=("$1"); echo "== $1"; }
+
+# -- setup ---------------------------------------------------------------------------------
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+python3 -m pip install -q -e . --no-deps --no-build-isolation >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/device.txt"
+
+# -- MPS: several ranks on the one GPU run concurrently -------------------------------------
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
+mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
+if nvidia-cuda-mps-control -d; then
+  trap 'echo quit | nvidia-cuda-mps-control' EXIT
+  note "MPS started"
+else
+  note "MPS not started (ranks time-slice)"
+fi
+
+status=0
+for s in "${SECTIONS[@]}"; do
+  case "$s" in
+    build)
+      t0=$SECONDS
+      if python3 -m symmoe.cli build >"$OUT/build.log" 2>&1; then note "build ok ($((SECONDS - t0)) s)"
+      else note "build FAILED"; tail -50 "$OUT/build.log"; status=1; fi ;;
+    test|test-quick)
+      sel=(tests/gpu/test_torch_backend.py)
+      [ "$s" = test-quick ] && sel+=(-k "not 7168")
+      python3 -m pytest -q -m gpu -rfE -p no:cacheprovider "${sel[@]}" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log"
+      rc=${PIPESTATUS[0]}
+      note "pytest (torch backend): $(tail -1 "$OUT/pytest.log")"
+      [ "$rc" -ne 0 ] && status=1 ;;
+    bench|bench-quick)
+      ws=1,4; rep=30
+      [ "$s" = bench-quick ] && { ws=1; rep=10; }
+      export SYMMOE_BENCH_COMMAND="scripts/gpu_check.sh $s"
+      python3 -m symmoe.bench --world-sizes $ws --protocols pull,push --repeats $rep --json "$OUT/bench.json" \
+        2>&1 | tee "$OUT/bench.log"
+      rc=${PIPESTATUS[0]}
+      note "bench exit $rc"
+      [ "$rc" -ne 0 ] && status=1 ;;
+    nccl)  # nccl backend (world size 1): its build, GPU tests and benchmark (scripts/gpu_check_nccl.sh)
+      bash scripts/gpu_check_nccl.sh "$OUT"
+      rc=$?
+      note "nccl: $(grep -h -E '^[0-9]+ (passed|failed)|passed|failed' "$OUT/nccl_tests.log" | tail -1); exit $rc"
+      [ "$rc" -ne 0 ] && status=1 ;;
+    nvshmem)  # nvshmem backend: build, GPU tests at 1/2/4/8 PEs under MPS, benchmark W=1,4 (scripts/bench_nvshmem.py)
+      if ! python3 -c "import symmoe.protocol.nvshmem as n; n.load_extension()" >"$OUT/nvshmem_build.log" 2>&1; then
+        note "nvshmem build FAILED"; tail -50 "$OUT/nvshmem_build.log"; status=1; continue
+      fi
+      python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/gpu/test_nvshmem.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/nvshmem_tests.log"
+      rc=${PIPESTATUS[0]}
+      note "pytest (nvshmem): $(tail -1 "$OUT/nvshmem_tests.log")"
+      [ "$rc" -ne 0 ] && status=1
+      python3 scripts/bench_nvshmem.py --world 1 4 --backends nvshmem torch --out "$OUT/nvshmem_bench.json" \
+        2>&1 | tee "$OUT/nvshmem_bench.log"
+      rc=${PIPESTATUS[0]}
+      note "nvshmem bench exit $rc"
+      [ "$rc" -ne 0 ] && status=1 ;;
+    *) echo "unknown section '$s'"; status=2 ;;
+  esac
+done
+
+echo
+echo "==================== summary ===================="
+for line in "${SUMMARY[@]}"; do echo "$line"; done
+[ -f "$OUT/bench.json" ] && python3 -c "
+import json, sys
+from symmoe.bench import table
+print(table(json.load(open('$OUT/bench.json'))['results']))"
+exit $status

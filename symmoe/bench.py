@@ -1,0 +1,268 @@
+"""GPU benchmark of the CUDA protocols against the copy roofline and plain torch.
+
+``run_gpu_bench(config, world_size)`` times dispatch and combine (CUDA events, warm-up,
+median) at the DeepSeek-V3 shape by default, and measures in the same run:
+
+* the device-to-device copy roofline (bytes read + written per second of ``dst.copy_(src)``),
+* plain-torch dispatch/combine (nonzero / argsort + index_select, index_add_) at world size 1.
+
+Bytes that must move: dispatch reads each received source row once and writes each output
+row once (padding rows included); combine reads each received row once and writes each
+token once. ``ratio_roofline`` = (bytes / roofline) / measured time.
+
+Timing: before each timed call a ``torch.cuda._sleep`` kernel keeps the GPU busy while the
+host enqueues, so the events measure GPU time, not Python launch overhead (dispatch still
+includes its mid-call host wait for the counts: the data kernel is already queued then).
+``api_*`` numbers time ``Buffer.dispatch``/``combine`` with their input validation.
+
+``python -m symmoe.bench --world-sizes 1,4 --json out.json`` runs it from a shell.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+from typing import Any, Callable
+
+import torch
+
+from .config import Config, from_dict
+
+DEEPSEEK_V3 = {"buffer.max_tokens_per_rank": 4096, "buffer.hidden": 7168, "buffer.topk": 8,
+               "buffer.num_experts": 256, "buffer.dtype": "bfloat16", "buffer.expert_alignment": 1}
+
+
+def bench_config(protocol: str = "pull", num_sms: int = 132, **over: Any) -> Config:
+    d = {"backend": "torch", "protocol": protocol, "kernel.num_sms": num_sms, "kernel.timeout_s": 30.0,
+         "torch.allow_overlapping_devices": True, **DEEPSEEK_V3}
+    d.update(over)
+    return Config().replace(**d)
+
+
+def _time(fn: Callable[[], Any], warmup: int, repeats: int, sleep_cycles: int, sync: Callable[[], None]) -> list[float]:
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    out = []
+    for _ in range(repeats):
+        sync()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if sleep_cycles:
+            torch.cuda._sleep(sleep_cycles)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e-3)
+    return out
+
+
+def _stats(xs: list[float]) -> dict[str, float]:
+    s = sorted(xs)
+    return {"median_us": statistics.median(s) * 1e6, "p10_us": s[len(s) // 10] * 1e6, "p90_us": s[(9 * len(s)) // 10] * 1e6,
+            "n": len(s)}
+
+
+def copy_roofline(nbytes: int = 1 << 30, repeats: int = 20) -> float:
+    """Bytes (read + written) per second of a device-to-device copy of ``nbytes``."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    ts = _time(lambda: dst.copy_(src), 3, repeats, 0, lambda: None)
+    return 2 * nbytes / statistics.median(ts)
+
+
+def _inputs(T: int, H: int, K: int, E: int, seed: int, device: torch.device):
+    g = torch.Generator(device=device).manual_seed(seed)
+    x = torch.randn(T, H, generator=g, device=device).to(torch.bfloat16)
+    idx = torch.rand(T, E, generator=g, device=device).topk(K, dim=1).indices  # uniform, distinct
+    w = torch.softmax(torch.randn(T, K, generator=g, device=device), dim=1)
+    return x, idx, w
+
+
+def _torch_baselines(x, idx, w, y_rank, y_expert, warmup, repeats, sleep) -> dict[str, Any]:
+    """World size 1: what plain torch does for the same dispatch/combine."""
+    T, K = idx.shape
+    H = x.shape[1]
+
+    def d_rank():
+        sel = (idx >= 0).any(1).nonzero().squeeze(1)
+        return x.index_select(0, sel)
+
+    def d_expert():
+        order = torch.argsort(idx.flatten(), stable=True)
+        return x.index_select(0, order // K)
+
+    sel = (idx >= 0).any(1).nonzero().squeeze(1)
+    order = torch.argsort(idx.flatten(), stable=True)
+    wo = w.flatten()[order].unsqueeze(1)
+
+    def c_rank():
+        return torch.zeros(T, H, dtype=torch.float32, device=x.device).index_add_(0, sel, y_rank.float()).to(x.dtype)
+
+    def c_expert():
+        return torch.zeros(T, H, dtype=torch.float32, device=x.device).index_add_(
+            0, order // K, y_expert.float() * wo).to(x.dtype)
+
+    none = lambda: None  # noqa: E731
+    return {"rank": {"dispatch": _stats(_time(d_rank, warmup, repeats, sleep, none)),
+                     "combine": _stats(_time(c_rank, warmup, repeats, sleep, none))},
+            "expert": {"dispatch": _stats(_time(d_expert, warmup, repeats, sleep, none)),
+                       "combine": _stats(_time(c_expert, warmup, repeats, sleep, none))}}
+
+
+def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from .buffer import Buffer
+
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    cfg = from_dict(config)
+    b = cfg.buffer
+    T = opts["tokens"] or b.max_tokens_per_rank
+    rb = b.hidden * 2
+    x, idx, w = _inputs(T, b.hidden, b.topk, b.num_experts, opts["seed"] * 1000 + rank, device)
+    warmup, repeats = opts["warmup"], opts["repeats"]
+    sleep = opts["sleep_cycles"]
+    sync = (lambda: dist.barrier()) if world_size > 1 else (lambda: None)
+    res: dict[str, Any] = {"rank": rank, "tokens": T}
+    with Buffer(None, cfg) as buf:
+        proto = buf._protocol
+        ys = {}
+        for layout in opts["layouts"]:
+            state: dict[str, Any] = {}
+
+            def dispatch() -> None:
+                state["d"] = proto.dispatch(x, idx, w, layout, b.expert_alignment)
+
+            def combine() -> None:
+                recv, handle = state["d"]
+                proto.combine(recv.x, handle, None)
+
+            d = _time(dispatch, warmup, repeats, sleep, sync)
+            c = _time(combine, warmup, repeats, sleep, sync)
+            recv, handle = state["d"]
+            rows = recv.x.shape[0]
+            real = int((recv.src_rank >= 0).sum())
+            unique_src = int(torch.unique(recv.src_rank.long() * (T + 1) + recv.src_token.long()).numel()
+                             - (1 if real < rows else 0))
+            ys[layout] = recv.x
+            api_d = _time(lambda: buf.dispatch(x, idx, w, output_layout=layout), 2, max(5, repeats // 3), sleep, sync)
+            res[layout] = {
+                "rows": rows, "real_rows": real,
+                "dispatch": _stats(d), "combine": _stats(c), "api_dispatch": _stats(api_d),
+                "dispatch_bytes": (unique_src + rows) * rb, "combine_bytes": (real + T) * rb,
+            }
+        if world_size == 1 and opts["baselines"]:
+            res["torch"] = _torch_baselines(x, idx, w, ys.get("rank"), ys.get("expert"), warmup, repeats, sleep)
+        if rank == 0:
+            res["copy_roofline_Bps"] = copy_roofline()
+    return res
+
+
+def run_gpu_bench(config: Config, world_size: int = 1, tokens: int = 0, warmup: int = 5, repeats: int = 30,
+                  layouts: tuple[str, ...] = ("rank", "expert"), seed: int = 0, baselines: bool = True,
+                  sleep_us: float = 200.0) -> dict[str, Any]:
+    """Time ``config`` (a GPU backend) at ``world_size`` local ranks; returns a JSON-able dict."""
+    from . import launch
+
+    opts = {"tokens": tokens, "warmup": warmup, "repeats": repeats, "layouts": tuple(layouts), "seed": seed,
+            "baselines": baselines, "sleep_cycles": int(sleep_us * 1e-6 * 1.98e9)}
+    env = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+           "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
+    if world_size == 1:
+        os.environ.update(env)
+        ranks = [_bench_rank(0, 1, config.to_dict(), opts)]
+    else:
+        ranks = launch.spawn(_bench_rank, world_size, args=(config.to_dict(), opts), env=env, timeout_s=600.0)
+    return summarize(config, world_size, ranks)
+
+
+def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
+    roof = ranks[0]["copy_roofline_Bps"]
+    out: dict[str, Any] = {
+        "backend": config.backend, "protocol": config.effective_protocol, "world_size": world_size,
+        "tokens_per_rank": ranks[0]["tokens"], "hidden": config.buffer.hidden, "topk": config.buffer.topk,
+        "num_experts": config.buffer.num_experts, "dtype": config.buffer.dtype, "num_sms": config.kernel.num_sms,
+        "copy_roofline_TBps": roof / 1e12, "layouts": {}, "ranks": ranks,
+    }
+    for layout in ("rank", "expert"):
+        if layout not in ranks[0]:
+            continue
+        row: dict[str, Any] = {}
+        for op in ("dispatch", "combine"):
+            t = max(r[layout][op]["median_us"] for r in ranks) * 1e-6
+            nbytes = sum(r[layout][f"{op}_bytes"] for r in ranks)
+            row[op] = {"median_us": t * 1e6, "bytes": nbytes, "TBps": nbytes / t / 1e12,
+                       "ratio_roofline": (nbytes / roof) / t}
+            row[f"api_{op}_us"] = max(r[layout]["api_dispatch"]["median_us"] for r in ranks) if op == "dispatch" else None
+            if "torch" in ranks[0]:
+                tt = ranks[0]["torch"][layout][op]["median_us"]
+                row[op]["torch_us"] = tt
+                row[op]["speedup_vs_torch"] = tt / (t * 1e6)
+        out["layouts"][layout] = row
+    return out
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    lines = [f"{'proto':<5} {'W':>2} {'layout':<6} {'op':<8} {'us':>8} {'TB/s':>6} {'%roof':>6} {'torch us':>9} {'x torch':>7}"]
+    for r in results:
+        for layout, row in r["layouts"].items():
+            for op in ("dispatch", "combine"):
+                o = row[op]
+                tu = f"{o['torch_us']:.1f}" if "torch_us" in o else "-"
+                sp = f"{o['speedup_vs_torch']:.2f}" if "speedup_vs_torch" in o else "-"
+                lines.append(f"{r['protocol']:<5} {r['world_size']:>2} {layout:<6} {op:<8} {o['median_us']:>8.1f} "
+                             f"{o['TBps']:>6.2f} {100 * o['ratio_roofline']:>5.1f}% {tu:>9} {sp:>7}")
+    roofs = sorted({round(r['copy_roofline_TBps'], 2) for r in results})
+    lines.append(f"copy roofline (read + write): {', '.join(map(str, roofs))} TB/s")
+    return "\n".join(lines)
+
+
+def _device_name() -> str:
+    try:
+        return torch.cuda.get_device_name(0)
+    except Exception:
+        return "unknown"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m symmoe.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--world-sizes", default="1", help="comma-separated local rank counts, e.g. 1,4")
+    p.add_argument("--protocols", default="pull", help="comma-separated: pull,push")
+    p.add_argument("--tokens", type=int, default=0)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=30)
+    p.add_argument("--num-sms", type=int, default=0, help="0: every SM of the device")
+    p.add_argument("--json", default=None)
+    a = p.parse_args(argv)
+    sms = a.num_sms or torch.cuda.get_device_properties(0).multi_processor_count
+    results = []
+    for proto in a.protocols.split(","):
+        for ws in [int(v) for v in a.world_sizes.split(",")]:
+            cfg = bench_config(proto, sms)
+            results.append(run_gpu_bench(cfg, ws, a.tokens, a.warmup, a.repeats, baselines=(ws == 1)))
+            print(table(results[-1:]), flush=True)
+    doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "commit": os.environ.get("SYMMOE_COMMIT") or _git_commit(), "device": _device_name(),
+           "torch": torch.__version__, "command": os.environ.get("SYMMOE_BENCH_COMMAND", " ".join(["python -m symmoe.bench", *(argv or [])])),
+           "results": results}
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    print(table(results))
+    return 0
+
+
+def _git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
