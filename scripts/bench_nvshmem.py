@@ -121,7 +121,7 @@ def main() -> None:
     roof = copy_roofline(1 << 30)
     report: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "commit": os.environ.get("SYMMOE_COMMIT") or git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "device": torch.cuda.get_device_name(0), "command": " ".join([sys.executable, *sys.argv]),
         "shape": SHAPE, "copy_roofline_bytes_per_s": roof, "mps": bool(os.environ.get("CUDA_MPS_PIPE_DIRECTORY")),
         "runs": [],

@@ -57,7 +57,7 @@ SPEC = build.register(build.ExtensionSpec(
     include_dirs=_include_dirs,
     needs_rdc=True,
     dlink_flags=lambda: [f"-L{_lib()}", "-lnvshmem_device"],
-    link_flags=lambda: [f"-L{_lib()}", "-l:libnvshmem_device.a", "-l:libnvshmem_host.so.3", "-lcuda",
+    link_flags=lambda: [f"-L{_lib()}", "-l:libnvshmem_device.a", "-l:libnvshmem_host.so.3",
                         "-Xlinker", f"-rpath,{_lib()}"],
     lib_dists=("nvidia-nvshmem-cu13",),
     description="push kernels on the NVSHMEM device API (nvshmem backend)",
