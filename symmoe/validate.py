@@ -36,15 +36,17 @@ def check_topk_idx(topk_idx: object, lay: BufferLayout, device: torch.device) ->
         raise CapacityError(f"{idx.shape[0]} tokens; this Buffer holds at most max_tokens_per_rank="
                             f"{lay.max_tokens} (raise buffer.max_tokens_per_rank)")
     if idx.numel():
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < -1 or hi >= lay.num_experts:
-            bad = lo if lo < -1 else hi
-            tok = int(((idx < -1) | (idx >= lay.num_experts)).any(1).nonzero()[0])
-            raise InputError(f"topk_idx holds expert id {bad} (token {tok}); allowed: -1 (no expert) "
-                             f"or 0..{lay.num_experts - 1}")
+        # One device->host sync on the good path; the messages are worked out only on failure.
+        out_of_range = (idx < -1) | (idx >= lay.num_experts)
         s = idx.sort(dim=1).values
         dup = (s[:, 1:] == s[:, :-1]) & (s[:, 1:] >= 0)
-        if dup.any():
+        n_range, n_dup = torch.stack([out_of_range.sum(), dup.sum()]).tolist()
+        if n_range:
+            tok = int(out_of_range.any(1).nonzero()[0])
+            bad = int(idx[tok][out_of_range[tok]][0])
+            raise InputError(f"topk_idx holds expert id {bad} (token {tok}); allowed: -1 (no expert) "
+                             f"or 0..{lay.num_experts - 1}")
+        if n_dup:
             tok = int(dup.any(1).nonzero()[0])
             raise InputError(f"topk_idx row {tok} names expert {int(s[tok, 1:][dup[tok]][0])} twice; "
                              "the experts of one token must be distinct (or -1)")
