@@ -1,11 +1,10 @@
 """Benchmark of the nccl backend (push over NCCL LSA windows) at world size 1 on one GPU.
 
-Dispatch and combine against the copy roofline: a device copy of 1 GiB measured in the same
-run (bytes read + written); a received row must be read once and written once at least,
-so ``of_roofline = 2 * received_bytes / time / roofline``. Times: wall clock of the call
-including its host synchronisation (what a training step sees; median of --iters) and CUDA
-events around the call (GPU time). Also reports set-up/teardown times of the NCCL window and
-whether NCCL can set up GIN here.
+Dispatch and combine are timed by ``symmoe.bench.run_gpu_bench`` -- the same methodology,
+byte accounting and copy roofline as the other backends (see symmoe/bench.py), at the
+DeepSeek-V3 shape (4096 tokens x 7168 bf16, top-8 of 256 experts), both output layouts.
+Added here: set-up/teardown time of the NCCL communicator + window, the host barrier's
+round trip, and whether NCCL can set up GIN on this machine.
 
 Usage: python3 scripts/bench_nccl.py --out results/nccl_bench.json
 """
@@ -23,80 +22,12 @@ from typing import Any
 
 import torch
 
-SHAPE = {"buffer.max_tokens_per_rank": 4096, "buffer.hidden": 7168, "buffer.topk": 8, "buffer.num_experts": 256,
-         "buffer.dtype": "bfloat16", "buffer.expert_alignment": 1, "kernel.timeout_s": 60.0}
-
-
-def copy_roofline(nbytes: int, iters: int = 20) -> float:
-    """Bytes per second (read + written) of a device-to-device copy of ``nbytes``."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda.synchronize()
-    a.record()
-    for _ in range(iters):
-        dst.copy_(src)
-    b.record()
-    b.synchronize()
-    return 2 * nbytes * iters / (a.elapsed_time(b) * 1e-3)
-
 
 def git(*args: str) -> str:
     try:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True).stdout.strip()
     except Exception:  # noqa: BLE001
         return "unknown"
-
-
-def bench(cfg_dict: dict[str, Any], layouts: list[str], iters: int, routing: str) -> dict[str, Any]:
-    from symmoe import Buffer
-    from symmoe.config import from_dict
-    from symmoe.workload import Routing, make_inputs
-
-    cfg = from_dict(cfg_dict)
-    b = cfg.buffer
-    T = b.max_tokens_per_rank
-    inp = make_inputs(Routing(routing), num_tokens=[T], hidden=b.hidden, topk=b.topk, num_experts=b.num_experts,
-                      world_size=1, dtype=torch.bfloat16, seed=7)[0]
-    x, idx, w = inp.x.cuda(), inp.topk_idx.cuda(), inp.topk_weights.cuda()
-    out: dict[str, Any] = {}
-    with Buffer(None, cfg) as buf:
-        for layout in layouts:
-            wall: dict[str, list[float]] = {"dispatch": [], "combine": []}
-            gpu: dict[str, list[float]] = {"dispatch": [], "combine": []}
-            recv = None
-            for it in range(iters + 3):
-                ev = [torch.cuda.Event(enable_timing=True) for _ in range(4)]
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                ev[0].record()
-                recv = buf.dispatch(x, idx, w, output_layout=layout)
-                ev[1].record()
-                recv[5].synchronize()
-                t1 = time.perf_counter()
-                y = recv[0]
-                torch.cuda.synchronize()
-                t2 = time.perf_counter()
-                ev[2].record()
-                _, _, e = buf.combine(y, recv[4])
-                ev[3].record()
-                e.synchronize()
-                t3 = time.perf_counter()
-                if it >= 3:
-                    wall["dispatch"].append((t1 - t0) * 1e3)
-                    wall["combine"].append((t3 - t2) * 1e3)
-                    gpu["dispatch"].append(ev[0].elapsed_time(ev[1]))
-                    gpu["combine"].append(ev[2].elapsed_time(ev[3]))
-            valid_rows = int((recv[4].recv_src_rank >= 0).sum())
-            out[layout] = {
-                "recv_rows": int(recv[0].shape[0]), "recv_bytes": valid_rows * b.hidden * 2,
-                **{f"{k}_ms": statistics.median(v) for k, v in wall.items()},
-                **{f"{k}_ms_min": min(v) for k, v in wall.items()},
-                **{f"{k}_gpu_ms": statistics.median(v) for k, v in gpu.items()},
-            }
-    return out
 
 
 def setup_times(rounds: int = 5) -> dict[str, Any]:
@@ -140,29 +71,26 @@ def gin_probe() -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--layouts", nargs="+", default=["rank", "expert"])
-    ap.add_argument("--routing", default="uniform")
-    ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--num-sms", type=int, default=96)
-    ap.add_argument("--channels", type=int, default=48)
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--num-sms", type=int, default=0, help="0: every SM of the device")
     ap.add_argument("--out", default="results/nccl_bench.json")
     ap.add_argument("--no-gin-probe", action="store_true")
     a = ap.parse_args()
 
     from symmoe.backends import probe
     from symmoe.backends.nccl import NcclMemory, describe
-    from symmoe.config import Config
+    from symmoe.bench import bench_config, run_gpu_bench, table
 
     torch.cuda.init()
-    roof = copy_roofline(1 << 30)
+    sms = a.num_sms or torch.cuda.get_device_properties(0).multi_processor_count
     report: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "device": torch.cuda.get_device_name(0), "command": " ".join([sys.executable, *sys.argv]),
-        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE",)},
-        "shape": SHAPE, "routing": a.routing, "copy_roofline_bytes_per_s": roof, "runs": [],
+        "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
+        "command": os.environ.get("SYMMOE_BENCH_COMMAND", " ".join(["python3", *sys.argv])),
+        "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
+        "results": [],
     }
-    print(f"copy roofline: {roof / 1e12:.2f} TB/s (read + write)", flush=True)
     ok, why = probe("nccl")
     if not ok:
         report["skipped"] = why
@@ -175,23 +103,9 @@ def main() -> None:
         if not a.no_gin_probe:
             report["gin_probe"] = gin_probe()
             print("GIN probe:", report["gin_probe"], flush=True)
-        over = dict(SHAPE, backend="nccl", **{"kernel.num_sms": a.num_sms, "kernel.num_channels": a.channels})
-        cfg = Config().replace(**over).to_dict()
-        res = bench(cfg, a.layouts, a.iters, a.routing)
-        for layout in a.layouts:
-            r = res[layout]
-            run = {"backend": "nccl", "world": 1, "layout": layout, **r, "num_sms": a.num_sms,
-                   "num_channels": a.channels}
-            for phase in ("dispatch", "combine"):
-                for kind, key in (("", f"{phase}_ms"), ("_gpu", f"{phase}_gpu_ms")):
-                    rate = r["recv_bytes"] / (r[key] * 1e-3)
-                    run[f"{phase}{kind}_bytes_per_s"] = rate
-                    run[f"{phase}{kind}_of_roofline"] = 2 * rate / roof
-            report["runs"].append(run)
-            print(f"nccl W=1 {layout:6s} rows {r['recv_rows']:6d} " + "  ".join(
-                f"{p}: {r[p + '_ms'] * 1e3:7.1f} us {100 * run[p + '_of_roofline']:5.1f}% "
-                f"(gpu {r[p + '_gpu_ms'] * 1e3:7.1f} us {100 * run[p + '_gpu_of_roofline']:5.1f}%)"
-                for p in ("dispatch", "combine")), flush=True)
+        cfg = bench_config("push", sms, backend="nccl")
+        report["results"].append(run_gpu_bench(cfg, 1, repeats=a.repeats, baselines=True))
+        print(table(report["results"]), flush=True)
     os.makedirs(os.path.dirname(a.out) or ".", exist_ok=True)
     with open(a.out, "w") as f:
         json.dump(report, f, indent=1)

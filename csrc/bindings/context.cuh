@@ -67,8 +67,25 @@ struct Ctx {
     set_max_smem();
   }
 
+  // Static __shared__ bytes count against the opt-in limit too: dynamic may use at most
+  // optin - static (cudaFuncSetAttribute fails with "invalid argument" otherwise).
+  template <typename K>
+  int static_smem(K kernel) {
+    cudaFuncAttributes fa;
+    check(cudaFuncGetAttributes(&fa, kernel), "cudaFuncGetAttributes");
+    return int(fa.sharedSizeBytes);
+  }
+
   void set_max_smem() {
     // Once per kernel: allow the opt-in shared memory (bulk-copy slots need > 48 KB).
+    int st = 0;
+    st = std::max(st, static_smem(pull_kernel<Transport>));
+    st = std::max(st, static_smem(push_kernel<Transport>));
+    st = std::max(st, static_smem(unpack_kernel<Transport>));
+    st = std::max(st, static_smem(combine_send_kernel<Transport>));
+    st = std::max(st, static_smem(layout_kernel<Transport, int64_t>));
+    st = std::max(st, static_smem(layout_kernel<Transport, int32_t>));
+    max_smem -= (st + 127) / 128 * 128;
     check(cudaFuncSetAttribute(pull_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "pull attr");
     check(cudaFuncSetAttribute(push_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "push attr");
     check(cudaFuncSetAttribute(unpack_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "unpack attr");
