@@ -76,11 +76,11 @@ class TorchSymmMemory(SymmetricMemory):
             import torch.distributed._symmetric_memory as symm_mem
 
             pg = group if group is not None else dist.group.WORLD
-            try:
-                if hasattr(symm_mem, "enable_symm_mem_for_group"):
+            if _torch_version() < (2, 11):  # later versions register groups on rendezvous
+                try:
                     symm_mem.enable_symm_mem_for_group(pg.group_name)
-            except Exception:
-                pass  # newer torch registers groups on rendezvous
+                except Exception:
+                    pass
             try:
                 self._buf = symm_mem.empty(total, dtype=torch.uint8, device=dev)
                 self._handle = symm_mem.rendezvous(self._buf, pg)
@@ -123,11 +123,13 @@ class TorchSymmMemory(SymmetricMemory):
             self._module = build.load("symmoe_cuda")
             self._err = self._module.host_alloc_mapped(64)
             self._counters = torch.zeros(8, dtype=torch.int32, device=self.device)
+            self._err_dev = torch.zeros(8, dtype=torch.int64, device=self.device)
             from ..config import Config as _C  # layout-independent context: only barrier() is used
 
             args = _C().layout(self.world_size).kernel_args()
             self._ctx = self._module.Context(args, self.rank, self._buf.data_ptr(), self._bases.data_ptr(),
-                                             self._err[1], self.timeout_s, 1, self._counters.data_ptr())
+                                             self._err_dev.data_ptr(), self._err[1], self.timeout_s, 1,
+                                             self._counters.data_ptr())
         return self._ctx
 
     def barrier(self, stage: str = "barrier", flags_offset: int | None = None) -> None:

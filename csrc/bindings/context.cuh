@@ -38,16 +38,18 @@ struct Ctx {
   Layout L;
   int rank;
   Transport tp;
-  ErrorWord* err;
+  ErrorWord* err;       // device memory
+  ErrorWord* err_host;  // host-mapped (device-side address)
   uint64_t timeout_ns;
   int grid;      // blocks of the persistent kernels (config kernel.num_sms, clamped to the device)
   int max_smem;  // opt-in shared memory per block
   unsigned int* done;  // [4] grid completion counters, zeroed by the caller
   MoveCfg move;        // data kernels' bulk piece size and warps per block (for plan_bytes = 0)
 
-  Ctx(const std::vector<int64_t>& layout, int rank_, Transport tp_, uintptr_t err_dev, double timeout_s, int num_sms,
-      uintptr_t counters)
-      : rank(rank_), tp(tp_), err(P<ErrorWord>(err_dev)), done(P<unsigned int>(counters)) {
+  Ctx(const std::vector<int64_t>& layout, int rank_, Transport tp_, uintptr_t err_dev, uintptr_t err_host_dev,
+      double timeout_s, int num_sms, uintptr_t counters)
+      : rank(rank_), tp(tp_), err(P<ErrorWord>(err_dev)), err_host(P<ErrorWord>(err_host_dev)),
+        done(P<unsigned int>(counters)) {
     if (layout.size() != size_t(kLayoutArgs))
       throw std::invalid_argument("layout: expected " + std::to_string(kLayoutArgs) + " values (BufferLayout.kernel_args()), got " +
                                   std::to_string(layout.size()));
@@ -113,7 +115,7 @@ struct Ctx {
     return size_t(m.plan_bytes + int64_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes));
   }
 
-  Sync sync(int64_t epoch, int which) const { return Sync{rank, epoch, timeout_ns, err, done + which}; }
+  Sync sync(int64_t epoch, int which) const { return Sync{rank, epoch, timeout_ns, err, err_host, done + which}; }
 
   // Bytes of routing scratch the layout kernel needs; > max_smem: the caller passes global scratch.
   int64_t layout_scratch_bytes() const { return int64_t(32 + 1) * (L.world_size + L.num_experts) * 4; }
@@ -198,7 +200,8 @@ struct Ctx {
   }
 
   void barrier(int64_t flags_off, int64_t epoch, int stage, uintptr_t stream) {
-    barrier_kernel<Transport><<<1, 32, 0, S(stream)>>>(tp, rank, int(L.world_size), flags_off, epoch, timeout_ns, err, stage);
+    barrier_kernel<Transport><<<1, 32, 0, S(stream)>>>(tp, rank, int(L.world_size), flags_off, epoch, timeout_ns, err, err_host,
+                                                         stage);
     check(cudaGetLastError(), "barrier_kernel launch");
   }
 };

@@ -9,8 +9,8 @@ using namespace symmoe;
 PYBIND11_MODULE(symmoe_cuda, m) {
   m.doc() = "symmoe CUDA kernels over the load/store (LSA) transport";
   bind_context<LsaTransport>(m, [](const std::vector<int64_t>& layout, int rank, uintptr_t local, uintptr_t peer_bases,
-                                   uintptr_t err, double timeout_s, int num_sms, uintptr_t counters) {
+                                   uintptr_t err, uintptr_t err_host, double timeout_s, int num_sms, uintptr_t counters) {
     return new Ctx<LsaTransport>(layout, rank, LsaTransport{P<uint8_t>(local), P<const int64_t>(peer_bases)}, err,
-                                 timeout_s, num_sms, counters);
+                                 err_host, timeout_s, num_sms, counters);
   });
 }

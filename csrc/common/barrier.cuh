@@ -2,7 +2,9 @@
 // barrier area: rank r stores the epoch into flag[r] of every peer, then waits until all of
 // its own flags reach the epoch. Epochs only grow (the host counts them), so a peer already
 // one barrier ahead satisfies the wait too. On timeout the block records the stage, peer and
-// epoch in the host-mapped ErrorWord and returns: the host raises StallError, nothing hangs.
+// epoch in the ErrorWord and returns: the host raises StallError, nothing hangs. The word has
+// two copies: one in device memory that kernels poll (cheap), one in host-mapped memory the
+// host reads without synchronising (a PCIe read per block would cost microseconds each).
 #pragma once
 #include <cstdint>
 
@@ -15,14 +17,18 @@ __device__ __forceinline__ bool error_set(const ErrorWord* err) {
   return ld_volatile(&err->stage) != 0;
 }
 
-__device__ __forceinline__ void report_error(ErrorWord* err, int stage, int peer, int64_t epoch) {
+__device__ __forceinline__ void report_error(ErrorWord* err, ErrorWord* err_host, int stage, int peer, int64_t epoch) {
   // Plain stores (host memory has no device atomics on PCIe hosts); stage last so a reader
   // that sees it also sees the rest.
-  volatile int64_t* e = reinterpret_cast<volatile int64_t*>(err);
-  e[1] = peer;
-  e[2] = epoch;
-  __threadfence_system();
-  e[0] = stage;
+  ErrorWord* words[2] = {err, err_host};
+  for (ErrorWord* w : words) {
+    if (w == nullptr) continue;
+    volatile int64_t* e = reinterpret_cast<volatile int64_t*>(w);
+    e[1] = peer;
+    e[2] = epoch;
+    __threadfence_system();
+    e[0] = stage;
+  }
   __threadfence_system();
 }
 
@@ -30,7 +36,7 @@ __device__ __forceinline__ void report_error(ErrorWord* err, int stage, int peer
 // before (see grid_last_block). flags_off: offset of the W-entry flag array in the segment.
 template <class Transport>
 __device__ void block_barrier(const Transport& tp, int rank, int world, int64_t flags_off, int64_t epoch,
-                              uint64_t timeout_ns, ErrorWord* err, int stage) {
+                              uint64_t timeout_ns, ErrorWord* err, ErrorWord* err_host, int stage) {
   __syncthreads();
   if (threadIdx.x == 0) fence_sys();  // cumulative: orders everything this block observed
   __syncthreads();
@@ -42,7 +48,7 @@ __device__ void block_barrier(const Transport& tp, int rank, int world, int64_t 
     while (ld_acquire_sys(flags + p) < epoch) {
       if ((++spins & 63) == 0) {
         if (global_timer_ns() - start > timeout_ns) {
-          report_error(err, stage, p, epoch);
+          report_error(err, err_host, stage, p, epoch);
           break;
         }
         if (error_set(err)) break;  // another wait already failed: stop spinning
@@ -74,8 +80,8 @@ __device__ __forceinline__ bool grid_last_block(unsigned int* counter) {
 
 template <class Transport>
 __global__ void barrier_kernel(Transport tp, int rank, int world, int64_t flags_off, int64_t epoch,
-                               uint64_t timeout_ns, ErrorWord* err, int stage) {
-  block_barrier(tp, rank, world, flags_off, epoch, timeout_ns, err, stage);
+                               uint64_t timeout_ns, ErrorWord* err, ErrorWord* err_host, int stage) {
+  block_barrier(tp, rank, world, flags_off, epoch, timeout_ns, err, err_host, stage);
 }
 
 }  // namespace symmoe

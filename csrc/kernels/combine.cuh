@@ -66,7 +66,7 @@ __global__ void __launch_bounds__(1024) combine_send_kernel(Transport tp, Layout
   }
   mv.flush();
   if (grid_last_block(sy.done) && !dead)
-    block_barrier(tp, me, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, kStageCombineData);
+    block_barrier(tp, me, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageCombineData);
 }
 
 template <typename T>
@@ -203,7 +203,7 @@ __global__ void __launch_bounds__(kReduceThreads) combine_reduce_kernel(Transpor
     }
   }
   if (grid_last_block(sy.done) && !dead)
-    block_barrier(tp, me, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, kStageCombineDone);
+    block_barrier(tp, me, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageCombineDone);
 }
 
 }  // namespace symmoe

@@ -29,8 +29,9 @@ struct Sync {  // what every kernel that ends with a cross-rank barrier needs
   int rank;
   int64_t epoch;
   uint64_t timeout_ns;
-  ErrorWord* err;
-  unsigned int* done;  // grid completion counter (zero between launches)
+  ErrorWord* err;       // device copy: kernels poll it
+  ErrorWord* err_host;  // host-mapped copy: the host reads it
+  unsigned int* done;   // grid completion counter (zero between launches)
 };
 
 struct Outputs {  // a receiver's output tensors (worst-case sized by the host)
@@ -76,7 +77,7 @@ __global__ void __launch_bounds__(1024) layout_kernel(Transport tp, Layout L, Ro
     int32_t* dst = reinterpret_cast<int32_t*>(tp.map(p, L.counts)) + int64_t(sy.rank) * row + c;
     *dst = c == 0 ? a.T : totals[c - 1];
   }
-  block_barrier(tp, sy.rank, a.W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, kStageDispatchCounts);
+  block_barrier(tp, sy.rank, a.W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageDispatchCounts);
 }
 
 // Zero-filled padding rows of the expert-major output (ids -1, weights 0, sources -1).
@@ -194,7 +195,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   }
   mv.flush();
   if (grid_last_block(sy.done) && !dead)
-    block_barrier(tp, r, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, kStageDispatchDone);
+    block_barrier(tp, r, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageDispatchDone);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -305,7 +306,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
   }
   mv.flush();
   if (grid_last_block(sy.done) && !dead)
-    block_barrier(tp, me, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, kStageDispatchData);
+    block_barrier(tp, me, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageDispatchData);
 }
 
 // ---------------------------------------------------------------------------------------

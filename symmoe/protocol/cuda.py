@@ -74,15 +74,17 @@ class _CudaProtocol(Protocol):
         self.mod = build.load(getattr(mem, "kernel_module", "symmoe_cuda"))
         self._stage_names = {v: k for k, v in self.mod.STAGES.items()}
         self._err = self.mod.host_alloc_mapped(64)  # (host, device) pointers of the ErrorWord
+        self._err_dev = torch.zeros(8, dtype=torch.int64, device=self.device)  # the copy kernels poll
         self._counters = torch.zeros(8, dtype=torch.int32, device=self.device)
         args = layout.kernel_args()
         make = getattr(mem, "kernel_context", None)
         if make is not None:  # backends with their own transport (nvshmem, nccl)
-            self.ctx = make(self.mod, args, self._err[1], self.timeout_s, config.kernel.num_sms,
-                            self._counters.data_ptr())
+            self.ctx = make(self.mod, args, self._err_dev.data_ptr(), self._err[1], self.timeout_s,
+                            config.kernel.num_sms, self._counters.data_ptr())
         else:
             self.ctx = self.mod.Context(args, self.rank, mem.local.data_ptr(), mem.peer_bases.data_ptr(),
-                                        self._err[1], self.timeout_s, config.kernel.num_sms, self._counters.data_ptr())
+                                        self._err_dev.data_ptr(), self._err[1], self.timeout_s, config.kernel.num_sms,
+                                        self._counters.data_ptr())
         self._epoch = 0
         W, E, K, S = layout.world_size, layout.num_experts, layout.topk, layout.combine_slots
         self._selfmap = torch.empty(max(1, layout.max_tokens * S), dtype=torch.int32, device=self.device)

@@ -75,13 +75,14 @@ def _absent_peer(rank: int, world_size: int, cfg_dict: dict, stage: str) -> tupl
     idx = torch.rand(T, b.num_experts, device="cuda").topk(b.topk, dim=1).indices
     w = torch.rand(T, b.topk, device="cuda")
     with Buffer(None, cfg) as buf:
-        if stage == "dispatch.counts" and rank == 1:
+        if rank == 1 and stage == "dispatch.counts":
             time.sleep(3 * timeout + 2)  # arrives only after rank 0 gave up
             return ("absent",)
-        rx, ri, rw, _, handle, _ = buf.dispatch(x, idx, w)
-        if stage == "combine.data" and rank == 1:
-            time.sleep(3 * timeout + 2)
-            return ("absent",)
+        if stage == "combine.data":
+            rx, ri, rw, _, handle, _ = buf.dispatch(x, idx, w)
+            if rank == 1:
+                time.sleep(3 * timeout + 2)
+                return ("absent",)
         t0 = time.monotonic()
         try:
             if stage == "dispatch.counts":
