@@ -6,6 +6,7 @@
 #   scripts/gpu_check.sh [section ...]      default: build test bench
 #   sections: build | test | test-quick | bench | bench-quick | nccl | nvshmem   (setup and MPS always run)
 #   PYTEST_ARGS='-k pull' scripts/gpu_check.sh test      extra pytest arguments
+#   BENCH_WORLD_SIZES=1,4 BENCH_PROTOCOLS=pull,push BENCH_REPEATS=30   bench choices
 # Later backends add their own sections in the case statement below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,10 +54,10 @@ for s in "${SECTIONS[@]}"; do
       note "pytest (torch backend): $(tail -1 "$OUT/pytest.log")"
       [ "$rc" -ne 0 ] && status=1 ;;
     bench|bench-quick)
-      ws=1,4; rep=30
+      ws=${BENCH_WORLD_SIZES:-1,4}; rep=${BENCH_REPEATS:-30}; protos=${BENCH_PROTOCOLS:-pull,push}
       [ "$s" = bench-quick ] && { ws=1; rep=10; }
       export SYMMOE_BENCH_COMMAND="scripts/gpu_check.sh $s"
-      python3 -m symmoe.bench --world-sizes $ws --protocols pull,push --repeats $rep --json "$OUT/bench.json" \
+      python3 -m symmoe.bench --world-sizes $ws --protocols $protos --repeats $rep --json "$OUT/bench.json" \
         2>&1 | tee "$OUT/bench.log"
       rc=${PIPESTATUS[0]}
       note "bench exit $rc"
