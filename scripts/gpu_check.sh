@@ -49,7 +49,8 @@ for s in "${SECTIONS[@]}"; do
     test|test-quick)
       sel=(tests/gpu/test_torch_backend.py)
       [ "$s" = test-quick ] && sel+=(-k "not 7168")
-      python3 -m pytest -q -m gpu -rfE -p no:cacheprovider "${sel[@]}" ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/pytest.log"
+      eval "extra=(${PYTEST_ARGS:-})"  # keeps quoted -k expressions whole
+      python3 -m pytest -q -m gpu -rfE -p no:cacheprovider "${sel[@]}" "${extra[@]}" 2>&1 | tee "$OUT/pytest.log"
       rc=${PIPESTATUS[0]}
       note "pytest (torch backend): $(tail -1 "$OUT/pytest.log")"
       [ "$rc" -ne 0 ] && status=1 ;;
