@@ -78,8 +78,12 @@ def _ext_call(call: str, fn: Any, *args: Any, **kw: Any) -> Any:
     ext = _ext()
     try:
         return fn(*args, **kw)
-    except ext.NcclCallError as e:  # message already names the NCCL call and result string
-        raise NcclError(call, str(e), getattr(e, "code", None)) from None
+    except ext.NcclCallError as e:  # "<NCCL call> failed: <result string> (ncclResult_t N)[; NCCL says: ...]"
+        text = str(e)
+        inner, sep, detail = text.partition(" failed: ")
+        if sep and inner and " " not in inner:
+            call, text = inner, detail  # the extension names the exact NCCL/CUDA call
+        raise NcclError(call, text, getattr(e, "code", None)) from None
 
 
 def _cccl_include() -> list[str]:
@@ -142,6 +146,9 @@ class NcclMemory(SymmetricMemory):
             import nccl.core  # noqa: F401, PLC0415
             b = _bindings()
         except ImportError as e:
+            if (e.name or "").split(".")[0] == "cuda":
+                return (f"nccl4py is installed but its dependency is not importable ({e}); install cuda-core and "
+                        "cuda-bindings for your CUDA version")
             return f"nccl4py is not importable ({e}); install nccl4py>=0.6.0 (pip install 'symmoe[nccl]')"
         if not torch.cuda.is_available():
             return "no CUDA GPU visible (torch.cuda.is_available() is False)"
