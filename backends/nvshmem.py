@@ -211,7 +211,7 @@ class NvshmemMemory(SymmetricMemory):
         self._layout_args = list(layout_args)
         self._flags_offset = flags_offset
 
-    def barrier(self, stage: str = "barrier") -> None:
+    def barrier(self, stage: str = "barrier", flags_offset: int | None = None) -> None:
         """Device flag barrier through the segment (signals + timeout); before the protocol
         has set the layout, the process group's barrier."""
         if self.world_size == 1:

@@ -115,6 +115,12 @@ class Buffer:
         out, out_w = self._protocol.combine(x, handle, topk_weights)
         return out, out_w, EventOverlap.record(self.device)
 
+    def synchronize(self) -> None:
+        """Wait for this rank's queued calls; raise StallError naming the stage if a device
+        wait expired (combine returns before its waits finish, so a stall surfaces here or
+        at the next call)."""
+        self._protocol.check(synchronize=True)
+
     # -- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
         self._protocol.close()

@@ -61,8 +61,10 @@ class SymmetricMemory(ABC):
         raise NotImplementedError(f"backend '{self.name}' gives no tensor view of peer segments")
 
     @abstractmethod
-    def barrier(self, stage: str = "barrier") -> None:
-        """All ranks reach this point; raises StallError naming ``stage`` on timeout."""
+    def barrier(self, stage: str = "barrier", flags_offset: int = 0) -> None:
+        """All ranks reach this point; raises StallError naming ``stage`` on timeout. The
+        barrier may use ``W`` int64 flags at ``flags_offset`` of the segment (the layout's
+        ``barrier`` sub-region); backends with a barrier of their own ignore it."""
 
     @abstractmethod
     def _release(self) -> None:

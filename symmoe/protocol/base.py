@@ -37,5 +37,9 @@ class Protocol(ABC):
                 recv_topk_weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Collective. Returns (combined_x [T, H], combined_topk_weights [T, K] or None)."""
 
+    def check(self, synchronize: bool = False) -> None:
+        """Raise StallError if a device wait of an earlier call expired (after waiting for the
+        stream when ``synchronize``). Host protocols finish inside each call: nothing to check."""
+
     def close(self) -> None:
         """Release what the protocol holds besides the SymmetricMemory (streams, modules)."""
