@@ -89,7 +89,7 @@ def _absent_peer(rank: int, world_size: int, cfg_dict: dict, stage: str) -> tupl
                 buf.dispatch(x, idx, w)
             else:
                 buf.combine(rx, handle)
-                buf._protocol.check(synchronize=True)
+                buf.synchronize()
         except StallError as e:
             return ("stall", e.stage, time.monotonic() - t0, str(e))
         return ("no error",)
