@@ -34,7 +34,7 @@ import torch.distributed as dist
 
 from .. import build
 from ..config import Config
-from ..errors import BackendUnavailable, StallError, SymmoeError
+from ..errors import BackendUnavailable, NcclError, StallError, SymmoeError
 from ..memory import SymmetricMemory
 
 NCCL_WIN_COLL_SYMMETRIC = 1
@@ -44,14 +44,6 @@ SEGMENT_ALIGN = 1 << 21  # ncclMemAlloc's granularity on current GPUs; windows w
 BARRIER_SIGNAL = 0  # GIN signal ids of the device communicator
 DATA_SIGNAL = 1
 GIN_SIGNALS = 2
-
-
-class NcclError(SymmoeError, RuntimeError):
-    """An NCCL call failed: names the call and NCCL's result string."""
-
-    def __init__(self, call: str, detail: str, code: int | None = None):
-        self.call, self.detail, self.code = call, detail, code
-        super().__init__(f"nccl backend: {call} failed: {detail}")
 
 
 def _bindings():

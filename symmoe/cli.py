@@ -82,10 +82,7 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
 
     cfg = from_dict(config)
     b = cfg.buffer
-    device = torch.device("cpu")
-    if cfg.backend != "host":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-        torch.cuda.set_device(device)
+    device = torch.device("cpu")  # the host backend; GPU backends go through symmoe.bench
     tokens = opts["tokens"] or b.max_tokens_per_rank
     inputs = make_inputs(Routing(opts["routing"]), num_tokens=tokens, hidden=b.hidden, topk=b.topk,
                          num_experts=b.num_experts, world_size=world_size, dtype=DTYPES[b.dtype], seed=opts["seed"],
@@ -118,6 +115,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .config import check_world_size
     cfg = load(args.config)
     check_world_size(cfg, args.world_size)
+    if cfg.backend != "host":
+        return _bench_gpu(cfg, args)
     opts = {"tokens": args.tokens, "routing": args.routing, "seed": args.seed, "warmup": args.warmup,
             "repeats": args.repeats, "layout": args.layout}
     if launch.under_torchrun():
@@ -128,10 +127,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         if rank != 0:
             return 0
     else:
-        env = {}
-        if cfg.backend == "torch" and args.world_size > 1:
-            env["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
-        results = launch.spawn(_bench_rank, args.world_size, args=(cfg.to_dict(), opts), env=env)
+        results = launch.spawn(_bench_rank, args.world_size, args=(cfg.to_dict(), opts))
     print(f"# {args.config}: backend {cfg.backend}, protocol {cfg.effective_protocol}, "
           f"world size {len(results)}, layout {opts['layout'] or cfg.buffer.output_layout}, routing {args.routing}")
     print(f"{'rank':>4} {'rows':>8} {'MB':>9} {'dispatch us':>12} {'GB/s':>8} {'combine us':>11} {'GB/s':>8}")
@@ -142,6 +138,28 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"config": cfg.to_dict(), "options": opts, "ranks": results}, f, indent=1)
+    return 0
+
+
+def _bench_gpu(cfg: Any, args: argparse.Namespace) -> int:
+    """GPU backends: ``symmoe.bench`` (CUDA events, copy roofline and plain torch in the same run)."""
+    import torch
+
+    from . import bench
+    if not torch.cuda.is_available():
+        print(f"symmoe: error: backend '{cfg.backend}' needs a CUDA GPU and none is visible here; "
+              "use a host config (configs/host.yaml)", file=sys.stderr)
+        return 1
+    if args.routing != "uniform":
+        print("symmoe: note: GPU benchmarks use uniform routing (the DeepSeek-V3 benchmark shape)", file=sys.stderr)
+    layouts = (args.layout,) if args.layout else ("rank", "expert")
+    result = bench.run_gpu_bench(cfg, args.world_size, args.tokens, args.warmup, args.repeats, layouts=layouts,
+                                 seed=args.seed, baselines=args.world_size == 1)
+    print(f"# {args.config}: backend {cfg.backend}, protocol {cfg.effective_protocol}, world size {args.world_size}")
+    print(bench.table([result]))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
     return 0
 
 

@@ -42,3 +42,11 @@ class ConfigMismatch(SymmoeError, RuntimeError):
 
 class BuildError(SymmoeError, RuntimeError):
     """A CUDA extension failed to compile or load."""
+
+
+class NcclError(SymmoeError, RuntimeError):
+    """An NCCL call failed: names the call and NCCL's result string."""
+
+    def __init__(self, call: str, detail: str, code: int | None = None):
+        self.call, self.detail, self.code = call, detail, code
+        super().__init__(f"nccl backend: {call} failed: {detail}")

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from . import reference
+from .compare import first_bit_difference
 from .buffer import Buffer
 from .config import Config, from_dict
 from .layout import DTYPES
@@ -28,25 +29,13 @@ CHECK_ROUTINGS = (
 )
 
 
-_INT_VIEW = {2: torch.int16, 4: torch.int32, 8: torch.int64}
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """Integer view of a float tensor, so -0.0 vs 0.0 and NaN payloads count as differences."""
-    return t.view(_INT_VIEW[t.element_size()]) if t.is_floating_point() else t
-
-
 def first_difference(a: torch.Tensor, b: torch.Tensor) -> str:
     """'' when bitwise equal, else where and how the two first differ."""
-    if a.shape != b.shape:
-        return f"shape {tuple(a.shape)} vs {tuple(b.shape)}"
-    if a.dtype != b.dtype:
-        return f"dtype {a.dtype} vs {b.dtype}"
-    where = (_bits(a) != _bits(b)).nonzero()
-    if where.numel() == 0:
+    d = first_bit_difference(a, b)
+    if d is None:
         return ""
-    pos = tuple(where[0].tolist())
-    return f"first difference at {pos}: {a[pos].item()!r} vs {b[pos].item()!r}"
+    where = "" if d["row"] is None else f" at row {d['row']}" + ("" if d["col"] is None else f", column {d['col']}")
+    return f"first difference{where}: {d['detail']}"
 
 
 def assert_bitwise(name: str, got: torch.Tensor, want: torch.Tensor, ctx: str) -> None:
