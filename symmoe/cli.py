@@ -4,7 +4,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import sys
 from typing import Any, Sequence
 

@@ -86,7 +86,7 @@ class _CudaProtocol(Protocol):
                                         self._err_dev.data_ptr(), self._err[1], self.timeout_s, config.kernel.num_sms,
                                         self._counters.data_ptr())
         self._epoch = 0
-        W, E, K, S = layout.world_size, layout.num_experts, layout.topk, layout.combine_slots
+        W, E, S = layout.world_size, layout.num_experts, layout.combine_slots
         self._selfmap = torch.empty(max(1, layout.max_tokens * S), dtype=torch.int32, device=self.device)
         need = self.ctx.layout_scratch_bytes()
         self._hist = (torch.empty(need // 4, dtype=torch.int32, device=self.device)

@@ -199,7 +199,7 @@ class _HostProtocol(Protocol):
 
     # -- combine ---------------------------------------------------------------------------
     def combine(self, y, handle, recv_topk_weights):
-        lay, me = self.layout, self.mem.rank
+        lay = self.layout
         W, T, H, K, S = lay.world_size, lay.max_tokens, lay.hidden, lay.topk, lay.combine_slots
         valid = handle.recv_src_rank >= 0
         slot_of = (handle.recv_src_token.long() * S + handle.recv_src_slot.long())

@@ -231,7 +231,7 @@ class NvshmemPush(Protocol):
     # -- dispatch --------------------------------------------------------------------------
     def dispatch(self, x, topk_idx, topk_weights, output_layout, alignment):
         lay, me, W = self.layout, self.me, self.W
-        H, K, L, S = lay.hidden, lay.topk, lay.local_experts, lay.combine_slots
+        H, K = lay.hidden, lay.topk
         dev = self.device
         stream = torch.cuda.current_stream(dev)
         base = self.mem.local.data_ptr()
