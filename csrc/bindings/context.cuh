@@ -217,7 +217,8 @@ void bind_context(py::module_& m, Init init) {
                               py::arg("dispatch.done") = int(kStageDispatchDone),
                               py::arg("combine.data") = int(kStageCombineData),
                               py::arg("combine.done") = int(kStageCombineDone),
-                              py::arg("barrier") = int(kStageMemoryBarrier));
+                              py::arg("barrier") = int(kStageMemoryBarrier),
+                              py::arg("bulk copy") = int(kStageBulkCopy));
   m.def("host_alloc_mapped", [](size_t nbytes) {
     void* h = nullptr;
     check(cudaHostAlloc(&h, nbytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");

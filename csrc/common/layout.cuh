@@ -31,6 +31,7 @@ enum Stage : int {
   kStageCombineData = 4,     // expert outputs stored into the sources' combine regions
   kStageCombineDone = 5,     // sources finished reducing (combine regions reusable)
   kStageMemoryBarrier = 6,   // SymmetricMemory.barrier()
+  kStageBulkCopy = 7,        // a bulk (TMA) load into a warp's shared slot never completed
 };
 
 // Host-mapped error record the device writes when a wait expires: never hang, tell the host.

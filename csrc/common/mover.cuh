@@ -6,9 +6,15 @@
 //   uint8_t** d = mv.next_dsts(); lanes write d[0..n); __syncwarp(); mv.push(src, n, bytes);
 //   ... mv.flush();   // all stores complete and ordered before later fences
 // Lane 0 issues the copies; the bookkeeping is replicated in every lane so it stays uniform.
+//
+// Waits are bounded like every other device wait: a load that has not landed after the
+// kernel's timeout records stage "bulk copy" in the ErrorWord (peer = the warp's global
+// index, epoch = the kernel's barrier epoch) and the mover stops issuing copies; the host
+// raises StallError. Without a watch (err == nullptr) the wait is unbounded, as before.
 #pragma once
 #include <cstdint>
 
+#include "barrier.cuh"
 #include "ptx.cuh"
 
 namespace symmoe {
@@ -23,6 +29,29 @@ struct WarpMoverSmem {
   }
 };
 
+struct MoverWatch {  // what a bounded wait needs (from the kernel's Sync)
+  uint64_t timeout_ns;
+  ErrorWord* err;       // device copy (nullptr: unbounded waits)
+  ErrorWord* err_host;  // host-mapped copy
+  int64_t epoch;        // reported with the error
+};
+
+// Slow path of a slot wait (lane 0, after a first try failed): spin until the phase with
+// parity `par` completes; after w.timeout_ns record the error and return false. Out of line
+// so the fast path stays small; scalars only, so the mover stays in registers.
+static __device__ __noinline__ bool mbar_wait_bounded(uint64_t* bar, uint32_t par, MoverWatch w) {
+  const uint64_t start = global_timer_ns();
+  uint32_t spins = 0;
+  while (!mbar_try_wait(bar, par)) {
+    if (w.err != nullptr && (++spins & 15) == 0 && global_timer_ns() - start > w.timeout_ns) {
+      const int64_t gwarp = int64_t(blockIdx.x) * (blockDim.x >> 5) + (threadIdx.x >> 5);
+      report_error(w.err, w.err_host, kStageBulkCopy, int(gwarp), w.epoch);
+      return false;
+    }
+  }
+  return true;
+}
+
 struct WarpMover {
   uint8_t* slots;     // [2][slot_bytes]
   uint32_t slot_bytes;
@@ -32,9 +61,13 @@ struct WarpMover {
   uint32_t phase;     // parity bit per slot
   int cur;
   bool pending;
+  bool failed;        // a load timed out: issue nothing more (uniform across the warp)
+  MoverWatch watch;
 
   // `base`: this warp's shared area, per_warp_bytes(slot_bytes) long, kSlotAlign aligned.
-  __device__ void init(uint8_t* base, uint32_t slot_bytes) {
+  __device__ void init(uint8_t* base, uint32_t slot_bytes, MoverWatch w = MoverWatch{0, nullptr, nullptr, 0}) {
+    watch = w;
+    failed = false;
     slots = base;
     this->slot_bytes = slot_bytes;
     bar = reinterpret_cast<uint64_t*>(base + 2 * slot_bytes);
@@ -54,20 +87,24 @@ struct WarpMover {
   __device__ __forceinline__ uint8_t** next_dsts() const { return dsts + cur * kMaxDst; }
 
   __device__ __forceinline__ void drain(int s) {
+    int ok = 1;
     if ((threadIdx.x & 31) == 0) {
       const uint32_t par = (phase >> s) & 1u;
-      while (!mbar_try_wait(&bar[s], par)) {
+      if (!mbar_try_wait(&bar[s], par)) ok = mbar_wait_bounded(&bar[s], par, watch) ? 1 : 0;
+      if (ok) {
+        const uint32_t n = meta[2 * s], bytes = meta[2 * s + 1];
+        uint8_t** d = dsts + s * kMaxDst;
+        for (uint32_t i = 0; i < n; ++i) bulk_store(d[i], slots + s * slot_bytes, bytes);
+        bulk_commit();
       }
-      const uint32_t n = meta[2 * s], bytes = meta[2 * s + 1];
-      uint8_t** d = dsts + s * kMaxDst;
-      for (uint32_t i = 0; i < n; ++i) bulk_store(d[i], slots + s * slot_bytes, bytes);
-      bulk_commit();
     }
+    if (!__shfl_sync(0xffffffffu, ok, 0)) failed = true;
     phase ^= 1u << s;
   }
 
   // src: global address of the piece; n destinations already in next_dsts(); bytes % 16 == 0.
   __device__ void push(const void* src, int n, uint32_t bytes) {
+    if (failed) return;  // a load never landed: this slot may still be written, leave it
     if ((threadIdx.x & 31) == 0) {
       // The slot's previous stores (two items back, the latest committed group) must have
       // read it before the new load lands.
@@ -84,7 +121,7 @@ struct WarpMover {
   }
 
   __device__ void flush() {
-    if (pending) drain(cur ^ 1);
+    if (pending && !failed) drain(cur ^ 1);
     pending = false;
     if ((threadIdx.x & 31) == 0) {
       bulk_wait_all();

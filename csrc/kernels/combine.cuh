@@ -41,7 +41,8 @@ __global__ void __launch_bounds__(1024) combine_send_kernel(Transport tp, Layout
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
   WarpMover mv;
-  mv.init(smem_raw + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes);
+  mv.init(smem_raw + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes,
+          MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
   if (!dead) {
     const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
     for (int64_t i = gw; i < rr.rows; i += nwt) {

@@ -130,7 +130,8 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   }
 
   WarpMover mv;
-  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes);
+  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes,
+          MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
 
   if (run) {
     const int64_t total_tokens = pl.tstart[W];
@@ -221,7 +222,8 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
     for (int q = 0; q < W; ++q) run = run && pl.rows[q] <= L.recv_rows && (q != me || pl.rows[q] <= o.capacity);
   }
   WarpMover mv;
-  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes);
+  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes,
+          MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
 
   if (run) {
     const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.in_idx);

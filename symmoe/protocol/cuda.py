@@ -127,9 +127,12 @@ class _CudaProtocol(Protocol):
         word = (ctypes.c_int64 * 4).from_address(self._err[0])
         if word[0]:
             stage = self._stage_names.get(int(word[0]), f"stage {int(word[0])}")
-            raise StallError(self.rank, stage, self.timeout_s,
-                             f"no arrival from rank {int(word[1])} at barrier epoch {int(word[2])}; "
-                             "this Buffer is unusable now")
+            if stage == "bulk copy":
+                what = (f"a bulk (TMA) load of warp {int(word[1])} never completed in the kernel of barrier "
+                        f"epoch {int(word[2])}")
+            else:
+                what = f"no arrival from rank {int(word[1])} at barrier epoch {int(word[2])}"
+            raise StallError(self.rank, stage, self.timeout_s, f"{what}; this Buffer is unusable now")
 
     def _check_aligned(self, name: str, t: torch.Tensor) -> None:
         if t.numel() and t.data_ptr() % 16:
