@@ -1,17 +1,20 @@
 #!/usr/bin/env bash
 # One run on the GPU machine: install the carried wheels and symmoe, start CUDA MPS, build
-# the kernels, run the GPU tests and the benchmark; logs and JSON go to $OUT (default
-# ./gpu_out), a short table is printed last.
+# the kernels, run the GPU tests, benchmarks and A/B runs; a short table is printed last.
 #
 #   scripts/gpu_check.sh [section ...]      default: build test bench
-#   sections: build | test | test-quick | bench | bench-quick | nccl | nvshmem   (setup and MPS always run)
+#   sections: build | test | test-quick | bench | bench-quick | nccl | nvshmem | ab   (setup and MPS always run)
+# Every log and JSON goes to $LOG (default /tmp/symmoe-gpu); at the end $OUT receives at
+# most 8 files (what the device tool brings back): summary.txt, logs.tar.gz and the JSONs.
+# One call stays inside the 10-minute limit with e.g. "build test nccl", then "nvshmem bench ab".
 #   PYTEST_ARGS='-k pull' scripts/gpu_check.sh test      extra pytest arguments
 #   BENCH_WORLD_SIZES=1,4 BENCH_PROTOCOLS=pull,push BENCH_REPEATS=30   bench choices
 # Later backends add their own sections in the case statement below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu_out}
-mkdir -p "$OUT"
+LOG=${LOG:-/tmp/symmoe-gpu}
+mkdir -p "$OUT" "$LOG"
 export PYTHONUNBUFFERED=1
 # NVLink multicast stays off everywhere (shared multi-GPU hosts), also in child processes.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -25,9 +28,9 @@ note() { SUMMARY+=("$1"); echo "== $1"; }
 if ls .whl/*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
 fi
-python3 -m pip install -q -e . --no-deps --no-build-isolation >"$OUT/pip.log" 2>&1 || { cat "$OUT/pip.log"; exit 1; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$OUT/device.txt"
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$OUT/device.txt"
+python3 -m pip install -q -e . --no-deps --no-build-isolation >"$LOG/pip.log" 2>&1 || { cat "$LOG/pip.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOG/device.txt"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$LOG/device.txt"
 
 # -- MPS: several ranks on the one GPU run concurrently -------------------------------------
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
@@ -44,43 +47,48 @@ for s in "${SECTIONS[@]}"; do
   case "$s" in
     build)
       t0=$SECONDS
-      if python3 -m symmoe.cli build >"$OUT/build.log" 2>&1; then note "build ok ($((SECONDS - t0)) s)"
-      else note "build FAILED"; tail -50 "$OUT/build.log"; status=1; fi ;;
+      if python3 -m symmoe.cli build >"$LOG/build.log" 2>&1; then note "build ok ($((SECONDS - t0)) s)"
+      else note "build FAILED"; tail -50 "$LOG/build.log"; status=1; fi ;;
     test|test-quick)
       sel=(tests/gpu/test_torch_backend.py)
       [ "$s" = test-quick ] && sel+=(-k "not 7168")
       eval "extra=(${PYTEST_ARGS:-})"  # keeps quoted -k expressions whole
-      python3 -m pytest -q -m gpu -rfE -p no:cacheprovider "${sel[@]}" "${extra[@]}" 2>&1 | tee "$OUT/pytest.log"
+      python3 -m pytest -q -m gpu -rfE -p no:cacheprovider "${sel[@]}" "${extra[@]}" 2>&1 | tee "$LOG/pytest.log"
       rc=${PIPESTATUS[0]}
-      note "pytest (torch backend): $(tail -1 "$OUT/pytest.log")"
+      note "pytest (torch backend): $(tail -1 "$LOG/pytest.log")"
       [ "$rc" -ne 0 ] && status=1 ;;
     bench|bench-quick)
       ws=${BENCH_WORLD_SIZES:-1,4}; rep=${BENCH_REPEATS:-30}; protos=${BENCH_PROTOCOLS:-pull,push}
       [ "$s" = bench-quick ] && { ws=1; rep=10; }
       export SYMMOE_BENCH_COMMAND="scripts/gpu_check.sh $s"
-      python3 -m symmoe.bench --world-sizes $ws --protocols $protos --repeats $rep --json "$OUT/bench.json" \
-        2>&1 | tee "$OUT/bench.log"
+      python3 -m symmoe.bench --world-sizes $ws --protocols $protos --repeats $rep --json "$LOG/bench.json" \
+        2>&1 | tee "$LOG/bench.log"
       rc=${PIPESTATUS[0]}
       note "bench exit $rc"
       [ "$rc" -ne 0 ] && status=1 ;;
     nccl)  # nccl backend (world size 1): its build, GPU tests and benchmark (scripts/gpu_check_nccl.sh)
-      bash scripts/gpu_check_nccl.sh "$OUT"
+      bash scripts/gpu_check_nccl.sh "$LOG"
       rc=$?
-      note "nccl: $(grep -h -E '^[0-9]+ (passed|failed)|passed|failed' "$OUT/nccl_tests.log" | tail -1); exit $rc"
+      note "nccl: $(grep -h -E '^[0-9]+ (passed|failed)|passed|failed' "$LOG/nccl_tests.log" | tail -1); exit $rc"
       [ "$rc" -ne 0 ] && status=1 ;;
     nvshmem)  # nvshmem backend: build, GPU tests at 1/2/4/8 PEs under MPS, benchmark W=1,4 (scripts/bench_nvshmem.py)
-      if ! python3 -c "import symmoe.protocol.nvshmem as n; n.load_extension()" >"$OUT/nvshmem_build.log" 2>&1; then
-        note "nvshmem build FAILED"; tail -50 "$OUT/nvshmem_build.log"; status=1; continue
+      if ! python3 -c "import symmoe.protocol.nvshmem as n; n.load_extension()" >"$LOG/nvshmem_build.log" 2>&1; then
+        note "nvshmem build FAILED"; tail -50 "$LOG/nvshmem_build.log"; status=1; continue
       fi
-      python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/gpu/test_nvshmem.py ${PYTEST_ARGS:-} 2>&1 | tee "$OUT/nvshmem_tests.log"
+      python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/gpu/test_nvshmem.py ${PYTEST_ARGS:-} 2>&1 | tee "$LOG/nvshmem_tests.log"
       rc=${PIPESTATUS[0]}
-      note "pytest (nvshmem): $(tail -1 "$OUT/nvshmem_tests.log")"
+      note "pytest (nvshmem): $(tail -1 "$LOG/nvshmem_tests.log")"
       [ "$rc" -ne 0 ] && status=1
-      python3 scripts/bench_nvshmem.py --world 1 4 --backends nvshmem torch --out "$OUT/nvshmem_bench.json" \
-        2>&1 | tee "$OUT/nvshmem_bench.log"
+      python3 scripts/bench_nvshmem.py --world 1 4 --backends nvshmem torch --out "$LOG/nvshmem_bench.json" \
+        2>&1 | tee "$LOG/nvshmem_bench.log"
       rc=${PIPESTATUS[0]}
       note "nvshmem bench exit $rc"
       [ "$rc" -ne 0 ] && status=1 ;;
+    ab)  # A/B: V1 vs V2 vs Mega at world size 1 (nccl needs one GPU per rank), torch push vs pull at 4 ranks
+      symmoe ab configs/ab/v1_v2_mega.yaml --world-size 1 --repeats 20 --out "$LOG/ab_mega" --no-fallback 2>&1 | tee "$LOG/ab_mega.log"
+      rc=${PIPESTATUS[0]}; note "ab v1_v2_mega (W=1): exit $rc"; [ "$rc" -ne 0 ] && status=1
+      symmoe ab configs/ab/push_vs_pull.yaml --world-size 4 --repeats 20 --out "$LOG/ab_pushpull" --no-fallback 2>&1 | tee "$LOG/ab_pushpull.log"
+      rc=${PIPESTATUS[0]}; note "ab push_vs_pull (W=4, MPS): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     *) echo "unknown section '$s'"; status=2 ;;
   esac
 done
@@ -88,8 +96,13 @@ done
 echo
 echo "==================== summary ===================="
 for line in "${SUMMARY[@]}"; do echo "$line"; done
-[ -f "$OUT/bench.json" ] && python3 -c "
+[ -f "$LOG/bench.json" ] && python3 -c "
 import json, sys
 from symmoe.bench import table
-print(table(json.load(open('$OUT/bench.json'))['results']))"
+print(table(json.load(open('$LOG/bench.json'))['results']))"
+for line in "${SUMMARY[@]}"; do echo "$line"; done > "$OUT/summary.txt"
+tar czf "$OUT/logs.tar.gz" -C "$LOG" . 2>/dev/null
+for f in bench.json nvshmem_bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json; do
+  [ -f "$LOG/$f" ] && cp "$LOG/$f" "$OUT/$(echo "$f" | tr / _)"
+done
 exit $status
