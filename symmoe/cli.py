@@ -119,10 +119,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     opts = {"tokens": args.tokens, "routing": args.routing, "seed": args.seed, "warmup": args.warmup,
             "repeats": args.repeats, "layout": args.layout}
     if launch.under_torchrun():
-        rank, world = launch.init_from_env()
-        results = [None] * world
         import torch.distributed as dist
-        dist.all_gather_object(results, _bench_rank(rank, world, cfg.to_dict(), opts))
+        with launch.torchrun_group() as (rank, world):
+            results = [None] * world
+            dist.all_gather_object(results, _bench_rank(rank, world, cfg.to_dict(), opts))
         if rank != 0:
             return 0
     else:

@@ -11,7 +11,8 @@ import socket
 import sys
 import traceback
 from datetime import timedelta
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -26,6 +27,17 @@ def init_from_env(timeout_s: float = 120.0) -> tuple[int, int]:
     if not dist.is_initialized():
         dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
+
+
+@contextmanager
+def torchrun_group(timeout_s: float = 120.0) -> Iterator[tuple[int, int]]:
+    """``with torchrun_group() as (rank, world_size):`` -- joins torchrun's rendezvous and
+    destroys the group on the way out (gloo aborts the process at exit otherwise)."""
+    rank, world_size = init_from_env(timeout_s)
+    try:
+        yield rank, world_size
+    finally:
+        dist.destroy_process_group()
 
 
 def free_port() -> int:

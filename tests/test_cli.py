@@ -42,3 +42,15 @@ def test_bench_reports_a_bad_config_without_traceback(tmp_path):
     out = symmoe("bench", str(p), "--world-size", "2")
     assert out.returncode == 1 and "Traceback" not in out.stderr
     assert "must be divisible by the world size (2)" in out.stderr
+
+
+def test_bench_and_ab_run_under_torchrun_and_exit_cleanly(tmp_path):
+    from symmoe.launch import free_port
+    for args in (["-m", "symmoe.cli", "bench", "configs/host.yaml", "--repeats", "2", "--warmup", "1", "--tokens", "16"],
+                 ["-m", "symmoe.ab", "configs/ab/quickstart.yaml", "--repeats", "2", "--warmup", "1",
+                  "--out", str(tmp_path / "ab"), "--quiet", "--no-plot"]):
+        out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                              "--master-port", str(free_port()), *args], capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        assert "SIGABRT" not in out.stderr
+    assert (tmp_path / "ab" / "results.json").exists()

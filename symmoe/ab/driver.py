@@ -156,11 +156,11 @@ def execute(p: Plan, opts: Options) -> dict[str, Any] | None:
     Raises ABMismatch when outputs differ, launch.RankFailed when a rank fails."""
     job = Job(p.spec, p.ranks_per_node, opts.progress)
     if p.torchrun:
-        rank, W = launch.init_from_env()
-        mine = rank_main(rank, W, job)
         import torch.distributed as dist
-        ranks: list[Any] = [None] * W
-        dist.all_gather_object(ranks, mine)
+        with launch.torchrun_group() as (rank, W):
+            mine = rank_main(rank, W, job)
+            ranks: list[Any] = [None] * W
+            dist.all_gather_object(ranks, mine)
         if rank != 0:
             first = next((r for r in ranks if r["status"] != "ok"), None)
             if first is not None:
