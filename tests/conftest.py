@@ -1,5 +1,20 @@
+import os
+import secrets
+
 import pytest
 import torch
+
+# Fresh random routings every run; a failure names its seed, and SYMMOE_TEST_SEED=N replays it.
+SESSION_SEED = int(os.environ.get("SYMMOE_TEST_SEED") or secrets.randbelow(1 << 30))
+
+
+def pytest_report_header(config):
+    return f"symmoe test seed: {SESSION_SEED} (replay with SYMMOE_TEST_SEED={SESSION_SEED})"
+
+
+@pytest.fixture
+def seed() -> int:
+    return SESSION_SEED
 
 
 def _has_gpu() -> bool:

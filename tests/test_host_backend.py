@@ -9,19 +9,19 @@ from symmoe.testing import CHECK_ROUTINGS, check_dispatch_combine
 
 @pytest.mark.parametrize("protocol", ["push", "pull"])
 @pytest.mark.parametrize("world_size", [1, 2, 4, 8])
-def test_dispatch_and_combine_match_reference_bitwise(world_size, protocol):
+def test_dispatch_and_combine_match_reference_bitwise(world_size, protocol, seed):
     cfg = small_config(protocol=protocol)
-    checked = spawn(check_dispatch_combine, world_size, args=(cfg.to_dict(), 1234 + world_size))
+    checked = spawn(check_dispatch_combine, world_size, args=(cfg.to_dict(), seed + world_size))
     assert checked == [len(CHECK_ROUTINGS) * 2] * world_size
 
 
-def test_bfloat16_float16_and_float32_payloads_round_trip():
+def test_bfloat16_float16_and_float32_payloads_round_trip(seed):
     for dtype in ["bfloat16", "float16", "float32"]:
         cfg = small_config(**{"buffer.dtype": dtype})
-        assert spawn(check_dispatch_combine, 2, args=(cfg.to_dict(), 99)) == [len(CHECK_ROUTINGS) * 2] * 2
+        assert spawn(check_dispatch_combine, 2, args=(cfg.to_dict(), seed + 99)) == [len(CHECK_ROUTINGS) * 2] * 2
 
 
-def test_repeated_calls_reuse_the_buffer():
+def test_repeated_calls_reuse_the_buffer(seed):
     cfg = small_config(protocol="push")
-    assert spawn(check_dispatch_combine, 4, args=(cfg.to_dict(), 5, CHECK_ROUTINGS[:2], ("rank", "expert"), "cpu", 3)) \
+    assert spawn(check_dispatch_combine, 4, args=(cfg.to_dict(), seed + 5, CHECK_ROUTINGS[:2], ("rank", "expert"), "cpu", 3)) \
         == [12] * 4
