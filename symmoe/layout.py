@@ -21,8 +21,11 @@ holds the same fields, in the same order, as a struct the kernels take by value
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import torch
+
+from .errors import CapacityError
 
 ALIGN = 1024  # region alignment: a multiple of TMA's 16 bytes and of a cache line
 MAX_CHANNELS = 64
@@ -139,6 +142,15 @@ class BufferLayout:
     def kernel_args(self) -> list[int]:
         offs = self.offsets()
         return [int(getattr(self, f)) for f in self.KERNEL_FIELDS] + [offs[k] for k in self.KERNEL_OFFSETS]
+
+    def check_capacity(self, totals: Sequence[int], output_layout: str) -> None:
+        """Raise CapacityError if a receiver's rows (``totals[r]``, from the exchanged counts
+        matrix, so every rank raises together) exceed the receive pool."""
+        for r, n in enumerate(int(t) for t in totals):
+            if n > self.recv_rows:
+                raise CapacityError(
+                    f"rank {r} would receive {n} rows ({output_layout}-major) but the receive pool holds "
+                    f"{self.recv_rows}: raise buffer.recv_capacity (0 = worst case)")
 
     def describe(self) -> list[tuple[str, int, int]]:
         """(region, offset, bytes) rows for ``symmoe size``."""

@@ -185,11 +185,7 @@ class _CudaProtocol(Protocol):
             totals = counts[:, 1:1 + W].astype(np.int64).sum(0)
         else:
             totals = ((per_expert + alignment - 1) // alignment * alignment).sum(1)
-        if totals.max(initial=0) > lay.recv_rows:
-            r = int(np.argmax(totals > lay.recv_rows))
-            raise CapacityError(
-                f"rank {r} would receive {int(totals[r])} rows ({output_layout}-major) but the receive pool holds "
-                f"{lay.recv_rows}: raise buffer.recv_capacity (0 = worst case)")
+        lay.check_capacity(totals.tolist(), output_layout)
         return totals, per_expert[self.rank].astype(np.int32)
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,

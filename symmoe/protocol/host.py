@@ -22,7 +22,6 @@ from __future__ import annotations
 import torch
 
 from .. import reference
-from ..errors import CapacityError
 from ..handle import DispatchHandle
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol
@@ -69,12 +68,7 @@ class _HostProtocol(Protocol):
             group_start = padded.cumsum(1) - padded  # [dst, L]
             start = group_start.unsqueeze(0) + (per_expert.cumsum(0) - per_expert)  # [src, dst, L]
             plan = {"totals": padded.sum(1), "start": start, "group": group, "group_start": group_start}
-        over = (plan["totals"] > lay.recv_rows).nonzero().flatten().tolist()
-        if over:
-            r = over[0]
-            raise CapacityError(
-                f"rank {r} would receive {int(plan['totals'][r])} rows ({output_layout}-major) but the "
-                f"receive pool holds {lay.recv_rows}: raise buffer.recv_capacity (0 = worst case)")
+        lay.check_capacity(plan["totals"].tolist(), output_layout)
         return plan
 
     def _send_list(self, topk_idx: torch.Tensor, dst: int, output_layout: str) -> list[tuple]:

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 
 from .. import build
-from ..errors import CapacityError, StallError
+from ..errors import StallError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..reference import DispatchLayout, RecvResult
@@ -252,12 +252,7 @@ class NvshmemPush(Protocol):
 
         # 2. offsets and capacity
         g = geometry(lay, me, counts, output_layout, alignment)
-        over = (g["totals"] > lay.recv_rows).nonzero().flatten().tolist()
-        if over:
-            r = over[0]
-            raise CapacityError(
-                f"rank {r} would receive {int(g['totals'][r])} rows ({output_layout}-major) but the "
-                f"receive pool holds {lay.recv_rows}: raise buffer.recv_capacity (0 = worst case)")
+        lay.check_capacity(g["totals"].tolist(), output_layout)
         rows = int(g["totals"][me])
         idx32 = topk_idx.to(torch.int32).contiguous()
         sent = int(g["send_cnt"].sum())
