@@ -8,7 +8,7 @@
 # most 8 files (what the device tool brings back): summary.txt, logs.tar.gz and the JSONs.
 # One call stays inside the 10-minute limit with e.g. "build test nccl", then "nvshmem bench ab".
 #   PYTEST_ARGS='-k pull' scripts/gpu_check.sh test      extra pytest arguments
-#   BENCH_WORLD_SIZES=1,4 BENCH_PROTOCOLS=pull,push BENCH_REPEATS=30   bench choices
+#   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_WORLD_SIZES=1,4 BENCH_PROTOCOLS=pull,push BENCH_REPEATS=30   bench choices
 # Later backends add their own sections in the case statement below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -59,9 +59,10 @@ for s in "${SECTIONS[@]}"; do
       [ "$rc" -ne 0 ] && status=1 ;;
     bench|bench-quick)
       ws=${BENCH_WORLD_SIZES:-1,4}; rep=${BENCH_REPEATS:-30}; protos=${BENCH_PROTOCOLS:-pull,push}
+      backends=${BENCH_BACKENDS:-torch,nvshmem,nccl}
       [ "$s" = bench-quick ] && { ws=1; rep=10; }
       export SYMMOE_BENCH_COMMAND="scripts/gpu_check.sh $s"
-      python3 -m symmoe.bench --world-sizes $ws --protocols $protos --repeats $rep --json "$LOG/bench.json" \
+      python3 -m symmoe.bench --backends $backends --world-sizes $ws --protocols $protos --repeats $rep --json "$LOG/bench.json" \
         2>&1 | tee "$LOG/bench.log"
       rc=${PIPESTATUS[0]}
       note "bench exit $rc"

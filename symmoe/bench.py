@@ -29,7 +29,7 @@ from typing import Any, Callable
 
 import torch
 
-from .config import Config, from_dict
+from .config import PROTOCOLS, Config, from_dict
 
 DEEPSEEK_V3 = {"buffer.max_tokens_per_rank": 4096, "buffer.hidden": 7168, "buffer.topk": 8,
                "buffer.num_experts": 256, "buffer.dtype": "bfloat16", "buffer.expert_alignment": 1}
@@ -173,6 +173,10 @@ def run_gpu_bench(config: Config, world_size: int = 1, tokens: int = 0, warmup: 
             "baselines": baselines, "sleep_cycles": int(sleep_us * 1e-6 * 1.98e9)}
     env = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
+    if config.backend == "nvshmem" and world_size > torch.cuda.device_count():
+        # Several PEs on one GPU run as NVSHMEM's full multi-process-per-GPU mode only when
+        # their MPS thread percentages sum to <= 100.
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, 100 // world_size))
     if world_size == 1:
         os.environ.update(env)
         ranks = [_bench_rank(0, 1, config.to_dict(), opts)]
@@ -208,14 +212,15 @@ def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]]) -> d
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = [f"{'proto':<5} {'W':>2} {'layout':<6} {'op':<8} {'us':>8} {'TB/s':>6} {'%roof':>6} {'torch us':>9} {'x torch':>7}"]
+    lines = [f"{'backend':<8} {'proto':<5} {'W':>2} {'layout':<6} {'op':<8} {'us':>8} {'TB/s':>6} {'%roof':>6} "
+             f"{'torch us':>9} {'x torch':>7}"]
     for r in results:
         for layout, row in r["layouts"].items():
             for op in ("dispatch", "combine"):
                 o = row[op]
                 tu = f"{o['torch_us']:.1f}" if "torch_us" in o else "-"
                 sp = f"{o['speedup_vs_torch']:.2f}" if "speedup_vs_torch" in o else "-"
-                lines.append(f"{r['protocol']:<5} {r['world_size']:>2} {layout:<6} {op:<8} {o['median_us']:>8.1f} "
+                lines.append(f"{r['backend']:<8} {r['protocol']:<5} {r['world_size']:>2} {layout:<6} {op:<8} {o['median_us']:>8.1f} "
                              f"{o['TBps']:>6.2f} {100 * o['ratio_roofline']:>5.1f}% {tu:>9} {sp:>7}")
     roofs = sorted({round(r['copy_roofline_TBps'], 2) for r in results})
     lines.append(f"copy roofline (read + write): {', '.join(map(str, roofs))} TB/s")
@@ -232,7 +237,8 @@ def _device_name() -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m symmoe.bench", description=__doc__.split("\n")[0])
     p.add_argument("--world-sizes", default="1", help="comma-separated local rank counts, e.g. 1,4")
-    p.add_argument("--protocols", default="pull", help="comma-separated: pull,push")
+    p.add_argument("--backends", default="torch", help="comma-separated: torch,nvshmem,nccl (same run, same shape)")
+    p.add_argument("--protocols", default="pull", help="comma-separated: pull,push (each backend runs those it has)")
     p.add_argument("--tokens", type=int, default=0)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=30)
@@ -241,11 +247,17 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     sms = a.num_sms or torch.cuda.get_device_properties(0).multi_processor_count
     results = []
-    for proto in a.protocols.split(","):
-        for ws in [int(v) for v in a.world_sizes.split(",")]:
-            cfg = bench_config(proto, sms)
-            results.append(run_gpu_bench(cfg, ws, a.tokens, a.warmup, a.repeats, baselines=(ws == 1)))
-            print(table(results[-1:]), flush=True)
+    for backend in a.backends.split(","):
+        for proto in a.protocols.split(","):
+            if proto not in PROTOCOLS[backend]:
+                continue
+            for ws in [int(v) for v in a.world_sizes.split(",")]:
+                if backend == "nccl" and ws > torch.cuda.device_count():
+                    print(f"skipping nccl at world size {ws}: NCCL needs one GPU per rank", flush=True)
+                    continue
+                cfg = bench_config(proto, sms, backend=backend)
+                results.append(run_gpu_bench(cfg, ws, a.tokens, a.warmup, a.repeats, baselines=(ws == 1)))
+                print(table(results[-1:]), flush=True)
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": os.environ.get("SYMMOE_COMMIT") or _git_commit(), "device": _device_name(),
            "torch": torch.__version__, "command": os.environ.get("SYMMOE_BENCH_COMMAND", " ".join(["python -m symmoe.bench", *(argv or [])])),
