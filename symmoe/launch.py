@@ -49,6 +49,11 @@ def free_port() -> int:
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, env: dict[str, str],
             results: Any, timeout_s: float) -> None:
     os.environ.update(env)
+    if "OMP_NUM_THREADS" not in os.environ:
+        # As torchrun does: ranks sharing the cores must not each run a full-width thread pool
+        # (host-backend calls were 10x slower oversubscribed, waiting on each other's barriers).
+        import torch
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
     dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
