@@ -1,7 +1,8 @@
 """Protocols: the algorithms that move rows over a SymmetricMemory.
 
-``host`` memory runs the plain-torch flow in ``host.py``; every GPU backend runs the CUDA
-kernels through ``cuda.py``. Which protocol runs comes from the config (push or pull).
+``host`` memory runs the plain-torch flow in ``host.py``; ``nvshmem`` memory its own push
+kernels on the NVSHMEM device API (``nvshmem.py``); ``torch`` and ``nccl`` memory the shared
+CUDA kernels over load/store peer pointers (``cuda.py``). Push or pull comes from the config.
 """
 from __future__ import annotations
 
