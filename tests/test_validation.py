@@ -41,7 +41,7 @@ def bad_dispatch_cases():
         ("x 3-d", (x.view(2, 3, H), idx, w), {}, "x must have 2 dimensions"),
         ("x wrong hidden", (torch.randn(6, H + 8).bfloat16(), idx, w), {}, "hidden size 72"),
         ("x not contiguous", (torch.randn(H, 6).bfloat16().t(), idx, w), {}, "contiguous"),
-        ("x numpy", (x.float().numpy(), idx, w), {}, "x must be a torch.Tensor"),
+        ("x a list", (x.tolist(), idx, w), {}, "x must be a torch.Tensor, got list"),
         ("too many tokens", (torch.randn(T + 1, H).bfloat16(), torch.zeros(T + 1, K, dtype=torch.long),
                              torch.rand(T + 1, K)), {}, "max_tokens_per_rank=48"),
         ("idx float", (x, idx.float(), w), {}, "topk_idx has dtype torch.float32"),
