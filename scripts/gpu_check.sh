@@ -8,6 +8,8 @@
 # most 8 files (what the device tool brings back): summary.txt, logs.tar.gz and the JSONs.
 # One call stays inside the 10-minute limit with e.g. "build test nccl", then "nvshmem bench ab".
 #   PYTEST_ARGS='-k pull' scripts/gpu_check.sh test      extra pytest arguments
+#   A test still running after $FAULT_S seconds (default 240) dumps every thread's stack
+#   into the log (pytest's faulthandler), so a hang leaves a trace, not silence.
 #   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_WORLD_SIZES=1,4 BENCH_PROTOCOLS=pull,push BENCH_REPEATS=30   bench choices
 # Later backends add their own sections in the case statement below.
 set -uo pipefail
@@ -53,7 +55,7 @@ for s in "${SECTIONS[@]}"; do
       sel=(tests/gpu/test_torch_backend.py)
       [ "$s" = test-quick ] && sel+=(-k "not 7168")
       eval "extra=(${PYTEST_ARGS:-})"  # keeps quoted -k expressions whole
-      python3 -m pytest -q -m gpu -rfE -p no:cacheprovider "${sel[@]}" "${extra[@]}" 2>&1 | tee "$LOG/pytest.log"
+      python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} "${sel[@]}" "${extra[@]}" 2>&1 | tee "$LOG/pytest.log"
       rc=${PIPESTATUS[0]}
       note "pytest (torch backend): $(tail -1 "$LOG/pytest.log")"
       [ "$rc" -ne 0 ] && status=1 ;;
@@ -76,7 +78,7 @@ for s in "${SECTIONS[@]}"; do
       if ! python3 -c "import symmoe.protocol.nvshmem as n; n.load_extension()" >"$LOG/nvshmem_build.log" 2>&1; then
         note "nvshmem build FAILED"; tail -50 "$LOG/nvshmem_build.log"; status=1; continue
       fi
-      python3 -m pytest -q -m gpu -rfE -p no:cacheprovider tests/gpu/test_nvshmem.py ${PYTEST_ARGS:-} 2>&1 | tee "$LOG/nvshmem_tests.log"
+      python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_nvshmem.py ${PYTEST_ARGS:-} 2>&1 | tee "$LOG/nvshmem_tests.log"
       rc=${PIPESTATUS[0]}
       note "pytest (nvshmem): $(tail -1 "$LOG/nvshmem_tests.log")"
       [ "$rc" -ne 0 ] && status=1
