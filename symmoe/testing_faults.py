@@ -23,13 +23,17 @@ def mismatched_configs(rank: int, world_size: int, config: dict[str, Any]) -> st
     return "no error"
 
 
+def _own_inputs(cfg, routing: Routing, num_tokens: int, rank: int, world_size: int, seed: int):
+    b = cfg.buffer
+    return make_inputs(routing, num_tokens=num_tokens, hidden=b.hidden, topk=b.topk, num_experts=b.num_experts,
+                       world_size=world_size, dtype=torch.bfloat16, seed=seed, ranks=[rank])[rank]
+
+
 def absent_rank(rank: int, world_size: int, config: dict[str, Any]) -> str:
     """The last rank never calls dispatch; the others must raise StallError."""
     cfg = from_dict(config)
-    b = cfg.buffer
     buf = Buffer(None, cfg)
-    inp = make_inputs(Routing("uniform"), num_tokens=8, hidden=b.hidden, topk=b.topk, num_experts=b.num_experts,
-                      world_size=world_size, dtype=torch.bfloat16, seed=3)[rank]
+    inp = _own_inputs(cfg, Routing("uniform"), 8, rank, world_size, seed=3)
     if rank == world_size - 1:
         import time
         time.sleep(cfg.kernel.timeout_s * 3)
@@ -46,9 +50,7 @@ def overflow(rank: int, world_size: int, config: dict[str, Any]) -> str:
     cfg = from_dict(config)
     b = cfg.buffer
     with Buffer(None, cfg) as buf:
-        inp = make_inputs(Routing("one_expert", expert=0), num_tokens=b.max_tokens_per_rank, hidden=b.hidden,
-                          topk=b.topk, num_experts=b.num_experts, world_size=world_size, dtype=torch.bfloat16,
-                          seed=4)[rank]
+        inp = _own_inputs(cfg, Routing("one_expert", expert=0), b.max_tokens_per_rank, rank, world_size, seed=4)
         try:
             buf.dispatch(inp.x, inp.topk_idx, inp.topk_weights)
         except CapacityError as e:
