@@ -9,7 +9,9 @@
 # One call stays inside the 10-minute limit with e.g. "build test nccl", then "nvshmem bench ab".
 #   PYTEST_ARGS='-k pull' scripts/gpu_check.sh test      extra pytest arguments
 #   A test still running after $FAULT_S seconds (default 240) dumps every thread's stack
-#   into the log (pytest's faulthandler), so a hang leaves a trace, not silence.
+#   into the log (pytest's faulthandler), so a hang leaves a trace, not silence. A pytest
+#   section still running after $TEST_LIMIT_S seconds (default 420) gets SIGINT, so the
+#   summary and logs still come back inside the device tool's 10-minute limit.
 #   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_WORLD_SIZES=1,4 BENCH_PROTOCOLS=pull,push BENCH_REPEATS=30   bench choices
 # Later backends add their own sections in the case statement below.
 set -uo pipefail
@@ -55,7 +57,7 @@ for s in "${SECTIONS[@]}"; do
       sel=(tests/gpu/test_torch_backend.py)
       [ "$s" = test-quick ] && sel+=(-k "not 7168")
       eval "extra=(${PYTEST_ARGS:-})"  # keeps quoted -k expressions whole
-      python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} "${sel[@]}" "${extra[@]}" 2>&1 | tee "$LOG/pytest.log"
+      timeout -s INT ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} "${sel[@]}" "${extra[@]}" 2>&1 | tee "$LOG/pytest.log"
       rc=${PIPESTATUS[0]}
       note "pytest (torch backend): $(tail -1 "$LOG/pytest.log")"
       [ "$rc" -ne 0 ] && status=1 ;;
@@ -78,7 +80,7 @@ for s in "${SECTIONS[@]}"; do
       if ! python3 -c "import symmoe.protocol.nvshmem as n; n.load_extension()" >"$LOG/nvshmem_build.log" 2>&1; then
         note "nvshmem build FAILED"; tail -50 "$LOG/nvshmem_build.log"; status=1; continue
       fi
-      python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_nvshmem.py ${PYTEST_ARGS:-} 2>&1 | tee "$LOG/nvshmem_tests.log"
+      timeout -s INT ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_nvshmem.py ${PYTEST_ARGS:-} 2>&1 | tee "$LOG/nvshmem_tests.log"
       rc=${PIPESTATUS[0]}
       note "pytest (nvshmem): $(tail -1 "$LOG/nvshmem_tests.log")"
       [ "$rc" -ne 0 ] && status=1
