@@ -60,6 +60,29 @@ def _time(fn: Callable[[], Any], warmup: int, repeats: int, sleep_cycles: int, s
     return out
 
 
+def kernel_breakdown(fn: Callable[[], Any], calls: int = 5) -> dict[str, float]:
+    """Device time per call of each kernel ``fn`` launches (CUDA profiler activity), in µs:
+    what the GPU itself spends, without the host gaps the event timings include."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for ev in prof.key_averages():
+        total = getattr(ev, "device_time_total", None)
+        if total is None:
+            total = getattr(ev, "cuda_time_total", 0.0)
+        if total <= 0 or ev.key.startswith("cuda") or ev.key.startswith("Activity"):
+            continue
+        name = ev.key.split("<")[0].split("(")[0].replace("void ", "").replace("symmoe::", "").strip()[:48]
+        out[name] = out.get(name, 0.0) + total / calls
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+
+
 def _stats(xs: list[float]) -> dict[str, float]:
     s = sorted(xs)
     return {"median_us": statistics.median(s) * 1e6, "p10_us": s[len(s) // 10] * 1e6, "p90_us": s[(9 * len(s)) // 10] * 1e6,
@@ -151,8 +174,9 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
                              - (1 if real < rows else 0))
             ys[layout] = recv.x
             api_d = _time(lambda: buf.dispatch(x, idx, w, output_layout=layout), 2, max(5, repeats // 3), sleep, sync)
+            kernels = {"dispatch": kernel_breakdown(dispatch), "combine": kernel_breakdown(combine)}
             res[layout] = {
-                "rows": rows, "real_rows": real,
+                "rows": rows, "real_rows": real, "kernels_us": kernels,
                 "dispatch": _stats(d), "combine": _stats(c), "api_dispatch": _stats(api_d),
                 "dispatch_bytes": (unique_src + rows) * rb, "combine_bytes": (real + T) * rb,
             }
@@ -213,15 +237,17 @@ def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]]) -> d
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = [f"{'backend':<8} {'proto':<5} {'W':>2} {'layout':<6} {'op':<8} {'us':>8} {'TB/s':>6} {'%roof':>6} "
-             f"{'torch us':>9} {'x torch':>7}"]
+             f"{'torch us':>9} {'x torch':>7} {'kern us':>8}  kernels (rank 0, device µs per call)"]
     for r in results:
         for layout, row in r["layouts"].items():
             for op in ("dispatch", "combine"):
                 o = row[op]
                 tu = f"{o['torch_us']:.1f}" if "torch_us" in o else "-"
                 sp = f"{o['speedup_vs_torch']:.2f}" if "speedup_vs_torch" in o else "-"
+                ks = r["ranks"][0][layout].get("kernels_us", {}).get(op, {})
+                kdesc = ", ".join(f"{k} {v:.0f}" for k, v in list(ks.items())[:4])
                 lines.append(f"{r['backend']:<8} {r['protocol']:<5} {r['world_size']:>2} {layout:<6} {op:<8} {o['median_us']:>8.1f} "
-                             f"{o['TBps']:>6.2f} {100 * o['ratio_roofline']:>5.1f}% {tu:>9} {sp:>7}")
+                             f"{o['TBps']:>6.2f} {100 * o['ratio_roofline']:>5.1f}% {tu:>9} {sp:>7} {sum(ks.values()):>8.1f}  {kdesc}")
     roofs = sorted({round(r['copy_roofline_TBps'], 2) for r in results})
     lines.append(f"copy roofline (read + write): {', '.join(map(str, roofs))} TB/s")
     return "\n".join(lines)
