@@ -43,8 +43,10 @@ struct Ctx {
   uint64_t timeout_ns;
   int grid;      // blocks of the persistent kernels (config kernel.num_sms, clamped to the device)
   int max_smem;  // opt-in shared memory per block
-  unsigned int* done;  // [4] grid completion counters, zeroed by the caller
+  unsigned int* done;  // [8] grid completion counters, zeroed by the caller (one per kernel kind)
   MoveCfg move;        // data kernels' bulk piece size and warps per block (for plan_bytes = 0)
+  int32_t* counts_host = nullptr;  // where a dispatch's routing kernels leave the counts matrix
+  int32_t* counts_snap = nullptr;
 
   Ctx(const std::vector<int64_t>& layout, int rank_, Transport tp_, uintptr_t err_dev, uintptr_t err_host_dev,
       double timeout_s, int num_sms, uintptr_t counters)
@@ -85,18 +87,22 @@ struct Ctx {
     st = std::max(st, static_smem(push_kernel<Transport>));
     st = std::max(st, static_smem(unpack_kernel<Transport>));
     st = std::max(st, static_smem(combine_send_kernel<Transport>));
-    st = std::max(st, static_smem(layout_kernel<Transport, int64_t>));
-    st = std::max(st, static_smem(layout_kernel<Transport, int32_t>));
+    st = std::max(st, static_smem(route_count_kernel<int64_t>));
+    st = std::max(st, static_smem(route_count_kernel<int32_t>));
+    st = std::max(st, static_smem(route_place_kernel<Transport, int64_t>));
+    st = std::max(st, static_smem(route_place_kernel<Transport, int32_t>));
     max_smem -= (st + 127) / 128 * 128;
     check(cudaFuncSetAttribute(pull_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "pull attr");
     check(cudaFuncSetAttribute(push_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "push attr");
     check(cudaFuncSetAttribute(unpack_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "unpack attr");
     check(cudaFuncSetAttribute(combine_send_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
           "combine attr");
-    check(cudaFuncSetAttribute(layout_kernel<Transport, int64_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
-          "layout attr");
-    check(cudaFuncSetAttribute(layout_kernel<Transport, int32_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
-          "layout attr");
+    check(cudaFuncSetAttribute(route_count_kernel<int64_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "route attr");
+    check(cudaFuncSetAttribute(route_count_kernel<int32_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "route attr");
+    check(cudaFuncSetAttribute(route_place_kernel<Transport, int64_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
+          "route attr");
+    check(cudaFuncSetAttribute(route_place_kernel<Transport, int32_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
+          "route attr");
   }
 
   // Warps per block that fit next to `plan` bytes of tables.
@@ -117,26 +123,59 @@ struct Ctx {
 
   Sync sync(int64_t epoch, int which) const { return Sync{rank, epoch, timeout_ns, err, err_host, done + which}; }
 
-  // Bytes of routing scratch the layout kernel needs; > max_smem: the caller passes global scratch.
-  int64_t layout_scratch_bytes() const { return int64_t(32 + 1) * (L.world_size + L.num_experts) * 4; }
+  // Routing: one chunk of tokens per block, at least 16 tokens a chunk. When the columns'
+  // per-warp tables do not fit in shared memory they go to global scratch, for at most 8 blocks.
+  int64_t route_columns() const { return L.world_size + L.num_experts; }
+  bool route_big() const { return int64_t(kRouteWarps + 1) * route_columns() * 4 > max_smem; }
+  int route_max_blocks() const { return route_big() ? std::min(grid, 8) : grid; }
+  int route_blocks(int64_t T) const {
+    return int(std::max<int64_t>(1, std::min<int64_t>(route_max_blocks(), (T + 15) / 16)));
+  }
+  // Bytes of global routing scratch the caller allocates once (RouteScratch).
+  int64_t layout_scratch_bytes() const {
+    const int64_t C = route_columns(), B = route_max_blocks();
+    return 4 * (B * C + C + (route_big() ? B * (kRouteWarps + 1) * C : 0));
+  }
 
-  void layout(uintptr_t idx, bool idx64, uintptr_t w, int64_t T, uintptr_t hist_global, uintptr_t in_rank,
-              uintptr_t per_rank, uintptr_t per_expert, bool publish, int64_t epoch, uintptr_t stream) {
-    const int64_t need = layout_scratch_bytes();
-    const size_t smem = hist_global ? 0 : size_t(need);
-    if (!hist_global && need > max_smem) throw std::invalid_argument("layout: routing scratch exceeds shared memory; pass hist_global");
-    if (idx64) {
-      RoutingArgs<int64_t> a{P<const int64_t>(idx), P<const float>(w), int(T), int(L.topk), int(L.world_size),
-                             int(L.num_experts), P<int32_t>(hist_global), nullptr, P<bool>(in_rank), nullptr, nullptr};
-      layout_kernel<Transport, int64_t><<<1, 1024, smem, S(stream)>>>(tp, L, a, P<int32_t>(per_rank), P<int32_t>(per_expert),
-                                                                     publish, sync(epoch, 0));
-    } else {
-      RoutingArgs<int32_t> a{P<const int32_t>(idx), P<const float>(w), int(T), int(L.topk), int(L.world_size),
-                             int(L.num_experts), P<int32_t>(hist_global), nullptr, P<bool>(in_rank), nullptr, nullptr};
-      layout_kernel<Transport, int32_t><<<1, 1024, smem, S(stream)>>>(tp, L, a, P<int32_t>(per_rank), P<int32_t>(per_expert),
-                                                                     publish, sync(epoch, 0));
+  template <typename Idx>
+  void route(const Idx* idx, const float* w, int64_t T, int32_t* scratch, bool* in_rank, int32_t* per_rank,
+             int32_t* per_expert, bool publish, int64_t epoch, cudaStream_t st) {
+    const int64_t C = route_columns();
+    const int B = route_blocks(T);
+    const bool big = route_big();
+    RouteScratch sc{scratch, scratch + int64_t(route_max_blocks()) * C,
+                    big ? scratch + int64_t(route_max_blocks()) * C + C : nullptr, counts_host, counts_snap};
+    RoutingArgs<Idx> a{idx, w, int(T), int(L.topk), int(L.world_size), int(L.num_experts), nullptr, in_rank, nullptr, nullptr};
+    if (publish) {
+      a.pub_idx = reinterpret_cast<int32_t*>(tp.local + L.in_idx);
+      a.pub_w = reinterpret_cast<float*>(tp.local + L.in_w);
     }
-    check(cudaGetLastError(), "layout_kernel launch");
+    route_count_kernel<Idx><<<B, kRouteThreads, big ? 0 : size_t(C * 4), st>>>(a, sc, per_rank, per_expert, err, done + 5);
+    check(cudaGetLastError(), "route_count_kernel launch");
+    if (!publish) return;
+    a.pub_idx = nullptr;
+    a.pub_w = nullptr;
+    a.in_rank = nullptr;
+    route_place_kernel<Transport, Idx><<<B, kRouteThreads, big ? 0 : size_t((kRouteWarps + 1) * C * 4), st>>>(
+        tp, L, a, sc, sync(epoch, 0));
+    check(cudaGetLastError(), "route_place_kernel launch");
+  }
+
+  // host: device-side address of host-mapped memory; snap: device memory; each [W][1 + W + E] int32.
+  void set_counts_outputs(uintptr_t host, uintptr_t snap) {
+    counts_host = P<int32_t>(host);
+    counts_snap = P<int32_t>(snap);
+  }
+
+  void layout(uintptr_t idx, bool idx64, uintptr_t w, int64_t T, uintptr_t scratch, uintptr_t in_rank,
+              uintptr_t per_rank, uintptr_t per_expert, bool publish, int64_t epoch, uintptr_t stream) {
+    if (!scratch) throw std::invalid_argument("layout: scratch of layout_scratch_bytes() bytes is required");
+    if (idx64)
+      route(P<const int64_t>(idx), P<const float>(w), T, P<int32_t>(scratch), P<bool>(in_rank), P<int32_t>(per_rank),
+            P<int32_t>(per_expert), publish, epoch, S(stream));
+    else
+      route(P<const int32_t>(idx), P<const float>(w), T, P<int32_t>(scratch), P<bool>(in_rank), P<int32_t>(per_rank),
+            P<int32_t>(per_expert), publish, epoch, S(stream));
   }
 
   static Outputs outputs(const py::dict& o) {
@@ -239,7 +278,8 @@ void bind_context(py::module_& m, Init init) {
       .def_readonly("grid", &C::grid)
       .def_readonly("max_smem", &C::max_smem)
       .def("layout_scratch_bytes", &C::layout_scratch_bytes)
-      .def("layout", &C::layout, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"), py::arg("hist"),
+      .def("set_counts_outputs", &C::set_counts_outputs, py::arg("host"), py::arg("snap"))
+      .def("layout", &C::layout, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"), py::arg("scratch"),
            py::arg("in_rank"), py::arg("per_rank"), py::arg("per_expert"), py::arg("publish"), py::arg("epoch"),
            py::arg("stream"))
       .def("pull", &C::pull, py::arg("self_x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),

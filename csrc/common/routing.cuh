@@ -1,12 +1,17 @@
-// Routing layout of one rank's topk_idx, computed by one block: tokens per rank, pairs per
-// expert, is_token_in_rank, and each pair's position among the pairs of its column (the
-// order receivers use: by token). With the exchanged counts these positions give every row's
-// destination, for push (senders) and pull (receivers) alike.
+// Routing layout of one rank's topk_idx: tokens per rank, pairs per expert, is_token_in_rank,
+// and each pair's position among the pairs of its column (the order receivers use: by
+// token). With the exchanged counts these positions give every row's destination, for push
+// (senders) and pull (receivers) alike.
 //
 // Columns: c < W are ranks (a token counts once per rank: at its first slot owned by that
-// rank), c = W + e are experts. Pairs (t, k) are walked flattened, p = t * K + k, in chunks
-// of 32 per warp; __match_any_sync ranks equal columns inside a chunk. Because an expert (and,
-// by the first-slot rule, a rank) occurs at most once per token, rank by p equals rank by t.
+// rank), c = W + e are experts. The tokens are split into one chunk per block, in two passes
+// so that every block works at once (one block walking all T*K pairs took ~100 us):
+//   count  (route_count_chunk)  each block counts its chunk's columns -> part[b][C];
+//   place  (route_place_chunk)  each block starts from the columns' counts in the chunks
+//                               before it and numbers its own pairs in token order.
+// Inside a chunk, pairs are walked flattened, p = t * K + k, 32 per warp step;
+// __match_any_sync ranks equal columns inside a step. Because an expert (and, by the
+// first-slot rule, a rank) occurs at most once per token, rank by p equals rank by t.
 #pragma once
 #include <cstdint>
 
@@ -19,11 +24,17 @@ struct RoutingArgs {
   const Idx* idx;        // [T, K]
   const float* w;        // [T, K] (published when pub_w != nullptr)
   int T, K, W, E;
-  int32_t* hist;         // [nwarps][W + E] scratch (shared or global), then [W + E] totals after it
   int32_t* pos;          // [T][W + K] positions (nullptr: counts only)
-  bool* in_rank;         // [T][W], zeroed by the caller (nullptr: skip)
+  bool* in_rank;         // [T][W], every entry written (nullptr: skip)
   int32_t* pub_idx;      // [T, K] int32 copy (nullptr: skip)
   float* pub_w;          // [T, K] copy (nullptr: skip)
+
+  __device__ __forceinline__ int columns() const { return W + E; }
+  // Block b's tokens [first, last): contiguous chunks, the same split in both passes.
+  __device__ __forceinline__ int chunk_begin(int b) const {
+    const int per = (T + int(gridDim.x) - 1) / int(gridDim.x);
+    return min(T, b * per);
+  }
 };
 
 template <typename Idx>
@@ -35,32 +46,63 @@ __device__ __forceinline__ bool first_slot_of_owner(const Idx* row, int k, int o
   return true;
 }
 
-// Whole block calls. Returns a pointer to the [W + E] totals (inside a.hist's allocation).
+// Pass 1, whole block: this block's chunk -> cnt[C] (shared, zeroed here); publishes the
+// int32 ids / weights and writes is_token_in_rank for the chunk.
 template <typename Idx>
-__device__ int32_t* routing_block(const RoutingArgs<Idx>& a) {
+__device__ void route_count_chunk(const RoutingArgs<Idx>& a, int32_t* cnt) {
+  const int C = a.columns(), L = a.E / a.W;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) cnt[c] = 0;
+  __syncthreads();
+  const int t0 = a.chunk_begin(blockIdx.x), t1 = a.chunk_begin(blockIdx.x + 1);
+  for (int64_t p = int64_t(t0) * a.K + threadIdx.x; p < int64_t(t1) * a.K; p += blockDim.x) {
+    const int t = int(p / a.K), k = int(p % a.K);
+    const int e = static_cast<int>(a.idx[p]);
+    if (a.pub_idx) {
+      a.pub_idx[p] = e;
+      a.pub_w[p] = a.w[p];
+    }
+    if (e < 0) continue;
+    atomicAdd(&cnt[a.W + e], 1);
+    const int o = e / L;
+    if (first_slot_of_owner(a.idx + int64_t(t) * a.K, k, o, L)) atomicAdd(&cnt[o], 1);
+  }
+  if (a.in_rank) {
+    for (int64_t i = int64_t(t0) * a.W + threadIdx.x; i < int64_t(t1) * a.W; i += blockDim.x) {
+      const int t = int(i / a.W), o = int(i % a.W);
+      bool hit = false;
+      for (int k = 0; k < a.K; ++k) {
+        const int e = static_cast<int>(a.idx[int64_t(t) * a.K + k]);
+        hit = hit || (e >= 0 && e / L == o);
+      }
+      a.in_rank[i] = hit;
+    }
+  }
+  __syncthreads();
+}
+
+// Pass 2, whole block: positions of this block's pairs. base[C]: pairs of each column in
+// the chunks before this one. hist: [nwarps][C] scratch (shared, or global when C is large).
+template <typename Idx>
+__device__ void route_place_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int32_t* hist) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-  const int C = a.W + a.E, L = a.E / a.W, PC = a.W + a.K;
-  int32_t* totals = a.hist + int64_t(nw) * C;
-  for (int i = tid; i < nw * C; i += blockDim.x) a.hist[i] = 0;
+  const int C = a.columns(), L = a.E / a.W, PC = a.W + a.K;
+  for (int i = tid; i < nw * C; i += blockDim.x) hist[i] = 0;
   __syncthreads();
 
-  const int per_warp = (a.T + nw - 1) / nw;
-  const int64_t t0 = min(a.T, warp * per_warp), t1 = min(a.T, int(t0) + per_warp);
+  const int c0 = a.chunk_begin(blockIdx.x), c1 = a.chunk_begin(blockIdx.x + 1);
+  const int per_warp = (c1 - c0 + nw - 1) / nw;
+  const int64_t t0 = min(c1, c0 + warp * per_warp), t1 = min(int64_t(c1), t0 + per_warp);
   const int64_t p0 = t0 * a.K, p1 = t1 * a.K;
-  int32_t* h = a.hist + int64_t(warp) * C;
+  int32_t* h = hist + int64_t(warp) * C;
 
-  // Phase 1: positions inside this warp's chunk; per-warp column counts.
-  for (int64_t base = p0; base < p1; base += 32) {
-    const int64_t p = base + lane;
+  // Positions inside this warp's tokens; per-warp column counts.
+  for (int64_t start = p0; start < p1; start += 32) {
+    const int64_t p = start + lane;
     const bool valid = p < p1;
     const int t = valid ? int(p / a.K) : 0, k = valid ? int(p % a.K) : 0;
     const int e = valid ? static_cast<int>(a.idx[p]) : -1;
     const int o = e >= 0 ? e / L : -1;
     const bool first = o >= 0 && first_slot_of_owner(a.idx + int64_t(t) * a.K, k, o, L);
-    if (valid && a.pub_idx) {
-      a.pub_idx[p] = e;
-      a.pub_w[p] = a.w[p];
-    }
     const int ce = e >= 0 ? a.W + e : -1;
     const int cr = first ? o : -1;
     const uint32_t me = __match_any_sync(0xffffffffu, ce);
@@ -71,41 +113,33 @@ __device__ int32_t* routing_block(const RoutingArgs<Idx>& a) {
     if (ce >= 0 && lane == 31 - __clz(me)) h[ce] = be + __popc(me);
     if (cr >= 0 && lane == 31 - __clz(mr)) h[cr] = br + __popc(mr);
     __syncwarp();
-    if (a.pos) {
-      if (ce >= 0) a.pos[int64_t(t) * PC + a.W + k] = be + __popc(me & lanemask_lt());
-      if (cr >= 0) a.pos[int64_t(t) * PC + o] = br + __popc(mr & lanemask_lt());
-    }
-    if (cr >= 0 && a.in_rank) a.in_rank[int64_t(t) * a.W + o] = true;
+    if (ce >= 0) a.pos[int64_t(t) * PC + a.W + k] = be + __popc(me & lanemask_lt());
+    if (cr >= 0) a.pos[int64_t(t) * PC + o] = br + __popc(mr & lanemask_lt());
   }
   __syncthreads();
 
-  // Phase 2: exclusive scan of each column over the warps; totals.
+  // Each warp's start in each column: the earlier chunks, then the earlier warps.
   for (int c = tid; c < C; c += blockDim.x) {
-    int32_t run = 0;
+    int32_t run = base[c];
     for (int w = 0; w < nw; ++w) {
-      const int32_t v = a.hist[int64_t(w) * C + c];
-      a.hist[int64_t(w) * C + c] = run;
+      const int32_t v = hist[int64_t(w) * C + c];
+      hist[int64_t(w) * C + c] = run;
       run += v;
     }
-    totals[c] = run;
   }
   __syncthreads();
 
-  // Phase 3: add each warp's column bases to its positions.
-  if (a.pos) {
-    for (int64_t base = p0; base < p1; base += 32) {
-      const int64_t p = base + lane;
-      if (p >= p1) continue;
-      const int t = int(p / a.K), k = int(p % a.K);
-      const int e = static_cast<int>(a.idx[p]);
-      if (e < 0) continue;
-      const int o = e / L;
-      a.pos[int64_t(t) * PC + a.W + k] += h[a.W + e];
-      if (first_slot_of_owner(a.idx + int64_t(t) * a.K, k, o, L)) a.pos[int64_t(t) * PC + o] += h[o];
-    }
+  for (int64_t start = p0; start < p1; start += 32) {
+    const int64_t p = start + lane;
+    if (p >= p1) continue;
+    const int t = int(p / a.K), k = int(p % a.K);
+    const int e = static_cast<int>(a.idx[p]);
+    if (e < 0) continue;
+    const int o = e / L;
+    a.pos[int64_t(t) * PC + a.W + k] += h[a.W + e];
+    if (first_slot_of_owner(a.idx + int64_t(t) * a.K, k, o, L)) a.pos[int64_t(t) * PC + o] += h[o];
   }
   __syncthreads();
-  return totals;
 }
 
 }  // namespace symmoe

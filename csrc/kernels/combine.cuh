@@ -44,24 +44,31 @@ __global__ void __launch_bounds__(1024) combine_send_kernel(Transport tp, Layout
   mv.init(smem_raw + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes,
           MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
   if (!dead) {
+    // Warp w owns rows w, w + nwt, ... as before; their metadata is read 32 rows at a time
+    // (one per lane), so own rows cost one store each instead of a serial round trip.
     const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
-    for (int64_t i = gw; i < rr.rows; i += nwt) {
-      const int s = rr.src_rank[i];
-      if (s < 0 || s >= W) continue;  // padding row
-      const int64_t slot = int64_t(rr.src_token[i]) * S + rr.src_slot[i];
-      if (s == me) {
-        if (lane == 0) selfmap[slot] = int32_t(i);
-        continue;
-      }
-      if (rw != nullptr && lane < K)
-        reinterpret_cast<float*>(tp.map(s, L.combine_w))[slot * K + lane] = rw[i * K + lane];
-      uint8_t* dst = tp.map(s, L.combine_x) + slot * rb;
-      const uint8_t* src = y + i * rb;
-      for (int64_t off = 0; off < rb; off += mc.slot_bytes) {
-        const uint32_t bytes = uint32_t(min(int64_t(mc.slot_bytes), rb - off));
-        if (lane == 0) mv.next_dsts()[0] = dst + off;
-        __syncwarp();
-        mv.push(src + off, 1, bytes);
+    for (int64_t first = gw; first < rr.rows; first += 32 * nwt) {
+      const int64_t i = first + lane * nwt;
+      const int s = i < rr.rows ? rr.src_rank[i] : -1;
+      const bool ok = s >= 0 && s < W;  // else padding row or past the end
+      const int64_t slot = ok ? int64_t(rr.src_token[i]) * S + rr.src_slot[i] : 0;
+      if (ok && s == me) selfmap[slot] = int32_t(i);
+      uint32_t remote = __ballot_sync(0xffffffffu, ok && s != me);
+      while (remote) {
+        const int l = __ffs(remote) - 1;
+        remote &= remote - 1;
+        const int64_t ri = __shfl_sync(0xffffffffu, i, l), rslot = __shfl_sync(0xffffffffu, slot, l);
+        const int rs = __shfl_sync(0xffffffffu, s, l);
+        if (rw != nullptr && lane < K)
+          reinterpret_cast<float*>(tp.map(rs, L.combine_w))[rslot * K + lane] = rw[ri * K + lane];
+        uint8_t* dst = tp.map(rs, L.combine_x) + rslot * rb;
+        const uint8_t* src = y + ri * rb;
+        for (int64_t off = 0; off < rb; off += mc.slot_bytes) {
+          const uint32_t bytes = uint32_t(min(int64_t(mc.slot_bytes), rb - off));
+          if (lane == 0) mv.next_dsts()[0] = dst + off;
+          __syncwarp();
+          mv.push(src + off, 1, bytes);
+        }
       }
     }
   }
@@ -165,7 +172,8 @@ __global__ void __launch_bounds__(kReduceThreads) combine_reduce_kernel(Transpor
         for (int u = 0; u < U; ++u)
 #pragma unroll
           for (int i = 0; i < V; ++i) acc[u][i] = 0.f;
-        for (int j = 0; j < n; ++j) {
+#pragma unroll 4
+        for (int j = 0; j < n; ++j) {  // unrolled: loads of several slots in flight, adds stay in order
           const int4* src = reinterpret_cast<const int4*>(ptrs[j]);
           int4 raw[U];
 #pragma unroll

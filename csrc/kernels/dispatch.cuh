@@ -1,8 +1,9 @@
 // Dispatch kernels, templates on the device transport (csrc/common/transport.cuh):
 //
-//   layout_kernel   one block: routing counts and positions of this rank's tokens; for a
-//                   dispatch it also publishes topk (int32) / weights / positions in the input
-//                   region, stores its counts row into every peer, and runs the barrier
+//   route_count_kernel / route_place_kernel   routing counts and positions of this rank's
+//                   tokens (csrc/common/routing.cuh), one chunk of tokens per block; for a
+//                   dispatch they publish topk (int32) / weights / positions in the input
+//                   region, store this rank's counts row into every peer, and run the barrier
 //                   "dispatch.counts".
 //   pull_kernel     receivers fetch the rows meant for them from every source's input region
 //                   with bulk copies (peer global -> shared -> local output), write metadata and
@@ -46,38 +47,81 @@ struct Outputs {  // a receiver's output tensors (worst-case sized by the host)
 };
 
 // ---------------------------------------------------------------------------------------
+constexpr int kRouteThreads = 256;
+constexpr int kRouteWarps = kRouteThreads / 32;
+
+struct RouteScratch {  // global scratch of the two routing kernels (sized by the host)
+  int32_t* part;    // [blocks][C] each chunk's column counts
+  int32_t* totals;  // [C] this rank's column totals
+  int32_t* big;     // nullptr, or [blocks][kRouteWarps + 1][C] when C is too large for shared memory
+  int32_t* counts_host;  // host-mapped copy of the whole counts matrix after the barrier (or nullptr)
+  int32_t* counts_snap;  // device copy of it, for kernels that run after peers moved on (or nullptr)
+};
+
+// Pass 1 (grid of blocks, one chunk of tokens each): column counts per chunk, the published
+// int32 ids / weights, is_token_in_rank; the last block to finish sums the chunks' counts.
+template <typename Idx>
+__global__ void __launch_bounds__(kRouteThreads) route_count_kernel(RoutingArgs<Idx> a, RouteScratch sc,
+                                                                   int32_t* out_per_rank, int32_t* out_per_expert,
+                                                                   ErrorWord* err, unsigned int* done) {
+  const int C = a.columns();
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = error_set(err);
+  __syncthreads();
+  if (dead) return;  // an earlier wait failed (the same for every block): the host raises
+  int32_t* part = sc.part + int64_t(blockIdx.x) * C;
+  int32_t* cnt = sc.big ? part : reinterpret_cast<int32_t*>(dyn_smem());
+  route_count_chunk(a, cnt);
+  if (!sc.big)
+    for (int c = threadIdx.x; c < C; c += blockDim.x) part[c] = cnt[c];
+  if (!grid_last_block(done)) return;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    int32_t sum = 0;
+    for (int b = 0; b < int(gridDim.x); ++b) sum += __ldcg(sc.part + int64_t(b) * C + c);
+    sc.totals[c] = sum;
+    if (c < a.W) {
+      if (out_per_rank) out_per_rank[c] = sum;
+    } else if (out_per_expert) {
+      out_per_expert[c - a.W] = sum;
+    }
+  }
+}
+
+// Pass 2 (same grid): every pair's position in its column, published in the input region;
+// the last block stores this rank's counts row into every peer and runs "dispatch.counts".
 template <class Transport, typename Idx>
-__global__ void __launch_bounds__(1024) layout_kernel(Transport tp, Layout L, RoutingArgs<Idx> a,
-                                                      int32_t* out_per_rank, int32_t* out_per_expert,
-                                                      bool publish, Sync sy) {
-  uint8_t* smem_raw = dyn_smem();
-  if (a.hist == nullptr) a.hist = reinterpret_cast<int32_t*>(smem_raw);
+__global__ void __launch_bounds__(kRouteThreads) route_place_kernel(Transport tp, Layout L, RoutingArgs<Idx> a,
+                                                                   RouteScratch sc, Sync sy) {
+  const int C = a.columns();
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
-  if (dead) return;  // an earlier wait failed: the buffer is unusable, the host raises
-  if (publish) {
-    a.pub_idx = reinterpret_cast<int32_t*>(tp.local + L.in_idx);
-    a.pub_w = reinterpret_cast<float*>(tp.local + L.in_w);
-    a.pos = reinterpret_cast<int32_t*>(tp.local + L.in_pos);
-  }
-  const int32_t* totals = routing_block(a);
-  const int C = a.W + a.E;
+  if (dead) return;
+  int32_t* base = sc.big ? sc.big + int64_t(blockIdx.x) * (kRouteWarps + 1) * C : reinterpret_cast<int32_t*>(dyn_smem());
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    if (c < a.W) {
-      if (out_per_rank) out_per_rank[c] = totals[c];
-    } else if (out_per_expert) {
-      out_per_expert[c - a.W] = totals[c];
-    }
+    int32_t sum = 0;
+    for (int b = 0; b < int(blockIdx.x); ++b) sum += sc.part[int64_t(b) * C + c];
+    base[c] = sum;
   }
-  if (!publish) return;
+  __syncthreads();
+  a.pos = reinterpret_cast<int32_t*>(tp.local + L.in_pos);
+  route_place_chunk(a, base, base + C);
+  if (!grid_last_block(sy.done)) return;
   const int64_t row = 1 + C;
   for (int64_t i = threadIdx.x; i < int64_t(a.W) * row; i += blockDim.x) {
     const int p = int(i / row), c = int(i % row);
     int32_t* dst = reinterpret_cast<int32_t*>(tp.map(p, L.counts)) + int64_t(sy.rank) * row + c;
-    *dst = c == 0 ? a.T : totals[c - 1];
+    *dst = c == 0 ? a.T : sc.totals[c - 1];
   }
   block_barrier(tp, sy.rank, a.W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageDispatchCounts);
+  // Every row has arrived: hand the matrix to the host (mapped memory: no copy launch) and
+  // to the snapshot, before a peer's next dispatch can overwrite it.
+  const int32_t* m = reinterpret_cast<const int32_t*>(tp.local + L.counts);
+  for (int64_t i = threadIdx.x; i < int64_t(a.W) * row; i += blockDim.x) {
+    const int32_t v = __ldcg(m + i);
+    if (sc.counts_host) sc.counts_host[i] = v;
+    if (sc.counts_snap) sc.counts_snap[i] = v;
+  }
 }
 
 // Zero-filled padding rows of the expert-major output (ids -1, weights 0, sources -1).
@@ -133,7 +177,57 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes,
           MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
 
-  if (run) {
+  if (run && !expert_major) {
+    // Rank-major: one output row per token. Warp w owns tokens w, w + nwt, ...; it reads
+    // their routing 32 tokens at a time (one per lane) and writes their metadata, then
+    // issues the row copies back to back, so no load waits on a metadata round trip.
+    const int64_t total_tokens = pl.tstart[W];
+    const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
+    for (int64_t first = gw; first < total_tokens; first += 32 * nwt) {
+      const int64_t g = first + lane * nwt;
+      int64_t row = -1;
+      const uint8_t* src = nullptr;
+      if (g < total_tokens) {
+        const int s = pl.source_of_token(g, W);
+        const int64_t t = g - pl.tstart[s];
+        const int32_t* sidx = reinterpret_cast<const int32_t*>(tp.map(s, L.in_idx)) + t * K;
+        bool mine = false;
+        for (int k = 0; k < K; ++k) {
+          const int e = sidx[k];
+          mine = mine || (e >= 0 && e / Le == r);
+        }
+        if (mine) row = pl.rbase[s] + reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos))[t * PC + r];
+        if (row >= rows) row = -1;  // only with corrupt inputs; never write out of bounds
+        if (row >= 0) {
+          const float* sw = reinterpret_cast<const float*>(tp.map(s, L.in_w)) + t * K;
+          for (int k = 0; k < K; ++k) {
+            const int e = sidx[k];
+            const bool own = e >= 0 && e / Le == r;
+            o.idx[row * K + k] = own ? int64_t(e - r * Le) : -1;
+            o.w[row * K + k] = own ? sw[k] : 0.f;
+          }
+          o.src_rank[row] = s;
+          o.src_token[row] = int32_t(t);
+          o.src_slot[row] = r;
+          src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb;
+        }
+      }
+      uint32_t todo = __ballot_sync(0xffffffffu, row >= 0);
+      while (todo) {
+        const int l = __ffs(todo) - 1;
+        todo &= todo - 1;
+        const int64_t drow = __shfl_sync(0xffffffffu, row, l);
+        const uint8_t* dsrc = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(src), l));
+        for (int64_t off = 0; off < rb; off += mc.slot_bytes) {
+          const uint32_t bytes = uint32_t(min(int64_t(mc.slot_bytes), rb - off));
+          if (lane == 0) mv.next_dsts()[0] = o.x + drow * rb + off;
+          __syncwarp();
+          mv.push(dsrc + off, 1, bytes);
+        }
+      }
+    }
+  }
+  if (run && expert_major) {
     const int64_t total_tokens = pl.tstart[W];
     const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
     for (int64_t g = gw; g < total_tokens; g += nwt) {
@@ -146,51 +240,31 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
       const bool mine = e >= 0 && e / Le == r;
       const uint32_t bal = __ballot_sync(0xffffffffu, mine);
       if (bal == 0) continue;
-      int64_t my_row = -1;  // lane k: destination row of slot k (expert-major); lane 0: the row (rank-major)
-      int ndst;
-      if (!expert_major) {
-        int64_t row = 0;
-        if (lane == 0) row = pl.rbase[s] + spos[r];
-        row = __shfl_sync(0xffffffffu, row, 0);
-        if (row >= rows) continue;  // only with corrupt inputs; never write out of bounds
-        if (lane < K) {
-          o.idx[row * K + lane] = mine ? int64_t(e - r * Le) : -1;
-          o.w[row * K + lane] = mine ? sw[lane] : 0.f;
-        }
-        if (lane == 0) {
-          o.src_rank[row] = s;
-          o.src_token[row] = int32_t(t);
-          o.src_slot[row] = r;
-        }
-        my_row = lane == 0 ? row : -1;
-        ndst = 1;
-      } else {
-        if (mine) {
-          const int j = e - r * Le;
-          my_row = pl.src_offset(counts, L, r, s, j) + spos[W + lane];
-          if (my_row >= rows) my_row = -1;
-        }
-        const uint32_t ok = __ballot_sync(0xffffffffu, my_row >= 0);
-        if (my_row >= 0) {
-          o.idx[my_row] = e - r * Le;
-          o.w[my_row] = sw[lane];
-          o.src_rank[my_row] = s;
-          o.src_token[my_row] = int32_t(t);
-          o.src_slot[my_row] = lane;
-        }
-        // compact the destinations into lanes 0..n-1 (lane i takes the i-th set lane)
-        const int n = __popc(ok);
-        const int from = lane < n ? int(__fns(ok, 0, lane + 1)) : 0;
-        my_row = __shfl_sync(0xffffffffu, my_row, from);
-        ndst = n;
-        if (n == 0) continue;
+      int64_t my_row = -1;  // lane k: destination row of slot k
+      if (mine) {
+        const int j = e - r * Le;
+        my_row = pl.src_offset(counts, L, r, s, j) + spos[W + lane];
+        if (my_row >= rows) my_row = -1;
       }
+      const uint32_t ok = __ballot_sync(0xffffffffu, my_row >= 0);
+      if (my_row >= 0) {
+        o.idx[my_row] = e - r * Le;
+        o.w[my_row] = sw[lane];
+        o.src_rank[my_row] = s;
+        o.src_token[my_row] = int32_t(t);
+        o.src_slot[my_row] = lane;
+      }
+      // compact the destinations into lanes 0..n-1 (lane i takes the i-th set lane)
+      const int n = __popc(ok);
+      const int from = lane < n ? int(__fns(ok, 0, lane + 1)) : 0;
+      my_row = __shfl_sync(0xffffffffu, my_row, from);
+      if (n == 0) continue;
       const uint8_t* src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb;
       for (int64_t off = 0; off < rb; off += mc.slot_bytes) {
         const uint32_t bytes = uint32_t(min(int64_t(mc.slot_bytes), rb - off));
-        if (lane < ndst) mv.next_dsts()[lane] = o.x + my_row * rb + off;
+        if (lane < n) mv.next_dsts()[lane] = o.x + my_row * rb + off;
         __syncwarp();
-        mv.push(src + off, ndst, bytes);
+        mv.push(src + off, n, bytes);
       }
     }
   }

@@ -1,8 +1,8 @@
 """push and pull on the GPU: the flow of ``host.py``, run by the CUDA kernels in ``csrc/``.
 
 dispatch (both protocols)
-  1. ``layout`` kernel (one block): routing counts and each (token, rank) / (token, slot)
-     position among this rank's tokens; publishes topk (int32), weights and positions in the
+  1. routing kernels (one chunk of tokens per block, two passes): routing counts and each
+     (token, rank) / (token, slot) position among this rank's tokens; publishes topk (int32), weights and positions in the
      ``input`` region, stores its counts row into every peer, barrier "dispatch.counts".
      Pull also publishes x there when there are peers (see the zero-copy notes).
   2. the counts matrix is copied to pinned host memory; the data kernel is launched right
@@ -88,17 +88,18 @@ class _CudaProtocol(Protocol):
         self._epoch = 0
         W, E, S = layout.world_size, layout.num_experts, layout.combine_slots
         self._selfmap = torch.empty(max(1, layout.max_tokens * S), dtype=torch.int32, device=self.device)
-        need = self.ctx.layout_scratch_bytes()
-        self._hist = (torch.empty(need // 4, dtype=torch.int32, device=self.device)
-                      if need > self.ctx.max_smem else None)
-        self._counts_host = torch.empty((W, 1 + W + E), dtype=torch.int32, pin_memory=True)
-        self._counts_np = self._counts_host.numpy()
+        self._route_scratch = torch.empty(self.ctx.layout_scratch_bytes() // 4, dtype=torch.int32, device=self.device)
+        # The routing kernel leaves the exchanged counts matrix in host-mapped memory (and, for
+        # push, a device snapshot): no copy launches between the routing and the data kernels.
+        cells = W * (1 + W + E)
+        self._counts_mapped = self.mod.host_alloc_mapped(4 * cells)
+        self._counts_np = np.ctypeslib.as_array((ctypes.c_int32 * cells).from_address(self._counts_mapped[0])).reshape(W, 1 + W + E)
         self._counts_event = torch.cuda.Event()
         self._counts_snap = torch.empty((W, 1 + W + E), dtype=torch.int32, device=self.device)
+        self.ctx.set_counts_outputs(self._counts_mapped[1], self._counts_snap.data_ptr() if self.name == "push" else 0)
         offs = layout.offsets()
         self._offs = offs
         self._base = mem.local.data_ptr()
-        self._counts_dev = self._region("counts", torch.int32, (W, 1 + W + E))
         self._closed = False
 
     # -- helpers ---------------------------------------------------------------------------
@@ -144,7 +145,7 @@ class _CudaProtocol(Protocol):
                 per_rank: torch.Tensor | None, per_expert: torch.Tensor | None, in_rank: torch.Tensor) -> None:
         epoch = self._next_epoch() if publish else 0
         self.ctx.layout(_ptr(topk_idx), topk_idx.dtype == torch.int64, _ptr(topk_weights), topk_idx.shape[0],
-                        _ptr(self._hist), _ptr(in_rank), _ptr(per_rank), _ptr(per_expert), publish, epoch,
+                        _ptr(self._route_scratch), _ptr(in_rank), _ptr(per_rank), _ptr(per_expert), publish, epoch,
                         self._stream().cuda_stream)
 
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:
@@ -152,7 +153,7 @@ class _CudaProtocol(Protocol):
         W, E, T = self.layout.world_size, self.layout.num_experts, topk_idx.shape[0]
         per_rank = torch.empty(W, dtype=torch.int32, device=self.device)
         per_expert = torch.empty(E, dtype=torch.int32, device=self.device)
-        in_rank = torch.zeros((T, W), dtype=torch.bool, device=self.device)
+        in_rank = torch.empty((T, W), dtype=torch.bool, device=self.device)  # the kernel writes every entry
         self._layout(topk_idx.contiguous(), None, False, per_rank, per_expert, in_rank)
         return DispatchLayout(per_rank, per_expert, in_rank)
 
@@ -206,16 +207,13 @@ class _CudaProtocol(Protocol):
         out = self._outputs(cap, output_layout, x.dtype)
         args = {k: _ptr(v) for k, v in out.items()}
         args["capacity"] = cap
-        in_rank = torch.zeros((T, W), dtype=torch.bool, device=self.device)
-        counts_dev = self._counts_dev
+        in_rank = torch.empty((T, W), dtype=torch.bool, device=self.device)
         self._layout(topk_idx, topk_weights, True, None, None, in_rank)
-        self._counts_host.copy_(counts_dev, non_blocking=True)
         self._counts_event.record(stream)
         epoch = self._next_epoch()
         if self.name == "pull":
             self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
         else:
-            self._counts_snap.copy_(counts_dev)  # unpack runs after peers may move on
             self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)
             self.ctx.unpack(_ptr(self._counts_snap), args, expert_major, alignment, sp)
 
@@ -264,10 +262,11 @@ class _CudaProtocol(Protocol):
             torch.cuda.synchronize(self.device)
         except Exception:
             pass
-        try:
-            self.mod.host_free(self._err[0])
-        except Exception:
-            pass
+        for h in (self._err[0], getattr(self, "_counts_mapped", (0, 0))[0]):
+            try:
+                self.mod.host_free(h)
+            except Exception:
+                pass
 
     def __del__(self) -> None:
         try:
