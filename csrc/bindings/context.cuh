@@ -123,13 +123,14 @@ struct Ctx {
 
   Sync sync(int64_t epoch, int which) const { return Sync{rank, epoch, timeout_ns, err, err_host, done + which}; }
 
-  // Routing: one chunk of tokens per block, at least 16 tokens a chunk. When the columns'
+  // Routing: one chunk of tokens per block, at least 128 tokens a chunk (fewer chunks: the
+  // serial sums over chunks stay short). When the columns'
   // per-warp tables do not fit in shared memory they go to global scratch, for at most 8 blocks.
   int64_t route_columns() const { return L.world_size + L.num_experts; }
   bool route_big() const { return int64_t(kRouteWarps + 1) * route_columns() * 4 > max_smem; }
   int route_max_blocks() const { return route_big() ? std::min(grid, 8) : grid; }
   int route_blocks(int64_t T) const {
-    return int(std::max<int64_t>(1, std::min<int64_t>(route_max_blocks(), (T + 15) / 16)));
+    return int(std::max<int64_t>(1, std::min<int64_t>(route_max_blocks(), (T + 127) / 128)));
   }
   // Bytes of global routing scratch the caller allocates once (RouteScratch).
   int64_t layout_scratch_bytes() const {

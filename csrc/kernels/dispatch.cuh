@@ -77,6 +77,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_count_kernel(RoutingArgs<
   if (!grid_last_block(done)) return;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     int32_t sum = 0;
+#pragma unroll 8
     for (int b = 0; b < int(gridDim.x); ++b) sum += __ldcg(sc.part + int64_t(b) * C + c);
     sc.totals[c] = sum;
     if (c < a.W) {
@@ -100,6 +101,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(Transport tp
   int32_t* base = sc.big ? sc.big + int64_t(blockIdx.x) * (kRouteWarps + 1) * C : reinterpret_cast<int32_t*>(dyn_smem());
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     int32_t sum = 0;
+#pragma unroll 8
     for (int b = 0; b < int(blockIdx.x); ++b) sum += sc.part[int64_t(b) * C + c];
     base[c] = sum;
   }
