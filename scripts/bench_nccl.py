@@ -85,7 +85,7 @@ def main() -> None:
     sms = a.num_sms or torch.cuda.get_device_properties(0).multi_processor_count
     report: dict[str, Any] = {
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
+        "commit": os.environ.get("SYMMOE_COMMIT") or git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
         "command": os.environ.get("SYMMOE_BENCH_COMMAND", " ".join(["python3", *sys.argv])),
         "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},

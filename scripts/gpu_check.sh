@@ -12,6 +12,7 @@
 #   into the log (pytest's faulthandler), so a hang leaves a trace, not silence. A pytest
 #   section still running after $TEST_LIMIT_S seconds (default 420) gets SIGINT, so the
 #   summary and logs still come back inside the device tool's 10-minute limit.
+#   SYMMOE_COMMIT=$(git rev-parse HEAD)   the commit recorded in every JSON (the device copy's .git may be stale)
 #   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_WORLD_SIZES=1,4 BENCH_PROTOCOLS=pull,push BENCH_REPEATS=30   bench choices
 # Later backends add their own sections in the case statement below.
 set -uo pipefail

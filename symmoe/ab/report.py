@@ -130,7 +130,7 @@ def environment(argv: list[str] | None = None) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
-        "git_commit": _git(["rev-parse", "HEAD"]),
+        "git_commit": os.environ.get("SYMMOE_COMMIT") or _git(["rev-parse", "HEAD"]),  # SYMMOE_COMMIT: copies without .git
         "git_dirty": None,
     }
     status = _git(["status", "--porcelain", "--untracked-files=no"])
