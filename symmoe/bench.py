@@ -60,17 +60,20 @@ def _time(fn: Callable[[], Any], warmup: int, repeats: int, sleep_cycles: int, s
     return out
 
 
-def kernel_breakdown(fn: Callable[[], Any], calls: int = 5) -> dict[str, float]:
+def kernel_breakdown(fn: Callable[[], Any], calls: int = 5, sync: Callable[[], None] = lambda: None) -> dict[str, float]:
     """Device time per call of each kernel ``fn`` launches (CUDA profiler activity), in µs:
-    what the GPU itself spends, without the host gaps the event timings include."""
+    what the GPU itself spends, without the host gaps the event timings include. With
+    several ranks, ``sync`` lines them up before each call; a kernel that ends in a barrier
+    still includes the wait for the slowest peer."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
+            sync()
             fn()
-        torch.cuda.synchronize()
+            torch.cuda.synchronize()
     out: dict[str, float] = {}
     for ev in prof.key_averages():
         total = getattr(ev, "device_time_total", None)
@@ -174,7 +177,7 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
                              - (1 if real < rows else 0))
             ys[layout] = recv.x
             api_d = _time(lambda: buf.dispatch(x, idx, w, output_layout=layout), 2, max(5, repeats // 3), sleep, sync)
-            kernels = {"dispatch": kernel_breakdown(dispatch), "combine": kernel_breakdown(combine)}
+            kernels = {"dispatch": kernel_breakdown(dispatch, sync=sync), "combine": kernel_breakdown(combine, sync=sync)}
             res[layout] = {
                 "rows": rows, "real_rows": real, "kernels_us": kernels,
                 "dispatch": _stats(d), "combine": _stats(c), "api_dispatch": _stats(api_d),
@@ -182,8 +185,10 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
             }
         if world_size == 1 and opts["baselines"]:
             res["torch"] = _torch_baselines(x, idx, w, ys.get("rank"), ys.get("expert"), warmup, repeats, sleep)
+        sync()  # the roofline is measured while every other rank waits (not on a busy GPU)
         if rank == 0:
             res["copy_roofline_Bps"] = copy_roofline()
+        sync()
     return res
 
 
@@ -269,8 +274,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--num-sms", type=int, default=0, help="0: every SM of the device")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="config value for every run, e.g. --set kernel.copy_bytes=7168 (repeatable)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    import yaml
+
+    sets = {}
+    for kv in a.set:
+        key, sep, val = kv.partition("=")
+        if not sep:
+            p.error(f"--set {kv!r}: expected KEY=VALUE")
+        sets[key] = yaml.safe_load(val)
     sms = a.num_sms or torch.cuda.get_device_properties(0).multi_processor_count
     results = []
     for backend in a.backends.split(","):
@@ -281,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 if backend == "nccl" and ws > torch.cuda.device_count():
                     print(f"skipping nccl at world size {ws}: NCCL needs one GPU per rank", flush=True)
                     continue
-                cfg = bench_config(proto, sms, backend=backend)
+                cfg = bench_config(proto, sms, backend=backend, **sets)
                 results.append(run_gpu_bench(cfg, ws, a.tokens, a.warmup, a.repeats, baselines=(ws == 1)))
                 print(table(results[-1:]), flush=True)
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

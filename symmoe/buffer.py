@@ -97,7 +97,7 @@ class Buffer:
         output_layout = output_layout or self.config.buffer.output_layout
         alignment = self.config.buffer.expert_alignment if expert_alignment is None else expert_alignment
         validate.check_dispatch(x, topk_idx, topk_weights, self.layout, self.dtype, self.device,
-                                output_layout, alignment)
+                                output_layout, alignment, values=not self._protocol.checks_topk_values)
         if previous_event is not None:
             previous_event.current_stream_wait()
         recv, handle = self._protocol.dispatch(x, topk_idx, topk_weights, output_layout, alignment)

@@ -46,6 +46,7 @@ class KernelConfig:
     num_sms: int = 24
     num_channels: int = 8
     timeout_s: float = 30.0
+    copy_bytes: int = 0  # bulk-copy piece (multiple of 128); 0 = whole rows up to 16 KB
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "kernel.num_sms": (1, 1024),
     "kernel.num_channels": (1, MAX_CHANNELS),
     "kernel.timeout_s": (1e-3, 86400),
+    "kernel.copy_bytes": (0, 65536),
     "host.poll_interval_us": (0, 1_000_000),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -186,6 +188,9 @@ def _check_combinations(cfg: Config) -> None:
         raise ConfigError("buffer.hidden", b.hidden, "must be a multiple of 8 (16-byte rows for bulk copies)", src)
     if b.topk > b.num_experts:
         raise ConfigError("buffer.topk", b.topk, f"must be <= buffer.num_experts ({b.num_experts})", src)
+    if cfg.kernel.copy_bytes % 128:
+        raise ConfigError("kernel.copy_bytes", cfg.kernel.copy_bytes,
+                          "must be 0 (whole rows up to 16 KB) or a multiple of 128 bytes", src)
 
 
 def from_dict(data: Mapping[str, Any], source: str | None = None) -> Config:

@@ -8,7 +8,9 @@ import torch
 
 from .buffer import Buffer
 from .config import from_dict
-from .errors import CapacityError, ConfigMismatch, StallError
+from .errors import CapacityError, ConfigMismatch, InputError, StallError
+from .layout import DTYPES
+from .testing import _check_one
 from .workload import Routing, make_inputs
 
 
@@ -63,3 +65,29 @@ def raise_after_alloc(rank: int, world_size: int, config: dict[str, Any]) -> lis
     if rank == 0:
         raise RuntimeError("rank 0 fails on purpose")
     return sorted(os.listdir("/dev/shm"))
+
+
+def bad_expert_id(rank: int, world_size: int, config: dict[str, Any], kind: str, seed: int) -> tuple[str, bool]:
+    """The last rank's topk_idx holds an out-of-range (kind 'range') or a repeated ('duplicate')
+    expert id. Returns (the InputError this rank got, whether the next valid dispatch + combine
+    on the same Buffer was bitwise equal to the reference)."""
+    cfg = from_dict(config)
+    b = cfg.buffer
+    with Buffer(None, cfg) as buf:
+        dev = buf.device
+        inp = _own_inputs(cfg, Routing("uniform"), 16, rank, world_size, seed=seed)
+        idx = inp.topk_idx.clone()
+        if rank == world_size - 1:
+            if kind == "range":
+                idx[3, 1] = b.num_experts + 7
+            else:
+                idx[5, 2] = idx[5, 0]
+        try:
+            buf.dispatch(inp.x.to(dev), idx.to(dev), inp.topk_weights.to(dev))
+            msg = "no error"
+        except InputError as e:
+            msg = str(e)
+        inputs = make_inputs(Routing("uniform"), num_tokens=[24] * world_size, hidden=b.hidden, topk=b.topk,
+                             num_experts=b.num_experts, world_size=world_size, dtype=DTYPES[b.dtype], seed=seed + 1)
+        _check_one(buf, inputs, rank, world_size, cfg, "rank", dev, f"rank {rank} after bad input", seed + 1)
+        return msg, True

@@ -25,7 +25,8 @@ def _common(name: str, t: torch.Tensor, ndim: int, device: torch.device) -> None
         raise InputError(f"{name} must be contiguous (call .contiguous()), got strides {t.stride()}")
 
 
-def check_topk_idx(topk_idx: object, lay: BufferLayout, device: torch.device) -> torch.Tensor:
+def check_topk_idx(topk_idx: object, lay: BufferLayout, device: torch.device, values: bool = True) -> torch.Tensor:
+    """Type, shape and device; with ``values`` also the ids themselves (one device sync)."""
     idx = _tensor("topk_idx", topk_idx)
     _common("topk_idx", idx, 2, device)
     if idx.dtype not in INDEX_DTYPES:
@@ -35,7 +36,7 @@ def check_topk_idx(topk_idx: object, lay: BufferLayout, device: torch.device) ->
     if idx.shape[0] > lay.max_tokens:
         raise CapacityError(f"{idx.shape[0]} tokens; this Buffer holds at most max_tokens_per_rank="
                             f"{lay.max_tokens} (raise buffer.max_tokens_per_rank)")
-    if idx.numel():
+    if values and idx.numel():
         # One device->host sync on the good path; the messages are worked out only on failure.
         out_of_range = (idx < -1) | (idx >= lay.num_experts)
         s = idx.sort(dim=1).values
@@ -44,24 +45,31 @@ def check_topk_idx(topk_idx: object, lay: BufferLayout, device: torch.device) ->
         if n_range:
             tok = int(out_of_range.any(1).nonzero()[0])
             bad = int(idx[tok][out_of_range[tok]][0])
-            raise InputError(f"topk_idx holds expert id {bad} (token {tok}); allowed: -1 (no expert) "
-                             f"or 0..{lay.num_experts - 1}")
+            raise InputError(bad_expert_id(bad, tok, lay.num_experts))
         if n_dup:
             tok = int(dup.any(1).nonzero()[0])
-            raise InputError(f"topk_idx row {tok} names expert {int(s[tok, 1:][dup[tok]][0])} twice; "
-                             "the experts of one token must be distinct (or -1)")
+            raise InputError(duplicate_expert(int(s[tok, 1:][dup[tok]][0]), tok))
     return idx
 
 
+def bad_expert_id(value: int, token: int, num_experts: int) -> str:
+    return f"topk_idx holds expert id {value} (token {token}); allowed: -1 (no expert) or 0..{num_experts - 1}"
+
+
+def duplicate_expert(expert: int, token: int) -> str:
+    return f"topk_idx row {token} names expert {expert} twice; the experts of one token must be distinct (or -1)"
+
+
 def check_dispatch(x: object, topk_idx: object, topk_weights: object, lay: BufferLayout,
-                   dtype: torch.dtype, device: torch.device, output_layout: str, alignment: int) -> None:
+                   dtype: torch.dtype, device: torch.device, output_layout: str, alignment: int,
+                   values: bool = True) -> None:
     x = _tensor("x", x)
     _common("x", x, 2, device)
     if x.dtype != dtype:
         raise InputError(f"x has dtype {x.dtype}; this Buffer was configured for {dtype} (buffer.dtype)")
     if x.shape[1] != lay.hidden:
         raise InputError(f"x has hidden size {x.shape[1]}; this Buffer was sized for hidden={lay.hidden}")
-    idx = check_topk_idx(topk_idx, lay, device)
+    idx = check_topk_idx(topk_idx, lay, device, values)
     if idx.shape[0] != x.shape[0]:
         raise InputError(f"topk_idx has {idx.shape[0]} rows but x has {x.shape[0]} tokens")
     w = _tensor("topk_weights", topk_weights)

@@ -32,6 +32,7 @@ T* P(uintptr_t v) {
 inline cudaStream_t S(uintptr_t v) { return reinterpret_cast<cudaStream_t>(v); }
 
 constexpr uint32_t kMaxSlotBytes = 16384;
+constexpr int kMaxMoverWarps = 16;  // warps per block of the data kernels (as many as their slots fit)
 
 template <class Transport>
 struct Ctx {
@@ -47,6 +48,7 @@ struct Ctx {
   MoveCfg move;        // data kernels' bulk piece size and warps per block (for plan_bytes = 0)
   int32_t* counts_host = nullptr;  // where a dispatch's routing kernels leave the counts matrix
   int32_t* counts_snap = nullptr;
+  BadInput bad{nullptr, nullptr};  // in-kernel expert-id checks of dispatch (set_input_check)
 
   Ctx(const std::vector<int64_t>& layout, int rank_, Transport tp_, uintptr_t err_dev, uintptr_t err_host_dev,
       double timeout_s, int num_sms, uintptr_t counters)
@@ -62,13 +64,21 @@ struct Ctx {
     check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "multiprocessor count");
     check(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "shared memory limit");
     grid = std::max(1, std::min(num_sms, sms));
-    const int64_t rb = L.row_bytes();
-    const int64_t pieces = (rb + kMaxSlotBytes - 1) / kMaxSlotBytes;
-    move.slot_bytes = uint32_t(((rb + pieces - 1) / pieces + 15) / 16 * 16);
-    move.slot_bytes = (move.slot_bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
     move.plan_bytes = 0;
     move.warps = 8;
+    set_copy_bytes(0);
     set_max_smem();
+  }
+
+  // Bulk-copy piece: rows split into equal pieces of at most `max_piece` bytes (0: 16 KB),
+  // each rounded up to 128 so every warp's slots stay aligned.
+  void set_copy_bytes(int64_t max_piece) {
+    if (max_piece < 0 || max_piece % 128) throw std::invalid_argument("copy_bytes must be 0 or a multiple of 128");
+    const int64_t cap = max_piece ? max_piece : kMaxSlotBytes;
+    const int64_t rb = L.row_bytes();
+    const int64_t pieces = (rb + cap - 1) / cap;
+    move.slot_bytes = uint32_t(((rb + pieces - 1) / pieces + 15) / 16 * 16);
+    move.slot_bytes = (move.slot_bytes + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
   }
 
   // Static __shared__ bytes count against the opt-in limit too: dynamic may use at most
@@ -114,7 +124,7 @@ struct Ctx {
     if (fit < 1)
       throw std::invalid_argument("shared memory: plan tables of " + std::to_string(plan) +
                                   " bytes leave no room for a bulk-copy slot (fewer experts per rank needed)");
-    m.warps = int(std::min<int64_t>(8, fit));
+    m.warps = int(std::min<int64_t>(kMaxMoverWarps, fit));
     return m;
   }
   size_t smem_of(const MoveCfg& m) const {
@@ -146,10 +156,12 @@ struct Ctx {
     const bool big = route_big();
     RouteScratch sc{scratch, scratch + int64_t(route_max_blocks()) * C,
                     big ? scratch + int64_t(route_max_blocks()) * C + C : nullptr, counts_host, counts_snap};
-    RoutingArgs<Idx> a{idx, w, int(T), int(L.topk), int(L.world_size), int(L.num_experts), nullptr, in_rank, nullptr, nullptr};
+    RoutingArgs<Idx> a{idx, w, int(T), int(L.topk), int(L.world_size), int(L.num_experts), nullptr, in_rank, nullptr, nullptr,
+                       BadInput{nullptr, nullptr}};
     if (publish) {
       a.pub_idx = reinterpret_cast<int32_t*>(tp.local + L.in_idx);
       a.pub_w = reinterpret_cast<float*>(tp.local + L.in_w);
+      a.bad = bad;
     }
     route_count_kernel<Idx><<<B, kRouteThreads, big ? 0 : size_t(C * 4), st>>>(a, sc, per_rank, per_expert, err, done + 5);
     check(cudaGetLastError(), "route_count_kernel launch");
@@ -167,6 +179,9 @@ struct Ctx {
     counts_host = P<int32_t>(host);
     counts_snap = P<int32_t>(snap);
   }
+
+  // flag: device int32 (zero); info: device-side address of host-mapped int64[4].
+  void set_input_check(uintptr_t flag, uintptr_t info) { bad = BadInput{P<int32_t>(flag), P<int64_t>(info)}; }
 
   void layout(uintptr_t idx, bool idx64, uintptr_t w, int64_t T, uintptr_t scratch, uintptr_t in_rank,
               uintptr_t per_rank, uintptr_t per_expert, bool publish, int64_t epoch, uintptr_t stream) {
@@ -279,6 +294,8 @@ void bind_context(py::module_& m, Init init) {
       .def_readonly("grid", &C::grid)
       .def_readonly("max_smem", &C::max_smem)
       .def("layout_scratch_bytes", &C::layout_scratch_bytes)
+      .def("set_copy_bytes", &C::set_copy_bytes, py::arg("max_piece"))
+      .def("set_input_check", &C::set_input_check, py::arg("flag"), py::arg("info"))
       .def("set_counts_outputs", &C::set_counts_outputs, py::arg("host"), py::arg("snap"))
       .def("layout", &C::layout, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"), py::arg("scratch"),
            py::arg("in_rank"), py::arg("per_rank"), py::arg("per_expert"), py::arg("publish"), py::arg("epoch"),

@@ -19,6 +19,15 @@
 
 namespace symmoe {
 
+// Expert ids checked where they are read, so a dispatch needs no host round trip for them:
+// the first bad pair found records (kind, token, slot, value) for the host and raises a flag
+// that the place pass publishes to every peer (tokens = -1 in its counts row).
+constexpr int64_t kBadRange = 1, kBadDuplicate = 2;
+struct BadInput {
+  int32_t* flag;  // device, zero between dispatches
+  int64_t* info;  // host-mapped [4]: kind, token, slot, value
+};
+
 template <typename Idx>
 struct RoutingArgs {
   const Idx* idx;        // [T, K]
@@ -28,6 +37,7 @@ struct RoutingArgs {
   bool* in_rank;         // [T][W], every entry written (nullptr: skip)
   int32_t* pub_idx;      // [T, K] int32 copy (nullptr: skip)
   float* pub_w;          // [T, K] copy (nullptr: skip)
+  BadInput bad;          // id checks (bad.flag == nullptr: the host checked them)
 
   __device__ __forceinline__ int columns() const { return W + E; }
   // Block b's tokens [first, last): contiguous chunks, the same split in both passes.
@@ -56,10 +66,25 @@ __device__ void route_count_chunk(const RoutingArgs<Idx>& a, int32_t* cnt) {
   const int t0 = a.chunk_begin(blockIdx.x), t1 = a.chunk_begin(blockIdx.x + 1);
   for (int64_t p = int64_t(t0) * a.K + threadIdx.x; p < int64_t(t1) * a.K; p += blockDim.x) {
     const int t = int(p / a.K), k = int(p % a.K);
-    const int e = static_cast<int>(a.idx[p]);
+    const Idx v = a.idx[p];
+    const int e = static_cast<int>(v);
     if (a.pub_idx) {
       a.pub_idx[p] = e;
       a.pub_w[p] = a.w[p];
+    }
+    if (a.bad.flag) {
+      int64_t kind = (v < -1 || v >= a.E) ? kBadRange : 0;
+      for (int kk = 0; kk < k && kind == 0 && v >= 0; ++kk)
+        if (a.idx[int64_t(t) * a.K + kk] == v) kind = kBadDuplicate;
+      if (kind) {
+        if (atomicCAS(a.bad.flag, 0, 1) == 0) {
+          a.bad.info[0] = kind;
+          a.bad.info[1] = t;
+          a.bad.info[2] = k;
+          a.bad.info[3] = int64_t(v);
+        }
+        continue;  // never index the tables with it
+      }
     }
     if (e < 0) continue;
     atomicAdd(&cnt[a.W + e], 1);

@@ -98,8 +98,10 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(Transport tp
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
   if (dead) return;
+  // Written by the count pass (an earlier launch): the same value in every block.
+  const bool bad = a.bad.flag != nullptr && *a.bad.flag != 0;
   int32_t* base = sc.big ? sc.big + int64_t(blockIdx.x) * (kRouteWarps + 1) * C : reinterpret_cast<int32_t*>(dyn_smem());
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+  for (int c = threadIdx.x; c < C && !bad; c += blockDim.x) {
     int32_t sum = 0;
 #pragma unroll 8
     for (int b = 0; b < int(blockIdx.x); ++b) sum += sc.part[int64_t(b) * C + c];
@@ -107,13 +109,14 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(Transport tp
   }
   __syncthreads();
   a.pos = reinterpret_cast<int32_t*>(tp.local + L.in_pos);
-  route_place_chunk(a, base, base + C);
+  if (!bad) route_place_chunk(a, base, base + C);
   if (!grid_last_block(sy.done)) return;
+  if (bad && threadIdx.x == 0) *a.bad.flag = 0;  // every block has read it
   const int64_t row = 1 + C;
   for (int64_t i = threadIdx.x; i < int64_t(a.W) * row; i += blockDim.x) {
     const int p = int(i / row), c = int(i % row);
     int32_t* dst = reinterpret_cast<int32_t*>(tp.map(p, L.counts)) + int64_t(sy.rank) * row + c;
-    *dst = c == 0 ? a.T : sc.totals[c - 1];
+    *dst = c == 0 ? (bad ? -1 : a.T) : sc.totals[c - 1];
   }
   block_barrier(tp, sy.rank, a.W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageDispatchCounts);
   // Every row has arrived: hand the matrix to the host (mapped memory: no copy launch) and
@@ -167,7 +170,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   pl.carve(smem_raw, W, Le);
   int64_t rows = 0;
   if (!dead) rows = pl.build(counts, L, r, expert_major, alignment);
-  const bool run = !dead && rows <= o.capacity;
+  const bool run = !dead && rows <= o.capacity && counts_valid(counts, L);
 
   if (run && expert_major) {
     fill_padding(pl, Le, o, rb);
@@ -180,16 +183,20 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
           MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
 
   if (run && !expert_major) {
-    // Rank-major: one output row per token. Warp w owns tokens w, w + nwt, ...; it reads
-    // their routing 32 tokens at a time (one per lane) and writes their metadata, then
-    // issues the row copies back to back, so no load waits on a metadata round trip.
-    const int64_t total_tokens = pl.tstart[W];
+    // Rank-major: one output row per token, moved in P pieces. Warp w owns items (token,
+    // piece) w, w + nwt, ... (pieces spread the tail over more warps); it reads their routing
+    // 32 items at a time (one per lane), writes the metadata of the tokens whose piece 0 it
+    // owns, then issues the copies back to back, so no load waits on a metadata round trip.
+    const int64_t P = (rb + mc.slot_bytes - 1) / mc.slot_bytes;
+    const int64_t items = pl.tstart[W] * P;
     const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
-    for (int64_t first = gw; first < total_tokens; first += 32 * nwt) {
-      const int64_t g = first + lane * nwt;
-      int64_t row = -1;
+    for (int64_t first = gw; first < items; first += 32 * nwt) {
+      const int64_t it = first + lane * nwt;
+      int64_t row = -1, off = 0;
       const uint8_t* src = nullptr;
-      if (g < total_tokens) {
+      if (it < items) {
+        const int64_t g = it / P;
+        off = (it % P) * mc.slot_bytes;
         const int s = pl.source_of_token(g, W);
         const int64_t t = g - pl.tstart[s];
         const int32_t* sidx = reinterpret_cast<const int32_t*>(tp.map(s, L.in_idx)) + t * K;
@@ -200,7 +207,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
         }
         if (mine) row = pl.rbase[s] + reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos))[t * PC + r];
         if (row >= rows) row = -1;  // only with corrupt inputs; never write out of bounds
-        if (row >= 0) {
+        if (row >= 0 && off == 0) {
           const float* sw = reinterpret_cast<const float*>(tp.map(s, L.in_w)) + t * K;
           for (int k = 0; k < K; ++k) {
             const int e = sidx[k];
@@ -211,21 +218,19 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
           o.src_rank[row] = s;
           o.src_token[row] = int32_t(t);
           o.src_slot[row] = r;
-          src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb;
         }
+        if (row >= 0) src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb + off;
       }
       uint32_t todo = __ballot_sync(0xffffffffu, row >= 0);
       while (todo) {
         const int l = __ffs(todo) - 1;
         todo &= todo - 1;
-        const int64_t drow = __shfl_sync(0xffffffffu, row, l);
+        const int64_t drow = __shfl_sync(0xffffffffu, row, l), doff = __shfl_sync(0xffffffffu, off, l);
         const uint8_t* dsrc = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(src), l));
-        for (int64_t off = 0; off < rb; off += mc.slot_bytes) {
-          const uint32_t bytes = uint32_t(min(int64_t(mc.slot_bytes), rb - off));
-          if (lane == 0) mv.next_dsts()[0] = o.x + drow * rb + off;
-          __syncwarp();
-          mv.push(dsrc + off, 1, bytes);
-        }
+        const uint32_t bytes = uint32_t(min(int64_t(mc.slot_bytes), rb - doff));
+        if (lane == 0) mv.next_dsts()[0] = o.x + drow * rb + doff;
+        __syncwarp();
+        mv.push(dsrc, 1, bytes);
       }
     }
   }
@@ -292,7 +297,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
   const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
   SendPlan pl;
   pl.carve(smem_raw, W, Le);
-  bool run = !dead;
+  bool run = !dead && counts_valid(counts, L);
   if (run) {
     pl.build(counts, L, me, expert_major, alignment);
     for (int q = 0; q < W; ++q) run = run && pl.rows[q] <= L.recv_rows && (q != me || pl.rows[q] <= o.capacity);
@@ -403,6 +408,7 @@ __global__ void __launch_bounds__(1024) unpack_kernel(Transport tp, Layout L, co
   if (dead) return;
   // `counts` is a private snapshot: once "dispatch.data" passed, peers may already store the
   // next call's rows into the shared matrix.
+  if (!counts_valid(counts, L)) return;
   RecvPlan pl;
   pl.carve(smem_raw, W, Le);
   const int64_t rows = pl.build(counts, L, r, expert_major, alignment);

@@ -13,6 +13,14 @@ __device__ __forceinline__ int32_t count_at(const int32_t* counts, const Layout&
   return counts[int64_t(s) * L.counts_cols() + col];
 }
 
+// A rank whose expert ids failed the routing checks publishes tokens = -1: then nobody moves
+// data (every rank still runs its barriers, so the buffer stays usable) and every host raises.
+__device__ __forceinline__ bool counts_valid(const int32_t* counts, const Layout& L) {
+  for (int s = 0; s < int(L.world_size); ++s)
+    if (count_at(counts, L, s, 0) < 0) return false;
+  return true;
+}
+
 // One receiver's view. Shared arrays sized by plan_bytes().
 struct RecvPlan {
   int64_t* tstart;  // [W + 1] token prefix over sources

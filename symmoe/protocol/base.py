@@ -19,6 +19,9 @@ from ..reference import DispatchLayout, RecvResult
 
 class Protocol(ABC):
     name: str  # "push" | "pull"
+    # True: dispatch checks the expert ids (range, duplicates) inside its routing kernel and
+    # raises InputError on every rank, so Buffer skips its host-side check (a device sync).
+    checks_topk_values: bool = False
 
     def __init__(self, mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int):
         self.mem, self.layout, self.config, self.buffer_id = mem, layout, config, buffer_id

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import build
+from .. import build, validate
 from ..config import Config
 from ..errors import CapacityError, InputError, StallError
 from ..handle import DispatchHandle
@@ -59,6 +59,8 @@ def _ptr(t: torch.Tensor | None) -> int:
 
 
 class _CudaProtocol(Protocol):
+    checks_topk_values = True  # the routing kernel checks the expert ids (see _raise_bad_input)
+
     def __init__(self, mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int):
         super().__init__(mem, layout, config, buffer_id)
         if not mem.load_store_peers and not mem.remote_put:
@@ -85,6 +87,7 @@ class _CudaProtocol(Protocol):
             self.ctx = self.mod.Context(args, self.rank, mem.local.data_ptr(), mem.peer_bases.data_ptr(),
                                         self._err_dev.data_ptr(), self._err[1], self.timeout_s, config.kernel.num_sms,
                                         self._counters.data_ptr())
+        self.ctx.set_copy_bytes(config.kernel.copy_bytes)
         self._epoch = 0
         W, E, S = layout.world_size, layout.num_experts, layout.combine_slots
         self._selfmap = torch.empty(max(1, layout.max_tokens * S), dtype=torch.int32, device=self.device)
@@ -97,6 +100,9 @@ class _CudaProtocol(Protocol):
         self._counts_event = torch.cuda.Event()
         self._counts_snap = torch.empty((W, 1 + W + E), dtype=torch.int32, device=self.device)
         self.ctx.set_counts_outputs(self._counts_mapped[1], self._counts_snap.data_ptr() if self.name == "push" else 0)
+        self._bad_flag = torch.zeros(1, dtype=torch.int32, device=self.device)
+        self._bad_info = self.mod.host_alloc_mapped(32)  # kind, token, slot, value (int64 each)
+        self.ctx.set_input_check(self._bad_flag.data_ptr(), self._bad_info[1])
         offs = layout.offsets()
         self._offs = offs
         self._base = mem.local.data_ptr()
@@ -220,6 +226,8 @@ class _CudaProtocol(Protocol):
         self._counts_event.synchronize()  # the data kernel keeps the GPU busy meanwhile
         self.check()
         counts = self._counts_np.copy()
+        if (counts[:, 0] < 0).any():
+            self._raise_bad_input(counts)
         totals, per_expert = self._plan(counts, output_layout, alignment)
         rows = int(totals[me])
         recv = RecvResult(
@@ -233,6 +241,18 @@ class _CudaProtocol(Protocol):
             recv_src_token=recv.src_token, recv_src_slot=out["src_slot"][:rows],
             expert_offsets=out["expert_offsets"], buffer_id=self.buffer_id)
         return recv, handle
+
+    def _raise_bad_input(self, counts: np.ndarray) -> None:
+        """Some rank's routing kernel found a bad expert id: no data moved anywhere (every
+        kernel saw tokens = -1 in that rank's counts row) and every rank raises here."""
+        bad = [int(r) for r in np.nonzero(counts[:, 0] < 0)[0]]
+        if self.rank in bad:
+            kind, token, _slot, value = (ctypes.c_int64 * 4).from_address(self._bad_info[0])
+            msg = (validate.bad_expert_id(value, token, self.layout.num_experts) if kind == 1
+                   else validate.duplicate_expert(value, token))
+        else:
+            msg = f"rank {bad[0]} passed an invalid topk_idx (see its error)"
+        raise InputError(f"{msg}; this dispatch moved nothing on any rank (ranks with bad input: {bad})")
 
     # -- combine ---------------------------------------------------------------------------
     def combine(self, y: torch.Tensor, handle: DispatchHandle,
@@ -262,7 +282,7 @@ class _CudaProtocol(Protocol):
             torch.cuda.synchronize(self.device)
         except Exception:
             pass
-        for h in (self._err[0], getattr(self, "_counts_mapped", (0, 0))[0]):
+        for h in (self._err[0], getattr(self, "_counts_mapped", (0, 0))[0], getattr(self, "_bad_info", (0, 0))[0]):
             try:
                 self.mod.host_free(h)
             except Exception:
