@@ -111,7 +111,7 @@ __global__ void __launch_bounds__(kReduceThreads) combine_reduce_kernel(Transpor
                                                                         const int32_t* selfmap, T* out, float* out_w,
                                                                         bool expert_major, Sync sy) {
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte vector
-  constexpr int U = 4;               // vectors per thread in flight (per slot)
+  constexpr int U = 2;               // vectors per thread in flight (4 measured slower: 183 vs 157 us)
   __shared__ const uint8_t* ptrs[kMaxSlots];
   __shared__ const float* wptrs[kMaxSlots];
   __shared__ float wts[kMaxSlots];

@@ -123,3 +123,10 @@ def test_bad_expert_id_raises_on_every_rank_and_the_buffer_stays_usable(kind):
     assert "rank 1 passed an invalid topk_idx" in msg0, msg0
     assert "moved nothing on any rank" in msg0 and "moved nothing on any rank" in msg1
     assert ok0 and ok1
+
+
+@pytest.mark.parametrize("protocol", ["pull", "push"])
+def test_rows_split_into_small_copy_pieces(protocol):
+    # kernel.copy_bytes=128: each 512-byte row moves as 4 bulk pieces spread over warps.
+    cfg = gpu_config(protocol=protocol, **{"kernel.copy_bytes": 128})
+    assert _run(1, cfg, 31, CHECK_ROUTINGS) == [len(CHECK_ROUTINGS) * 2]
