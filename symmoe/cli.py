@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any, Sequence
 
-from .config import load
+from .config import ConfigError, load
 from .errors import SymmoeError
 
 
@@ -140,6 +140,67 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_rank(rank: int, world_size: int, configs: list[dict[str, Any]], seed: int, repeats: int) -> list[int]:
+    import os
+
+    import torch
+
+    from .testing import check_dispatch_combine
+    counts = []
+    for config in configs:
+        device = "cpu"
+        if config["backend"] != "host":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+            device = "cuda"
+        counts.append(check_dispatch_combine(rank, world_size, config, seed, device=device, repeats=repeats))
+    return counts
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    """Every config's dispatch + combine, bitwise against symmoe.reference (so the configs
+    also agree with each other), on fresh random routings of every kind, both layouts."""
+    import random
+
+    import yaml
+
+    from . import launch
+    from .config import check_world_size
+    from .testing import CHECK_ROUTINGS
+    sets = {}
+    for kv in args.set:
+        key, sep, val = kv.partition("=")
+        if not sep:
+            raise ConfigError("--set", kv, "expected KEY=VALUE")
+        sets[key] = yaml.safe_load(val)
+    cfgs = [load(path).replace(**sets) if sets else load(path) for path in args.configs]
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
+    if launch.under_torchrun():
+        import torch.distributed as dist
+        with launch.torchrun_group(timeout_s=600.0) as (rank, world):
+            for cfg in cfgs:
+                check_world_size(cfg, world)
+            box = [seed]
+            dist.broadcast_object_list(box, src=0)  # every rank must draw the same inputs
+            seed = box[0]
+            mine = _check_rank(rank, world, [c.to_dict() for c in cfgs], seed, args.repeats)
+            every = [None] * world
+            dist.all_gather_object(every, mine)
+        if rank != 0:
+            return 0
+    else:
+        world = args.world_size
+        for cfg in cfgs:
+            check_world_size(cfg, world)
+        every = launch.spawn(_check_rank, world, args=([c.to_dict() for c in cfgs], seed, args.repeats),
+                             timeout_s=600.0)
+    for i, path in enumerate(args.configs):
+        cases = every[0][i]
+        print(f"{path}: {cfgs[i].backend}/{cfgs[i].effective_protocol} bitwise equal to symmoe.reference on every "
+              f"one of {world} ranks: {cases} cases ({len(CHECK_ROUTINGS)} routings x 2 layouts x {args.repeats})")
+    print(f"seed {seed} (replay: --seed {seed})")
+    return 0
+
+
 def _bench_gpu(cfg: Any, args: argparse.Namespace) -> int:
     """GPU backends: ``symmoe.bench`` (CUDA events, copy roofline and plain torch in the same run)."""
     import torch
@@ -180,6 +241,15 @@ def _parser() -> argparse.ArgumentParser:
     build = sub.add_parser("build", help="compile the CUDA extensions now (otherwise built on first use)")
     build.add_argument("--force", action="store_true", help="rebuild even if cached")
     build.set_defaults(fn=cmd_build)
+
+    check = sub.add_parser("check", help="dispatch + combine of each config, bitwise against symmoe.reference")
+    check.add_argument("configs", nargs="+")
+    check.add_argument("--world-size", type=int, default=1, help="local ranks to spawn (ignored under torchrun)")
+    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                       help="config value for every config, e.g. --set buffer.max_tokens_per_rank=256 (repeatable)")
+    check.add_argument("--seed", type=int, default=None, help="default: a fresh one, printed for replay")
+    check.add_argument("--repeats", type=int, default=1, help="calls per (routing, layout)")
+    check.set_defaults(fn=cmd_check)
 
     bench = sub.add_parser("bench", help="time dispatch and combine for a config")
     bench.add_argument("config")

@@ -44,9 +44,22 @@ def test_bench_reports_a_bad_config_without_traceback(tmp_path):
     assert "must be divisible by the world size (2)" in out.stderr
 
 
+def test_check_compares_every_config_with_the_reference_and_prints_the_seed():
+    small = ["--set", "buffer.max_tokens_per_rank=48", "--set", "buffer.hidden=64"]
+    out = symmoe("check", "configs/host.yaml", "configs/ab/../host.yaml", "--world-size", "2", *small)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert sum("bitwise equal to symmoe.reference on every one of 2 ranks: 12 cases" in l for l in lines) == 2, out.stdout
+    assert lines[-1].startswith("seed ")
+    bad = symmoe("check", "configs/host.yaml", "--set", "buffer.topk=99", *small)
+    assert bad.returncode == 1 and "buffer.topk" in bad.stderr and "Traceback" not in bad.stderr
+
+
 def test_bench_and_ab_run_under_torchrun_and_exit_cleanly(tmp_path):
     from symmoe.launch import free_port
-    for args in (["-m", "symmoe.cli", "bench", "configs/host.yaml", "--repeats", "2", "--warmup", "1", "--tokens", "16"],
+    for args in (["-m", "symmoe.cli", "check", "configs/host.yaml", "--set", "buffer.max_tokens_per_rank=32",
+                  "--set", "buffer.hidden=64"],
+                 ["-m", "symmoe.cli", "bench", "configs/host.yaml", "--repeats", "2", "--warmup", "1", "--tokens", "16"],
                  ["-m", "symmoe.ab", "configs/ab/quickstart.yaml", "--repeats", "2", "--warmup", "1",
                   "--out", str(tmp_path / "ab"), "--quiet", "--no-plot"]):
         out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
