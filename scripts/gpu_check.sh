@@ -17,25 +17,9 @@
 # Later backends add their own sections in the case statement below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/gpu_out}
-LOG=${LOG:-/tmp/symmoe-gpu}
-mkdir -p "$OUT" "$LOG"
-export PYTHONUNBUFFERED=1
-# NVLink multicast stays off everywhere (shared multi-GPU hosts), also in child processes.
-export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
-export SYMMOE_CACHE=${SYMMOE_CACHE:-/tmp/symmoe-cache}
 SECTIONS=("$@")
 [ ${#SECTIONS[@]} -eq 0 ] && SECTIONS=(build test bench)
-SUMMARY=()
-note() { SUMMARY+=("$1"); echo "== $1"; }
-
-# -- setup ---------------------------------------------------------------------------------
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
-fi
-python3 -m pip install -q -e . --no-deps --no-build-isolation >"$LOG/pip.log" 2>&1 || { cat "$LOG/pip.log"; exit 1; }
-nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOG/device.txt"
-python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$LOG/device.txt"
+source scripts/gpu_env.sh
 
 # -- MPS: several ranks on the one GPU run concurrently -------------------------------------
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog

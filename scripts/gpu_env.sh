@@ -1,0 +1,19 @@
+# Sourced by the GPU machine scripts (gpu_check.sh, multigpu_check.sh): environment, the
+# carried nvshmem4py / nccl4py wheels, symmoe itself, and note() for the closing summary.
+# Sets OUT (what the device tool brings back) and LOG (every log and JSON of the run).
+OUT=${OUT:-$PWD/gpu_out}
+LOG=${LOG:-/tmp/symmoe-gpu}
+mkdir -p "$OUT" "$LOG"
+export PYTHONUNBUFFERED=1
+# NVLink multicast stays off everywhere (shared multi-GPU hosts), also in child processes.
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+export SYMMOE_CACHE=${SYMMOE_CACHE:-/tmp/symmoe-cache}
+SUMMARY=()
+note() { SUMMARY+=("$1"); echo "== $1"; }
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:${PYTHONPATH:-}
+fi
+python3 -m pip install -q -e . --no-deps --no-build-isolation >"$LOG/pip.log" 2>&1 || { cat "$LOG/pip.log"; exit 1; }
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOG/device.txt"
+python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$LOG/device.txt"

@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# One run on a machine with N GPUs, one process per GPU (torchrun), N = every visible GPU:
+#   check      symmoe check: torch, nvshmem and nccl at world size N, each bitwise equal to
+#              symmoe.reference (hence to each other) on every routing kind, both layouts
+#   ab         symmoe ab configs/ab/v1_v2_mega.yaml: V1 vs V2 vs Mega, DeepSeek-V3 shape
+#   baselines  python -m symmoe.baselines: P2P copy GB/s of every GPU pair, NCCL all-to-all
+#              bus bandwidth (the NVLink ceiling), all_to_all_single dispatch/combine (what
+#              a user without symmoe writes), torch.ops.symm_mem.all_to_all_vdev_2d
+#   bench      python -m symmoe.bench: every backend at world size N with per-kernel times
+# and prints a short table last. On one GPU it runs the same steps at world size 1.
+#   scripts/multigpu_check.sh [step ...]      default: check ab baselines bench
+#   SYMMOE_COMMIT=$(git rev-parse HEAD)       the commit recorded in the JSON files
+# $OUT receives at most 8 files: summary.txt, logs.tar.gz and the JSON / Markdown results.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+STEPS=("$@")
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(check ab baselines bench)
+source scripts/gpu_env.sh
+
+N=$(nvidia-smi -L | wc -l)
+note "$N GPU(s): world size $N, one process per GPU"
+nvidia-smi topo -m >"$LOG/topology.txt" 2>&1
+run() { python3 -m torch.distributed.run --nproc-per-node "$N" --master-port $((20000 + RANDOM % 20000)) "$@"; }
+CHECK_SHAPE=(--set buffer.max_tokens_per_rank=512 --set kernel.timeout_s=60)
+
+status=0
+for s in "${STEPS[@]}"; do
+  case "$s" in
+    check)
+      run -m symmoe.cli check configs/torch.yaml configs/nvshmem.yaml configs/nccl.yaml "${CHECK_SHAPE[@]}" \
+        2>&1 | tee "$LOG/check.log"
+      rc=${PIPESTATUS[0]}; note "check (torch, nvshmem, nccl at W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
+    ab)
+      run -m symmoe.ab configs/ab/v1_v2_mega.yaml --out "$LOG/ab" --no-fallback 2>&1 | tee "$LOG/ab.log"
+      rc=${PIPESTATUS[0]}; note "ab v1_v2_mega (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
+    baselines)
+      run -m symmoe.baselines --json "$LOG/baselines.json" 2>&1 | tee "$LOG/baselines.log"
+      rc=${PIPESTATUS[0]}; note "baselines (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
+    bench)
+      export SYMMOE_BENCH_COMMAND="scripts/multigpu_check.sh bench"
+      python3 -m symmoe.bench --backends torch,nvshmem,nccl --protocols pull,push --world-sizes "$N" \
+        --repeats "${BENCH_REPEATS:-20}" --json "$LOG/bench.json" 2>&1 | tee "$LOG/bench.log"
+      rc=${PIPESTATUS[0]}; note "bench (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
+    *) echo "unknown step '$s'"; status=2 ;;
+  esac
+done
+
+echo
+echo "==================== summary ===================="
+for line in "${SUMMARY[@]}"; do echo "$line"; done
+[ -f "$LOG/ab/table.md" ] && sed -n '/^| variant | backend/,/^$/p' "$LOG/ab/table.md"
+[ -f "$LOG/bench.json" ] && python3 -c "
+import json
+from symmoe.bench import table
+print(table(json.load(open('$LOG/bench.json'))['results']))"
+for line in "${SUMMARY[@]}"; do echo "$line"; done > "$OUT/summary.txt"
+tar czf "$OUT/logs.tar.gz" -C "$LOG" . 2>/dev/null
+for f in bench.json baselines.json ab/results.json ab/table.md check.log; do
+  [ -f "$LOG/$f" ] && cp "$LOG/$f" "$OUT/$(echo "$f" | tr / _)"
+done
+exit $status
