@@ -83,16 +83,5 @@ for s in "${SECTIONS[@]}"; do
   esac
 done
 
-echo
-echo "==================== summary ===================="
-for line in "${SUMMARY[@]}"; do echo "$line"; done
-[ -f "$LOG/bench.json" ] && python3 -c "
-import json, sys
-from symmoe.bench import table
-print(table(json.load(open('$LOG/bench.json'))['results']))"
-for line in "${SUMMARY[@]}"; do echo "$line"; done > "$OUT/summary.txt"
-tar czf "$OUT/logs.tar.gz" -C "$LOG" . 2>/dev/null
-for f in bench.json nvshmem_bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json; do
-  [ -f "$LOG/$f" ] && cp "$LOG/$f" "$OUT/$(echo "$f" | tr / _)"
-done
+finish_run bench.json nvshmem_bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json
 exit $status

@@ -17,3 +17,21 @@ fi
 python3 -m pip install -q -e . --no-deps --no-build-isolation >"$LOG/pip.log" 2>&1 || { cat "$LOG/pip.log"; exit 1; }
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOG/device.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$LOG/device.txt"
+
+# The end of a run: the summary (and the benchmark table) printed last, then $OUT gets
+# summary.txt, logs.tar.gz and each named file of $LOG that exists (a/b.json -> a_b.json).
+finish_run() {
+  echo
+  echo "==================== summary ===================="
+  for line in "${SUMMARY[@]}"; do echo "$line"; done
+  [ -f "$LOG/bench.json" ] && python3 -c "
+import json
+from symmoe.bench import table
+print(table(json.load(open('$LOG/bench.json'))['results']))"
+  for line in "${SUMMARY[@]}"; do echo "$line"; done > "$OUT/summary.txt"
+  tar czf "$OUT/logs.tar.gz" -C "$LOG" . 2>/dev/null
+  for f in "$@"; do
+    [ -f "$LOG/$f" ] && cp "$LOG/$f" "$OUT/$(echo "$f" | tr / _)"
+  done
+  return 0
+}

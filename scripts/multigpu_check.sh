@@ -45,17 +45,6 @@ for s in "${STEPS[@]}"; do
   esac
 done
 
-echo
-echo "==================== summary ===================="
-for line in "${SUMMARY[@]}"; do echo "$line"; done
 [ -f "$LOG/ab/table.md" ] && sed -n '/^| variant | backend/,/^$/p' "$LOG/ab/table.md"
-[ -f "$LOG/bench.json" ] && python3 -c "
-import json
-from symmoe.bench import table
-print(table(json.load(open('$LOG/bench.json'))['results']))"
-for line in "${SUMMARY[@]}"; do echo "$line"; done > "$OUT/summary.txt"
-tar czf "$OUT/logs.tar.gz" -C "$LOG" . 2>/dev/null
-for f in bench.json baselines.json ab/results.json ab/table.md check.log; do
-  [ -f "$LOG/$f" ] && cp "$LOG/$f" "$OUT/$(echo "$f" | tr / _)"
-done
+finish_run bench.json baselines.json ab/results.json ab/table.md check.log
 exit $status
