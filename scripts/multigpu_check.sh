@@ -10,6 +10,7 @@
 # and prints a short table last. On one GPU it runs the same steps at world size 1.
 #   scripts/multigpu_check.sh [step ...]      default: check ab baselines bench
 #   SYMMOE_COMMIT=$(git rev-parse HEAD)       the commit recorded in the JSON files
+#   STEP_LIMIT_S=1200                         each torchrun step is interrupted after this
 # $OUT receives at most 8 files: summary.txt, logs.tar.gz and the JSON / Markdown results.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +21,11 @@ source scripts/gpu_env.sh
 N=$(nvidia-smi -L | wc -l)
 note "$N GPU(s): world size $N, one process per GPU"
 nvidia-smi topo -m >"$LOG/topology.txt" 2>&1
-run() { python3 -m torch.distributed.run --nproc-per-node "$N" --master-port $((20000 + RANDOM % 20000)) "$@"; }
+# Each torchrun step gets SIGINT after $STEP_LIMIT_S seconds, so the logs still come back.
+run() {
+  timeout -s INT "${STEP_LIMIT_S:-1200}" \
+    python3 -m torch.distributed.run --nproc-per-node "$N" --master-port $((20000 + RANDOM % 20000)) "$@"
+}
 CHECK_SHAPE=(--set buffer.max_tokens_per_rank=512 --set kernel.timeout_s=60)
 
 status=0
