@@ -1,5 +1,5 @@
-"""symmoe ab: specs are validated like configs, the quickstart runs on the host backend and
-writes its outputs, a corrupted variant stops the run with a precise report, GPU specs
+"""symmoe ab: specs are validated like configs, the quickstart (torch push vs pull) falls
+back to the host backend without a GPU and writes its outputs, a corrupted variant stops the run with a precise report, GPU specs
 fall back to host push/pull without a GPU. CPU only; three short spawned runs."""
 from __future__ import annotations
 
@@ -40,18 +40,19 @@ def two_host_variants(extra_b: str = "") -> str:
 
 
 # -- full runs (spawned ranks) ------------------------------------------------------------------
-def test_quickstart_runs_on_host_and_writes_table_and_json(tmp_path, capsys):
+def test_quickstart_without_a_gpu_falls_back_to_host_and_writes_table_and_json(tmp_path, capsys):
     out = tmp_path / "out"
-    rc = cli.main([os.path.join(AB, "quickstart.yaml"), "--out", str(out), "--warmup", "1", "--repeats", "3",
-                   "--quiet"])
+    rc = cli.main([os.path.join(AB, "quickstart.yaml"), "--no-gpu", "--out", str(out), "--warmup", "1",
+                   "--repeats", "3", "--quiet"])
     cap = capsys.readouterr()
     assert rc == 0, cap.err
     assert "| host-push | host/push |" in cap.out and "| host-pull | host/pull |" in cap.out
-    assert "no GPU used" in cap.out and "no GPU used" in cap.err  # it says where it ran
+    assert "FALLBACK: --no-gpu was given" in cap.out and "FALLBACK: --no-gpu was given" in cap.err  # says so
+    assert "'torch-push' (torch), 'torch-pull' (torch)" in cap.err
     assert "**bitwise:**" in cap.out
     assert (out / "table.md").read_text() == cap.out
     res = json.loads((out / "results.json").read_text())
-    assert res["status"] == "ok" and res["world_size"] == 2 and res["fallback"] is None
+    assert res["status"] == "ok" and res["world_size"] == 2 and res["fallback"]["with"] == ["host-push", "host-pull"]
     assert res["rounds_checked"] == 1 + 1 + 3
     assert [v["name"] for v in res["spec"]["variants"]] == ["host-push", "host-pull"]
     for r in res["ranks"]:
@@ -79,6 +80,7 @@ def test_corrupted_variant_is_caught_with_variant_rank_tensor_row_and_column(tmp
     rc = cli.main([spec, "--out", str(out), "--quiet"])
     err = capsys.readouterr().err
     assert rc == cli.EXIT_MISMATCH
+    assert "host backend: CPU processes over POSIX shared memory" in err  # host-only specs say where they run
     assert ("bitwise mismatch: variant 'pull' differs from variant 'push' on rank 1 in recv_x at row 2, column 5 "
             "(round 0, check pass)") in err, err
     res = json.loads((out / "results.json").read_text())
@@ -114,7 +116,9 @@ def test_no_fallback_makes_missing_gpu_an_error(capsys):
 # -- spec validation ----------------------------------------------------------------------------
 def test_shipped_specs_load():
     q = load_spec(os.path.join(AB, "quickstart.yaml"))
-    assert [v.config.effective_protocol for v in q.variants] == ["push", "pull"] and not q.gpu_variants
+    assert [(v.config.backend, v.config.effective_protocol) for v in q.variants] == [("torch", "push"),
+                                                                                     ("torch", "pull")]
+    assert q.world_size == "auto" and q.workload.hidden == 1024
     m = load_spec(os.path.join(AB, "v1_v2_mega.yaml"))
     assert [v.config.backend for v in m.variants] == ["nvshmem", "nccl", "torch"]
     wl = m.workload
