@@ -30,7 +30,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from . import reference, timing
+from . import launch, reference, timing
 from .bench import _git_commit, _stats, _time
 from .reference import RecvResult
 from .workload import ROUTINGS, Routing, make_inputs
@@ -446,7 +446,7 @@ def _run(a: argparse.Namespace, argv: list[str]) -> int:
     rank, W = dist.get_rank(), dist.get_world_size()
     group: Group = None
     if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+        launch.local_gpu(rank)
         group = dist.new_group(backend="nccl")  # the data path a plain-torch user would take
     dev = _group_device(group)
     dtype = getattr(torch, a.dtype)
@@ -515,8 +515,6 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if dist.is_initialized():  # spawned by symmoe.launch.spawn (tests), or a caller's group
         return _run(a, argv)
-    from . import launch
-
     if not launch.under_torchrun():  # a single rank of its own
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch.free_port()), RANK="0", WORLD_SIZE="1")
     with launch.torchrun_group():

@@ -29,7 +29,8 @@ from typing import Any, Callable
 
 import torch
 
-from .config import PROTOCOLS, Config, from_dict
+from . import launch
+from .config import PROTOCOLS, Config, from_dict, parse_key_value
 
 DEEPSEEK_V3 = {"buffer.max_tokens_per_rank": 4096, "buffer.hidden": 7168, "buffer.topk": 8,
                "buffer.num_experts": 256, "buffer.dtype": "bfloat16", "buffer.expert_alignment": 1}
@@ -144,8 +145,7 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
 
     from .buffer import Buffer
 
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    torch.cuda.set_device(device)
+    device = launch.local_gpu(rank)
     cfg = from_dict(config)
     b = cfg.buffer
     T = opts["tokens"] or b.max_tokens_per_rank
@@ -196,8 +196,6 @@ def run_gpu_bench(config: Config, world_size: int = 1, tokens: int = 0, warmup: 
                   layouts: tuple[str, ...] = ("rank", "expert"), seed: int = 0, baselines: bool = True,
                   sleep_us: float = 200.0) -> dict[str, Any]:
     """Time ``config`` (a GPU backend) at ``world_size`` local ranks; returns a JSON-able dict."""
-    from . import launch
-
     opts = {"tokens": tokens, "warmup": warmup, "repeats": repeats, "layouts": tuple(layouts), "seed": seed,
             "baselines": baselines, "sleep_cycles": int(sleep_us * 1e-6 * 1.98e9)}
     env = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
@@ -274,18 +272,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--repeats", type=int, default=30)
     p.add_argument("--num-sms", type=int, default=0, help="0: every SM of the device")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", action="append", type=parse_key_value, default=[], metavar="KEY=VALUE",
                    help="config value for every run, e.g. --set kernel.copy_bytes=7168 (repeatable)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
-    import yaml
-
-    sets = {}
-    for kv in a.set:
-        key, sep, val = kv.partition("=")
-        if not sep:
-            p.error(f"--set {kv!r}: expected KEY=VALUE")
-        sets[key] = yaml.safe_load(val)
+    sets = dict(a.set)
     sms = a.num_sms or torch.cuda.get_device_properties(0).multi_processor_count
     results = []
     for backend in a.backends.split(","):

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any, Sequence
 
-from .config import ConfigError, load
+from .config import load, parse_key_value
 from .errors import SymmoeError
 
 
@@ -141,16 +141,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _check_rank(rank: int, world_size: int, configs: list[dict[str, Any]], seed: int, repeats: int) -> list[int]:
-    import os
-
-    import torch
-
+    from .launch import local_gpu
     from .testing import check_dispatch_combine
     counts = []
     for config in configs:
         device = "cpu"
         if config["backend"] != "host":
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+            local_gpu(rank)
             device = "cuda"
         counts.append(check_dispatch_combine(rank, world_size, config, seed, device=device, repeats=repeats))
     return counts
@@ -161,17 +158,10 @@ def cmd_check(args: argparse.Namespace) -> int:
     also agree with each other), on fresh random routings of every kind, both layouts."""
     import random
 
-    import yaml
-
     from . import launch
     from .config import check_world_size
     from .testing import CHECK_ROUTINGS
-    sets = {}
-    for kv in args.set:
-        key, sep, val = kv.partition("=")
-        if not sep:
-            raise ConfigError("--set", kv, "expected KEY=VALUE")
-        sets[key] = yaml.safe_load(val)
+    sets = dict(args.set)
     cfgs = [load(path).replace(**sets) if sets else load(path) for path in args.configs]
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     if launch.under_torchrun():
@@ -245,7 +235,7 @@ def _parser() -> argparse.ArgumentParser:
     check = sub.add_parser("check", help="dispatch + combine of each config, bitwise against symmoe.reference")
     check.add_argument("configs", nargs="+")
     check.add_argument("--world-size", type=int, default=1, help="local ranks to spawn (ignored under torchrun)")
-    check.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+    check.add_argument("--set", action="append", type=parse_key_value, default=[], metavar="KEY=VALUE",
                        help="config value for every config, e.g. --set buffer.max_tokens_per_rank=256 (repeatable)")
     check.add_argument("--seed", type=int, default=None, help="default: a fresh one, printed for replay")
     check.add_argument("--repeats", type=int, default=1, help="calls per (routing, layout)")

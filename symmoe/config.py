@@ -193,6 +193,17 @@ def _check_combinations(cfg: Config) -> None:
                           "must be 0 (whole rows up to 16 KB) or a multiple of 128 bytes", src)
 
 
+def parse_key_value(text: str) -> tuple[str, Any]:
+    """``"kernel.num_sms=64"`` -> ``("kernel.num_sms", 64)`` (the value read as YAML): the
+    ``--set`` option of every command (an argparse ``type=``)."""
+    import argparse
+
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. kernel.num_sms=64")
+    k, v = text.split("=", 1)
+    return k.strip(), yaml.safe_load(v)
+
+
 def from_dict(data: Mapping[str, Any], source: str | None = None) -> Config:
     cfg = _build(Config, data, "", source)
     if cfg.protocol and cfg.protocol not in ("push", "pull"):

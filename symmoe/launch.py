@@ -14,6 +14,7 @@ from datetime import timedelta
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -40,6 +41,14 @@ def torchrun_group(timeout_s: float = 120.0) -> Iterator[tuple[int, int]]:
         dist.destroy_process_group()
 
 
+def local_gpu(rank: int) -> torch.device:
+    """This rank's GPU, made current: LOCAL_RANK (torchrun and spawn set it; else ``rank``)
+    modulo the visible GPUs, so several ranks may share one GPU (MPS)."""
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    torch.cuda.set_device(dev)
+    return dev
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -52,7 +61,6 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, en
     if "OMP_NUM_THREADS" not in os.environ:
         # As torchrun does: ranks sharing the cores must not each run a full-width thread pool
         # (host-backend calls were 10x slower oversubscribed, waiting on each other's barriers).
-        import torch
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))

@@ -8,23 +8,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any, Sequence
+from typing import Sequence
 
-import yaml
 
+from ..config import parse_key_value
 from ..errors import SymmoeError
 from ..launch import RankFailed
 from . import driver, report
 from .driver import ABMismatch, Options
 
 EXIT_OK, EXIT_RANK_FAILED, EXIT_SPEC, EXIT_MISMATCH = 0, 1, 2, 3
-
-
-def _key_value(text: str) -> tuple[str, Any]:
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. kernel.num_sms=64")
-    k, v = text.split("=", 1)
-    return k.strip(), yaml.safe_load(v)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,7 +35,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=None, help="override workload.warmup")
     p.add_argument("--repeats", type=int, default=None, help="override workload.repeats")
     p.add_argument("--tokens-per-rank", type=int, default=None, help="override workload.tokens_per_rank")
-    p.add_argument("--set", dest="config_set", action="append", type=_key_value, default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="config_set", action="append", type=parse_key_value, default=[], metavar="KEY=VALUE",
                    help="change a dotted config key in every variant (repeatable), e.g. --set kernel.timeout_s=60")
     p.add_argument("--variants", default=None, metavar="A,B,...",
                    help="run only these variants of the spec (two or more, by name)")

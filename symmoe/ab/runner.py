@@ -23,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import reference
+from .. import launch, reference
 from ..compare import bits as _bits, first_bit_difference
 from ..buffer import Buffer
 from ..layout import DTYPES
@@ -141,10 +141,7 @@ class _Clock:
 def _device_for_rank(rank: int, spec: Spec) -> torch.device | None:
     if not spec.gpu_variants:
         return None
-    local = int(os.environ.get("LOCAL_RANK", rank))
-    dev = torch.device("cuda", local % torch.cuda.device_count())
-    torch.cuda.set_device(dev)
-    return dev
+    return launch.local_gpu(rank)
 
 
 def _gather(obj: Any, world_size: int) -> list[Any]:

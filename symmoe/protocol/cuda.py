@@ -2,18 +2,19 @@
 
 dispatch (both protocols)
   1. routing kernels (one chunk of tokens per block, two passes): routing counts and each
-     (token, rank) / (token, slot) position among this rank's tokens; publishes topk (int32), weights and positions in the
-     ``input`` region, stores its counts row into every peer, barrier "dispatch.counts".
-     Pull also publishes x there when there are peers (see the zero-copy notes).
-  2. the counts matrix is copied to pinned host memory; the data kernel is launched right
-     behind it, into outputs sized for the worst case, so the host wait overlaps the data
-     movement instead of idling the GPU.
+     (token, rank) / (token, slot) position among this rank's tokens, expert ids checked;
+     publishes topk (int32), weights and positions in the ``input`` region, stores its counts
+     row into every peer, barrier "dispatch.counts", then leaves the whole matrix in
+     host-mapped memory. Pull also publishes x there when there are peers (zero-copy notes).
+  2. the data kernel is launched right behind, into outputs sized for the worst case, so
+     the host's wait for the matrix overlaps the data movement instead of idling the GPU.
   3. pull: each receiver fetches the rows meant for it from every source's ``input`` with
      TMA bulk copies (peer global -> shared -> output), barrier "dispatch.done".
      push: each sender bulk-stores its rows into the receivers' ``recv`` pools, barrier
      "dispatch.data"; receivers unpack the pool into the outputs.
-  4. the host reads the counts, checks every receiver's capacity (all ranks raise together),
-     and returns views of the first ``rows`` rows of the outputs.
+  4. the host reads the counts, raises InputError on every rank if any rank's ids were bad
+     (tokens = -1 in its row: nothing moved), checks every receiver's capacity (all ranks
+     raise together), and returns views of the first ``rows`` rows of the outputs.
 combine (both protocols)
   5. receivers bulk-store each row into its source's ``combine`` region at ``t * S + slot``,
      barrier "combine.data"; 6. sources reduce in fixed order in fp32 and cast once, barrier
@@ -98,8 +99,9 @@ class _CudaProtocol(Protocol):
         self._counts_mapped = self.mod.host_alloc_mapped(4 * cells)
         self._counts_np = np.ctypeslib.as_array((ctypes.c_int32 * cells).from_address(self._counts_mapped[0])).reshape(W, 1 + W + E)
         self._counts_event = torch.cuda.Event()
-        self._counts_snap = torch.empty((W, 1 + W + E), dtype=torch.int32, device=self.device)
-        self.ctx.set_counts_outputs(self._counts_mapped[1], self._counts_snap.data_ptr() if self.name == "push" else 0)
+        self._counts_snap = (torch.empty((W, 1 + W + E), dtype=torch.int32, device=self.device)
+                             if self.name == "push" else None)  # unpack runs after peers may move on
+        self.ctx.set_counts_outputs(self._counts_mapped[1], _ptr(self._counts_snap))
         self._bad_flag = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._bad_info = self.mod.host_alloc_mapped(32)  # kind, token, slot, value (int64 each)
         self.ctx.set_input_check(self._bad_flag.data_ptr(), self._bad_info[1])
@@ -248,7 +250,7 @@ class _CudaProtocol(Protocol):
         bad = [int(r) for r in np.nonzero(counts[:, 0] < 0)[0]]
         if self.rank in bad:
             kind, token, _slot, value = (ctypes.c_int64 * 4).from_address(self._bad_info[0])
-            msg = (validate.bad_expert_id(value, token, self.layout.num_experts) if kind == 1
+            msg = (validate.bad_expert_id(value, token, self.layout.num_experts) if kind == 1  # kBadRange
                    else validate.duplicate_expert(value, token))
         else:
             msg = f"rank {bad[0]} passed an invalid topk_idx (see its error)"
