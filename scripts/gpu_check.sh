@@ -14,6 +14,7 @@
 #   summary and logs still come back inside the device tool's 10-minute limit.
 #   SYMMOE_COMMIT=$(git rev-parse HEAD)   the commit recorded in every JSON (the device copy's .git may be stale)
 #   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_WORLD_SIZES=1,4 BENCH_PROTOCOLS=pull,push BENCH_REPEATS=30   bench choices
+#   BENCH_SET='kernel.num_channels=32 kernel.num_sms=64'   config values for every bench run
 # Later backends add their own sections in the case statement below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -51,7 +52,8 @@ for s in "${SECTIONS[@]}"; do
       backends=${BENCH_BACKENDS:-torch,nvshmem,nccl}
       [ "$s" = bench-quick ] && { ws=1; rep=10; }
       export SYMMOE_BENCH_COMMAND="scripts/gpu_check.sh $s"
-      python3 -m symmoe.bench --backends $backends --world-sizes $ws --protocols $protos --repeats $rep --json "$LOG/bench.json" \
+      sets=(); for kv in ${BENCH_SET:-}; do sets+=(--set "$kv"); done
+      python3 -m symmoe.bench --backends $backends --world-sizes $ws --protocols $protos --repeats $rep "${sets[@]}" --json "$LOG/bench.json" \
         2>&1 | tee "$LOG/bench.log"
       rc=${PIPESTATUS[0]}
       note "bench exit $rc"
@@ -61,18 +63,13 @@ for s in "${SECTIONS[@]}"; do
       rc=$?
       note "nccl: $(grep -h -E '^[0-9]+ (passed|failed)|passed|failed' "$LOG/nccl_tests.log" | tail -1); exit $rc"
       [ "$rc" -ne 0 ] && status=1 ;;
-    nvshmem)  # nvshmem backend: build, GPU tests at 1/2/4/8 PEs under MPS, benchmark W=1,4 (scripts/bench_nvshmem.py)
+    nvshmem)  # nvshmem backend: build, GPU tests at 1/2/4/8 PEs under MPS (its benchmark: bench)
       if ! python3 -c "import symmoe.protocol.nvshmem as n; n.load_extension()" >"$LOG/nvshmem_build.log" 2>&1; then
         note "nvshmem build FAILED"; tail -50 "$LOG/nvshmem_build.log"; status=1; continue
       fi
       timeout -s INT ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_nvshmem.py ${PYTEST_ARGS:-} 2>&1 | tee "$LOG/nvshmem_tests.log"
       rc=${PIPESTATUS[0]}
       note "pytest (nvshmem): $(tail -1 "$LOG/nvshmem_tests.log")"
-      [ "$rc" -ne 0 ] && status=1
-      python3 scripts/bench_nvshmem.py --world 1 4 --backends nvshmem torch --out "$LOG/nvshmem_bench.json" \
-        2>&1 | tee "$LOG/nvshmem_bench.log"
-      rc=${PIPESTATUS[0]}
-      note "nvshmem bench exit $rc"
       [ "$rc" -ne 0 ] && status=1 ;;
     ab)  # A/B: V1 vs V2 vs Mega at world size 1 (nccl needs one GPU per rank), torch push vs pull at 4 ranks
       symmoe ab configs/ab/v1_v2_mega.yaml --world-size 1 --repeats 20 --out "$LOG/ab_mega" --no-fallback 2>&1 | tee "$LOG/ab_mega.log"
@@ -83,5 +80,5 @@ for s in "${SECTIONS[@]}"; do
   esac
 done
 
-finish_run bench.json nvshmem_bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json
+finish_run bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json
 exit $status

@@ -57,7 +57,7 @@ def _model(W: int, layout: str, routing, seed: int, align: int = 4):
     # senders: rows into the receivers' pools (own rows straight to the output)
     for s in range(W):
         g = geo[s]
-        ents = send_entries(lay, routings[s], inputs[s].topk_idx, layout, int(g["send_cnt"].sum()))
+        ents = send_entries(lay, routings[s], inputs[s].topk_idx, layout)
         for d in range(W):
             for i in range(int(g["send_cnt"][d])):
                 ent = int(ents[int(g["send_off"][d]) + i])

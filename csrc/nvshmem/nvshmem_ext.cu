@@ -242,10 +242,13 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
                 *recv_base = a.info + 4 * W;
   uint64_t* tail = reinterpret_cast<uint64_t*>(a.base + a.lay.tail);
 
-  // Rows this rank keeps: x -> output directly. Channel c's share, split between its two blocks.
+  // Rows this rank keeps: x -> output directly, channel c's share. With peers the receiver
+  // block copies them while the first puts are in flight, so senders start putting at once;
+  // alone, both blocks split them.
   {
     const int64_t n = send_cnt[me], i0 = chan_begin(n, c, C), i1 = chan_begin(n, c + 1, C);
-    const int64_t mid = (i0 + i1) / 2, lo = sender ? i0 : mid, hi = sender ? mid : i1;
+    const int64_t mid = W == 1 ? (i0 + i1) / 2 : i0;  // the sender block's part ends here
+    const int64_t lo = sender ? i0 : mid, hi = sender ? mid : i1;
     for (int64_t i = lo + warp; i < hi; i += kWarps) {
       const int ent = a.send_ent[send_off[me] + i];
       const int t = ent / S, slot = ent % S;
@@ -257,7 +260,8 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
   }
 
   if (sender) {
-    const int ngroups = min(W, kMaxGroups), wpg = kWarps / ngroups;
+    // One warp group per peer (up to kMaxGroups): the rank itself gets none.
+    const int ngroups = max(1, min(W - 1, kMaxGroups)), wpg = kWarps / ngroups;
     const int g = warp / wpg, wig = warp % wpg;
     if (g >= ngroups) return;
     uint8_t* rx = a.base + a.lay.recv_x;
@@ -265,9 +269,8 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
     float* rw = reinterpret_cast<float*>(a.base + a.lay.recv_w);
     int32_t* rsrc = reinterpret_cast<int32_t*>(a.base + a.lay.recv_src);
     const int64_t chunk = int64_t(wpg) * kRowsPerWarp;
-    for (int k = g; k < W; k += ngroups) {
+    for (int k = g; k < W - 1; k += ngroups) {
       const int d = (me + 1 + k) % W;  // next ranks first: receivers are not all hit at once
-      if (d == me) continue;
       const int64_t n = send_cnt[d], i0 = chan_begin(n, c, C), i1 = chan_begin(n, c + 1, C);
       int64_t c0 = i0;
       do {
@@ -463,13 +466,13 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineArgs a) {
   // 1. Blocks c < C push channel c of the rows each source sent here back to that source.
   if (blockIdx.x < C) {
     const int c = blockIdx.x;
-    const int ngroups = min(W, kMaxGroups), wpg = kWarps / ngroups;
+    // Own rows are read straight from y by the reduce: the groups serve the W - 1 peers.
+    const int ngroups = max(1, min(W - 1, kMaxGroups)), wpg = kWarps / ngroups;
     const int g = warp / wpg, wig = warp % wpg;
     const int64_t chunk = int64_t(wpg) * kRowsPerWarp;
     if (g < ngroups) {
-      for (int k = g; k < W; k += ngroups) {
+      for (int k = g; k < W - 1; k += ngroups) {
         const int s = (me + 1 + k) % W;
-        if (s == me) continue;  // own rows are read straight from y by the reduce
         const int64_t n = recv_cnt[s], i0 = chan_begin(n, c, C), i1 = chan_begin(n, c + 1, C);
         int64_t c0 = i0;
         do {

@@ -153,19 +153,25 @@ def padding_rows(g: dict[str, Any], rows: int, device: torch.device) -> torch.Te
             + torch.arange(total, device=device))
 
 
-def send_entries(lay: BufferLayout, routing: DispatchLayout, topk_idx: torch.Tensor, output_layout: str,
-                 sent: int) -> torch.Tensor:
+def send_entries(lay: BufferLayout, routing: DispatchLayout, topk_idx: torch.Tensor, output_layout: str) -> torch.Tensor:
     """This rank's rows in send order (by destination, then the receiver's order), each as
-    ``t * S + slot`` (slot: the destination rank, or the top-k position)."""
-    S, K = lay.combine_slots, lay.topk
+    ``t * S + slot`` (slot: the destination rank, or the top-k position). Entries past the
+    rows actually sent (``send_cnt.sum()``) are unused. A sort, not ``nonzero``: no host
+    sync, so it runs on the GPU while the host waits for the counts."""
+    S, K, W = lay.combine_slots, lay.topk, lay.world_size
     if output_layout == "rank":
-        pairs = routing.is_token_in_rank.t().nonzero()  # (dst, token), by dst then token
-        return (pairs[:, 1] * S + pairs[:, 0]).to(torch.int32)
+        in_rank = routing.is_token_in_rank  # [T, W]
+        T = in_rank.shape[0]
+        dst = torch.arange(W, device=in_rank.device).unsqueeze(0).expand(T, W)
+        tok = torch.arange(T, device=in_rank.device).unsqueeze(1).expand(T, W)
+        key = torch.where(in_rank, dst * T + tok, torch.full_like(tok, W * max(T, 1)))
+        order = key.flatten().argsort()  # by destination, then token
+        return ((order // W) * S + order % W).to(torch.int32)
     idx = topk_idx.long()
     T = idx.shape[0]
     tok = torch.arange(T, device=idx.device).unsqueeze(1).expand(T, K)
     key = torch.where(idx >= 0, idx * T + tok, torch.full_like(idx, lay.num_experts * max(T, 1)))
-    order = key.flatten().argsort()[:sent]  # by expert (so by destination), then token
+    order = key.flatten().argsort()  # by expert (so by destination), then token
     return ((order // K) * S + order % K).to(torch.int32)
 
 
@@ -230,6 +236,7 @@ class NvshmemPush(Protocol):
 
     # -- dispatch --------------------------------------------------------------------------
     def dispatch(self, x, topk_idx, topk_weights, output_layout, alignment):
+        raise_if_failed(self.mem, "dispatch")  # a wait of an earlier call expired
         lay, me, W = self.layout, self.me, self.W
         H, K = lay.hidden, lay.topk
         dev = self.device
@@ -238,7 +245,7 @@ class NvshmemPush(Protocol):
         T = x.shape[0]
         routing = routing_counts(lay, topk_idx)
 
-        # 1. counts exchange
+        # 1. counts exchange; the GPU sorts the send list and converts the ids meanwhile
         self._dispatches += 1
         epoch = self._dispatches
         cols = 1 + W + lay.num_experts
@@ -247,17 +254,23 @@ class NvshmemPush(Protocol):
         self._local("counts", torch.int32, (W, cols))[me].copy_(row)
         self.ext.counts(base, self.args, me, epoch, self.timeout_ns, self.err.data_ptr(), stream.cuda_stream)
         self._counts_host.copy_(self._local("counts", torch.int32, (W, cols)), non_blocking=True)
-        self._sync_check(stream, "dispatch.counts")
+        counts_ready = torch.cuda.Event()
+        counts_ready.record(stream)
+        send_ent = send_entries(lay, routing, topk_idx, output_layout)
+        idx32 = topk_idx.to(torch.int32).contiguous()
+        src = x
+        if self.stage_inputs and T:
+            src = self._local("in_x", x.dtype, (T, H))
+            src.copy_(x)
+        counts_ready.synchronize()  # the one host wait, as DeepEP's normal mode
+        raise_if_failed(self.mem, "dispatch.counts")
         counts = self._counts_host.clone()
 
         # 2. offsets and capacity
         g = geometry(lay, me, counts, output_layout, alignment)
         lay.check_capacity(g["totals"].tolist(), output_layout)
         rows = int(g["totals"][me])
-        idx32 = topk_idx.to(torch.int32).contiguous()
-        sent = int(g["send_cnt"].sum())
         if output_layout == "rank":
-            send_ent = send_entries(lay, routing, topk_idx, output_layout, sent)
             out_pos = None
             per_expert = g["per_expert_me"].sum(0).to(torch.int32)
             offsets = None
@@ -265,7 +278,6 @@ class NvshmemPush(Protocol):
             out_w = torch.empty((rows, K), dtype=torch.float32, device=dev)
             out_meta = [torch.empty(rows, dtype=torch.int32, device=dev) for _ in range(3)]
         else:
-            send_ent = send_entries(lay, routing, topk_idx, output_layout, sent)
             out_pos = out_positions(g, dev)
             per_expert = g["group"].to(torch.int32)
             offsets = torch.cat([g["gstart"], g["gstart"].new_tensor([rows])]).long()
@@ -274,12 +286,9 @@ class NvshmemPush(Protocol):
             out_meta = [torch.full((rows,), -1, dtype=torch.int32, device=dev) for _ in range(3)]
         out_x = torch.empty((rows, H), dtype=x.dtype, device=dev)
         info = self._info(g["send_off"], g["send_cnt"], g["dst_base"], g["recv_cnt"], g["recv_base"])
-        src = x
-        if self.stage_inputs and T:
-            src = self._local("in_x", x.dtype, (T, H))
-            src.copy_(x)
 
-        # 3. rows
+        # 3. rows. No host wait after the kernel: a timeout is raised by the next call (or
+        # by check()), as the CUDA protocols do.
         ptrs = [src.data_ptr(), idx32.data_ptr(), topk_weights.data_ptr(), send_ent.data_ptr(), info.data_ptr(),
                 out_pos.data_ptr() if out_pos is not None else 0, out_x.data_ptr(), out_idx.data_ptr(),
                 out_w.data_ptr(), *(m.data_ptr() for m in out_meta), self.err.data_ptr()]
@@ -292,8 +301,8 @@ class NvshmemPush(Protocol):
             pad = padding_rows(g, rows, dev)
             if pad.numel():
                 out_x.index_fill_(0, pad, 0)
-        self._sync_check(stream, "dispatch.data")
         if ev:
+            self._sync_check(stream, "dispatch.data")
             self.kernel_ms["dispatch"] = ev[0].elapsed_time(ev[1])
 
         src_rank, src_token, src_slot = out_meta
@@ -304,8 +313,15 @@ class NvshmemPush(Protocol):
             recv_src_token=src_token, recv_src_slot=src_slot, expert_offsets=offsets, buffer_id=self.buffer_id)
         return recv, handle
 
+    def check(self, synchronize: bool = False) -> None:
+        """Raise StallError if a device wait of an earlier call expired."""
+        if synchronize:
+            torch.cuda.current_stream(self.device).synchronize()
+        raise_if_failed(self.mem, "barrier")
+
     # -- combine ---------------------------------------------------------------------------
     def combine(self, y, handle, recv_topk_weights):
+        raise_if_failed(self.mem, "combine")
         lay, me = self.layout, self.me
         H, K, S = lay.hidden, lay.topk, lay.combine_slots
         dev = self.device
@@ -339,8 +355,7 @@ class NvshmemPush(Protocol):
                          self.timeout_ns, ptrs, stream.cuda_stream)
         if ev:
             ev[1].record(stream)
-        self._sync_check(stream, "combine.data")
-        if ev:
+            self._sync_check(stream, "combine.data")
             self.kernel_ms["combine"] = ev[0].elapsed_time(ev[1])
         return out_x, out_w
 
