@@ -7,7 +7,9 @@
 #              bus bandwidth (the NVLink ceiling), all_to_all_single dispatch/combine (what
 #              a user without symmoe writes), torch.ops.symm_mem.all_to_all_vdev_2d
 #   bench      python -m symmoe.bench: every backend at world size N with per-kernel times
-# and prints a short table last. On one GPU it runs the same steps at world size 1.
+# then, when bench.json and baselines.json exist, python -m symmoe.targets (the issue-7 target
+# table: ratio to the NVLink all-to-all ceiling, speedup vs all_to_all_single) and prints
+# that table last. On one GPU it runs the same steps at world size 1.
 #   scripts/multigpu_check.sh [step ...]      default: check ab baselines bench
 #   SYMMOE_COMMIT=$(git rev-parse HEAD)       the commit recorded in the JSON files
 #   STEP_LIMIT_S=1200                         each torchrun step is interrupted after this
@@ -50,6 +52,18 @@ for s in "${STEPS[@]}"; do
   esac
 done
 
+# The target table needs the ceiling (baselines) and the backends (bench) of this run.
+if [ -f "$LOG/bench.json" ] && [ -f "$LOG/baselines.json" ]; then
+  AB_ARG=(); [ -f "$LOG/ab/results.json" ] && AB_ARG=(--ab "$LOG/ab/results.json")
+  rm -f "$LOG/targets.md" "$LOG/targets.json"  # a failed run must not leave an older table behind
+  python3 -m symmoe.targets --bench "$LOG/bench.json" --baselines "$LOG/baselines.json" ${AB_ARG[@]+"${AB_ARG[@]}"} \
+    --md "$LOG/targets.md" --json "$LOG/targets.json" >"$LOG/targets.log" 2>&1
+  rc=$?; note "targets (issue 7): exit $rc"; [ "$rc" -ne 0 ] && { cat "$LOG/targets.log"; status=1; }
+fi
+
 [ -f "$LOG/ab/table.md" ] && sed -n '/^| variant | backend/,/^$/p' "$LOG/ab/table.md"
-finish_run bench.json baselines.json ab/results.json ab/table.md check.log
+# check.log stays in logs.tar.gz: $OUT takes at most 8 files.
+finish_run bench.json baselines.json ab/results.json ab/table.md targets.md targets.json
+# The target table is the last thing on screen.
+[ -f "$LOG/targets.md" ] && { echo; cat "$LOG/targets.md"; }
 exit $status
