@@ -31,13 +31,16 @@ import torch
 
 from . import launch
 from .config import PROTOCOLS, Config, from_dict, parse_key_value
+from .layout import MAX_CHANNELS
 
 DEEPSEEK_V3 = {"buffer.max_tokens_per_rank": 4096, "buffer.hidden": 7168, "buffer.topk": 8,
                "buffer.num_experts": 256, "buffer.dtype": "bfloat16", "buffer.expert_alignment": 1}
 
 
 def bench_config(protocol: str = "pull", num_sms: int = 132, **over: Any) -> Config:
-    d = {"backend": "torch", "protocol": protocol, "kernel.num_sms": num_sms, "kernel.timeout_s": 30.0,
+    # nvshmem runs one sender and one receiver block per channel: the same SMs as the others.
+    d = {"backend": "torch", "protocol": protocol, "kernel.num_sms": num_sms,
+         "kernel.num_channels": max(1, min(MAX_CHANNELS, num_sms // 2)), "kernel.timeout_s": 30.0,
          "torch.allow_overlapping_devices": True, **DEEPSEEK_V3}
     d.update(over)
     return Config().replace(**d)

@@ -12,7 +12,6 @@ from symmoe.protocol.nvshmem import (geometry, out_positions, padding_rows, rout
 from symmoe.testing import CHECK_ROUTINGS, _tokens_per_rank, assert_bitwise
 from symmoe.workload import make_inputs
 
-CPU = torch.device("cpu")
 
 
 def _model(W: int, layout: str, routing, seed: int, align: int = 4):
@@ -30,7 +29,7 @@ def _model(W: int, layout: str, routing, seed: int, align: int = 4):
                                      r.num_tokens_per_expert]) for i, r in zip(inputs, routings)])
     geo = [geometry(lay, r, counts, layout, align) for r in range(W)]
     rows = [int(geo[r]["totals"][r]) for r in range(W)]
-    pos = [out_positions(geo[r], CPU) if layout == "expert" else None for r in range(W)]
+    pos = [out_positions(geo[r]) if layout == "expert" else None for r in range(W)]
     outs = []
     for r in range(W):
         n = rows[r]
@@ -79,7 +78,7 @@ def _model(W: int, layout: str, routing, seed: int, align: int = 4):
                 row, m, ent = pool[d][q]
                 place(d, s, q, row, m, ent)
         if layout == "expert":
-            assert padding_rows(g, rows[d], CPU).tolist() == (outs[d]["rank"] < 0).nonzero().flatten().tolist()
+            assert padding_rows(g, rows[d]).tolist() == (outs[d]["rank"] < 0).nonzero().flatten().tolist()
     for r in range(W):
         ctx = f"W={W} {layout} {routing.kind} rank {r}"
         want = ref.recv[r]
@@ -95,7 +94,7 @@ def _model(W: int, layout: str, routing, seed: int, align: int = 4):
     want = reference.combine(ys, ref, [i.topk_idx for i in inputs], [i.topk_weights for i in inputs], E, layout)
     handles = []
     for r in range(W):
-        offs = torch.cat([geo[r]["gstart"], torch.tensor([rows[r]])]) if layout == "expert" else None
+        offs = torch.tensor([*geo[r]["gstart"].tolist(), rows[r]]) if layout == "expert" else None
         handles.append(DispatchHandle(layout, inputs[r].x.shape[0], inputs[r].topk_idx.long(),
                                       inputs[r].topk_weights, routings[r].is_token_in_rank, counts, rows[r],
                                       outs[r]["rank"], outs[r]["tok"], outs[r]["slot"], offs, 0))
@@ -103,7 +102,7 @@ def _model(W: int, layout: str, routing, seed: int, align: int = 4):
     for me in range(W):
         h = handles[me]
         g = geometry(lay, me, counts, layout, None, h.expert_offsets[:-1] if layout == "expert" else None)
-        p = out_positions(g, CPU) if layout == "expert" else None
+        p = out_positions(g) if layout == "expert" else None
         for s in range(W):
             if s == me:
                 continue

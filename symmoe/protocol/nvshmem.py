@@ -28,6 +28,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import build
@@ -79,12 +80,41 @@ def raise_if_failed(mem: Any, stage: str) -> None:
     raise stall(mem, _STAGE_NAMES.get(int(code), stage), int(peer), int(epoch))
 
 
-def _excl(v: torch.Tensor, dim: int = 0) -> torch.Tensor:
-    return v.cumsum(dim) - v
+def _excl(v: np.ndarray, axis: int = 0) -> np.ndarray:
+    return v.cumsum(axis) - v
 
 
+class _Upload:
+    """int32 host arrays -> one pinned buffer -> one device buffer, one copy per call. The
+    pinned buffer is rewritten only after the previous copy finished (its event)."""
 
-# -- the host-side arithmetic (pure torch; tests/test_nvshmem_plan.py replays the kernels on it) --
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.host = torch.empty(0, dtype=torch.int32, pin_memory=True)
+        self.dev = torch.empty(0, dtype=torch.int32, device=device)
+        self.done: torch.cuda.Event | None = None
+
+    def __call__(self, *arrays: np.ndarray) -> list[torch.Tensor]:
+        n = sum(a.size for a in arrays)
+        if self.done is not None:
+            self.done.synchronize()
+        if n > self.host.numel():
+            self.host = torch.empty(2 * n, dtype=torch.int32, pin_memory=True)
+            self.dev = torch.empty(2 * n, dtype=torch.int32, device=self.device)
+        flat = self.host.numpy()
+        views, o = [], 0
+        for a in arrays:
+            flat[o:o + a.size] = a.ravel()
+            views.append(self.dev[o:o + a.size])
+            o += a.size
+        self.dev[:n].copy_(self.host[:n], non_blocking=True)
+        self.done = torch.cuda.Event()
+        self.done.record(torch.cuda.current_stream(self.device))
+        return views
+
+
+# -- the host-side arithmetic (numpy on the small counts matrix; routing on the GPU);
+# tests/test_nvshmem_plan.py replays the kernels on it --
 def routing_counts(lay: BufferLayout, topk_idx: torch.Tensor) -> DispatchLayout:
     """The reference's counts, computed without a host sync."""
     W, E, L = lay.world_size, lay.num_experts, lay.local_experts
@@ -99,15 +129,17 @@ def routing_counts(lay: BufferLayout, topk_idx: torch.Tensor) -> DispatchLayout:
                           num_tokens_per_expert=per_expert[:E].to(torch.int32), is_token_in_rank=in_rank)
 
 
-def geometry(lay: BufferLayout, me: int, counts: torch.Tensor, output_layout: str, alignment: int | None,
-             group_start: torch.Tensor | None = None) -> dict[str, Any]:
-    """Every offset rank ``me`` needs, from the counts matrix (CPU); identical on every rank.
+def geometry(lay: BufferLayout, me: int, counts: "np.ndarray | torch.Tensor", output_layout: str,
+             alignment: int | None, group_start: "np.ndarray | torch.Tensor | None" = None) -> dict[str, Any]:
+    """Every offset rank ``me`` needs, from the counts matrix (host); identical on every rank.
+    numpy: it runs while the GPU idles, so it must stay cheap.
 
     ``n[s, d]``: rows s sends d. Pool of d: source-major, in the sender's list order.
     Sender list of s for d: tokens by index (rank-major); by local expert, then token (expert-major)."""
     W, L = lay.world_size, lay.local_experts
-    per_rank = counts[:, 1:1 + W].long()  # [src, dst]
-    per_expert = counts[:, 1 + W:].long().view(W, W, L)  # [src, dst, j]
+    counts = np.asarray(counts, dtype=np.int64)
+    per_rank = counts[:, 1:1 + W]  # [src, dst]
+    per_expert = counts[:, 1 + W:].reshape(W, W, L)  # [src, dst, j]
     g: dict[str, Any] = {}
     if output_layout == "rank":
         n = per_rank
@@ -120,7 +152,7 @@ def geometry(lay: BufferLayout, me: int, counts: torch.Tensor, output_layout: st
             g["gstart"] = _excl(padded, 1)[me]
             g["totals"] = padded.sum(1)
         else:
-            g["gstart"] = group_start.long()
+            g["gstart"] = np.asarray(group_start, dtype=np.int64)
         g["group"] = group[me]
     g["n"] = n
     g["per_expert_me"] = per_expert[:, me, :]  # [src, j]
@@ -131,26 +163,20 @@ def geometry(lay: BufferLayout, me: int, counts: torch.Tensor, output_layout: st
     return g
 
 
-def out_positions(g: dict[str, Any], device: torch.device) -> torch.Tensor:
-    """Expert-major: pool row -> output row (int32, on ``device``)."""
+def out_positions(g: dict[str, Any]) -> np.ndarray:
+    """Expert-major: pool row -> output row (int32)."""
     cnt = g["per_expert_me"]  # [src, j]
-    start = g["gstart"].unsqueeze(0) + _excl(cnt, 0)  # first output row of each (src, j)
-    flat = cnt.flatten()
-    delta = (start.flatten() - _excl(flat)).to(device, non_blocking=True)
-    total = int(flat.sum())
-    return (torch.repeat_interleave(delta, flat.to(device, non_blocking=True), output_size=total)
-            + torch.arange(total, device=device)).to(torch.int32)
+    start = g["gstart"][None, :] + _excl(cnt, 0)  # first output row of each (src, j)
+    flat = cnt.ravel()
+    return (np.repeat(start.ravel() - _excl(flat), flat) + np.arange(flat.sum())).astype(np.int32)
 
 
-def padding_rows(g: dict[str, Any], rows: int, device: torch.device) -> torch.Tensor:
+def padding_rows(g: dict[str, Any], rows: int) -> np.ndarray:
     """Expert-major: the output rows that pad each group up to the alignment."""
     group, gstart = g["group"], g["gstart"]
-    ends = torch.cat([gstart[1:], gstart.new_tensor([rows])])
+    ends = np.append(gstart[1:], rows)
     pad = ends - (gstart + group)
-    total = int(pad.sum())
-    delta = (gstart + group - _excl(pad)).to(device, non_blocking=True)
-    return (torch.repeat_interleave(delta, pad.to(device, non_blocking=True), output_size=total)
-            + torch.arange(total, device=device))
+    return np.repeat(gstart + group - _excl(pad), pad) + np.arange(pad.sum())
 
 
 def send_entries(lay: BufferLayout, routing: DispatchLayout, topk_idx: torch.Tensor, output_layout: str) -> torch.Tensor:
@@ -206,6 +232,7 @@ class NvshmemPush(Protocol):
         self._combines = 0
         cols = 1 + layout.world_size + layout.num_experts
         self._counts_host = torch.empty((self.W, cols), dtype=torch.int32, pin_memory=True)
+        self._upload_dispatch, self._upload_combine = _Upload(self.device), _Upload(self.device)
         # Puts read their source from symmetric memory where a peer is not load/store
         # reachable (IBGDA needs registered memory); SYMMOE_NVSHMEM_STAGE=1 forces it (tests).
         self.stage_inputs = (not mem.all_peers_mapped) or os.environ.get("SYMMOE_NVSHMEM_STAGE") == "1"
@@ -231,8 +258,6 @@ class NvshmemPush(Protocol):
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:
         return routing_counts(self.layout, topk_idx)
 
-    def _info(self, *vectors: torch.Tensor) -> torch.Tensor:
-        return torch.cat([v.to(torch.int32) for v in vectors]).pin_memory().to(self.device, non_blocking=True)
 
     # -- dispatch --------------------------------------------------------------------------
     def dispatch(self, x, topk_idx, topk_weights, output_layout, alignment):
@@ -266,26 +291,27 @@ class NvshmemPush(Protocol):
         raise_if_failed(self.mem, "dispatch.counts")
         counts = self._counts_host.clone()
 
-        # 2. offsets and capacity
-        g = geometry(lay, me, counts, output_layout, alignment)
+        # 2. offsets and capacity; the tables travel to the GPU in one copy
+        g = geometry(lay, me, counts.numpy(), output_layout, alignment)
         lay.check_capacity(g["totals"].tolist(), output_layout)
         rows = int(g["totals"][me])
+        info = np.concatenate([g["send_off"], g["send_cnt"], g["dst_base"], g["recv_cnt"], g["recv_base"]])
         if output_layout == "rank":
-            out_pos = None
-            per_expert = g["per_expert_me"].sum(0).to(torch.int32)
+            (info,) = self._upload_dispatch(info)
+            out_pos = pad = None
+            per_expert = torch.from_numpy(g["per_expert_me"].sum(0).astype(np.int32))
             offsets = None
             out_idx = torch.empty((rows, K), dtype=torch.int64, device=dev)
             out_w = torch.empty((rows, K), dtype=torch.float32, device=dev)
             out_meta = [torch.empty(rows, dtype=torch.int32, device=dev) for _ in range(3)]
         else:
-            out_pos = out_positions(g, dev)
-            per_expert = g["group"].to(torch.int32)
-            offsets = torch.cat([g["gstart"], g["gstart"].new_tensor([rows])]).long()
+            info, out_pos, pad = self._upload_dispatch(info, out_positions(g), padding_rows(g, rows))
+            per_expert = torch.from_numpy(g["group"].astype(np.int32))
+            offsets = torch.from_numpy(np.append(g["gstart"], rows).astype(np.int64))
             out_idx = torch.full((rows,), -1, dtype=torch.int64, device=dev)
             out_w = torch.zeros(rows, dtype=torch.float32, device=dev)
             out_meta = [torch.full((rows,), -1, dtype=torch.int32, device=dev) for _ in range(3)]
         out_x = torch.empty((rows, H), dtype=x.dtype, device=dev)
-        info = self._info(g["send_off"], g["send_cnt"], g["dst_base"], g["recv_cnt"], g["recv_base"])
 
         # 3. rows. No host wait after the kernel: a timeout is raised by the next call (or
         # by check()), as the CUDA protocols do.
@@ -297,10 +323,8 @@ class NvshmemPush(Protocol):
                           self.timeout_ns, ptrs, stream.cuda_stream)
         if ev:
             ev[1].record(stream)
-        if output_layout == "expert":
-            pad = padding_rows(g, rows, dev)
-            if pad.numel():
-                out_x.index_fill_(0, pad, 0)
+        if pad is not None and pad.numel():
+            out_x.index_fill_(0, pad.long(), 0)
         if ev:
             self._sync_check(stream, "dispatch.data")
             self.kernel_ms["dispatch"] = ev[0].elapsed_time(ev[1])
@@ -330,10 +354,11 @@ class NvshmemPush(Protocol):
         T = handle.num_tokens
         rows = handle.num_recv_rows
         expert = handle.output_layout == "expert"
-        gstart = handle.expert_offsets[:-1].cpu() if expert else None
-        g = geometry(lay, me, handle.counts, handle.output_layout, None, gstart)
-        out_pos = out_positions(g, dev) if expert else None
-        info = self._info(g["recv_cnt"], g["recv_base"], g["send_cnt"])
+        gstart = handle.expert_offsets[:-1].cpu().numpy() if expert else None  # a host tensor: no sync
+        g = geometry(lay, me, handle.counts.numpy(), handle.output_layout, None, gstart)
+        info = np.concatenate([g["recv_cnt"], g["recv_base"], g["send_cnt"]])
+        info, out_pos = (self._upload_combine(info, out_positions(g)) if expert
+                         else (*self._upload_combine(info), None))
         self_row = self_rows(handle, me, S)
         src, src_w = y, recv_topk_weights
         if self.stage_inputs and rows:
