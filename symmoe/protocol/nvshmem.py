@@ -212,6 +212,15 @@ def self_rows(handle: DispatchHandle, me: int, S: int) -> torch.Tensor:
     return out
 
 
+def usable_sms(device: torch.device) -> int:
+    """SMs this process can occupy at once: all of them, or its MPS share."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    pct = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    if pct:
+        sms = max(2, sms * int(float(pct)) // 100)
+    return sms
+
+
 class NvshmemPush(Protocol):
     name = "push"
 
@@ -222,8 +231,11 @@ class NvshmemPush(Protocol):
         self.offs = layout.offsets()
         mem.use_layout(self.args, self.offs["barrier"])
         k = config.kernel
-        # One sender and one receiver block per channel: 2 * C blocks <= num_sms.
-        self.channels = max(1, min(k.num_channels, layout.num_channels, k.num_sms // 2))
+        # One sender and one receiver block per channel, and every combine block waits for the
+        # peers' senders: all 2 * C blocks must be resident at once, on the SMs this process
+        # has (under MPS, its active thread percentage of them), or the ranks deadlock.
+        self.channels = max(1, min(k.num_channels, layout.num_channels, k.num_sms // 2,
+                                   usable_sms(self.device) // 2))
         self.timeout_ns = int(k.timeout_s * 1e9)
         self.err = mem.error_word()
         self.me, self.W = mem.rank, layout.world_size
