@@ -235,7 +235,7 @@ class NvshmemPush(Protocol):
         # peers' senders: all 2 * C blocks must be resident at once, on the SMs this process
         # has (under MPS, its active thread percentage of them), or the ranks deadlock.
         self.channels = max(1, min(k.num_channels, layout.num_channels, k.num_sms // 2,
-                                   usable_sms(self.device) // 2))
+                                   usable_sms(mem.device) // 2))
         self.timeout_ns = int(k.timeout_s * 1e9)
         self.err = mem.error_word()
         self.me, self.W = mem.rank, layout.world_size
