@@ -25,6 +25,7 @@ import json
 import os
 import statistics
 import subprocess
+import time
 from typing import Any, Callable
 
 import torch
@@ -64,29 +65,40 @@ def _time(fn: Callable[[], Any], warmup: int, repeats: int, sleep_cycles: int, s
     return out
 
 
-def kernel_breakdown(fn: Callable[[], Any], calls: int = 5, sync: Callable[[], None] = lambda: None) -> dict[str, float]:
-    """Device time per call of each kernel ``fn`` launches (CUDA profiler activity), in µs:
-    what the GPU itself spends, without the host gaps the event timings include. With
-    several ranks, ``sync`` lines them up before each call; a kernel that ends in a barrier
-    still includes the wait for the slowest peer."""
+def kernel_breakdown(fn: Callable[[], Any], calls: int = 5, sync: Callable[[], None] = lambda: None,
+                     host: bool = False) -> dict[str, float]:
+    """Time per call of each kernel ``fn`` launches (CUDA profiler activity), in µs: what the
+    GPU itself spends, without the host gaps the event timings include. With several ranks,
+    ``sync`` lines them up before each call; a kernel that ends in a barrier still includes
+    the wait for the slowest peer. ``host=True``: the host's self time per operator instead
+    (CPU activity), which shows what keeps the GPU waiting between kernels."""
     from torch.profiler import ProfilerActivity, profile
 
     fn()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    wall = 0.0
+    with profile(activities=[ProfilerActivity.CPU if host else ProfilerActivity.CUDA]) as prof:
         for _ in range(calls):
             sync()
+            t0 = time.perf_counter()
             fn()
+            wall += time.perf_counter() - t0
             torch.cuda.synchronize()
     out: dict[str, float] = {}
     for ev in prof.key_averages():
-        total = getattr(ev, "device_time_total", None)
-        if total is None:
-            total = getattr(ev, "cuda_time_total", 0.0)
-        if total <= 0 or ev.key.startswith("cuda") or ev.key.startswith("Activity"):
+        if host:
+            total = ev.self_cpu_time_total
+        else:
+            total = getattr(ev, "device_time_total", None)
+            if total is None:
+                total = getattr(ev, "cuda_time_total", 0.0)
+        skip = ("ProfilerStep", "cudaDeviceSynchronize") if host else ("cuda", "Activity")
+        if total <= 0 or ev.key.startswith(skip):
             continue
         name = ev.key.split("<")[0].split("(")[0].replace("void ", "").replace("symmoe::", "").strip()[:48]
         out[name] = out.get(name, 0.0) + total / calls
+    if host:  # the rest of the call: Python, extension launches, host waits on the GPU
+        out["(other: python, launches, waits)"] = max(0.0, wall / calls * 1e6 - sum(out.values()))
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
@@ -181,8 +193,10 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
             ys[layout] = recv.x
             api_d = _time(lambda: buf.dispatch(x, idx, w, output_layout=layout), 2, max(5, repeats // 3), sleep, sync)
             kernels = {"dispatch": kernel_breakdown(dispatch, sync=sync), "combine": kernel_breakdown(combine, sync=sync)}
+            host_ops = {"dispatch": kernel_breakdown(dispatch, sync=sync, host=True),
+                        "combine": kernel_breakdown(combine, sync=sync, host=True)}
             res[layout] = {
-                "rows": rows, "real_rows": real, "kernels_us": kernels,
+                "rows": rows, "real_rows": real, "kernels_us": kernels, "host_ops_us": host_ops,
                 "dispatch": _stats(d), "combine": _stats(c), "api_dispatch": _stats(api_d),
                 "dispatch_bytes": (unique_src + rows) * rb, "combine_bytes": (real + T) * rb,
             }
@@ -254,6 +268,16 @@ def table(results: list[dict[str, Any]]) -> str:
                 kdesc = ", ".join(f"{k} {v:.0f}" for k, v in list(ks.items())[:4])
                 lines.append(f"{r['backend']:<8} {r['protocol']:<5} {r['world_size']:>2} {layout:<6} {op:<8} {o['median_us']:>8.1f} "
                              f"{o['TBps']:>6.2f} {100 * o['ratio_roofline']:>5.1f}% {tu:>9} {sp:>7} {sum(ks.values()):>8.1f}  {kdesc}")
+    if any(r["ranks"][0][lay].get("host_ops_us") for r in results for lay in r["layouts"]):
+        lines.append("host, self time per call (rank 0, µs; the GPU idles while the host works after a sync):")
+    for r in results:
+        for layout in r["layouts"]:
+            for op in ("dispatch", "combine"):
+                hs = r["ranks"][0][layout].get("host_ops_us", {}).get(op, {})
+                if hs:
+                    top = ", ".join(f"{k} {v:.0f}" for k, v in list(hs.items())[:6])
+                    lines.append(f"  {r['backend']:<8} {r['protocol']:<5} {r['world_size']:>2} {layout:<6} {op:<8} "
+                                 f"total {sum(hs.values()):.0f}: {top}")
     roofs = sorted({round(r['copy_roofline_TBps'], 2) for r in results})
     lines.append(f"copy roofline (read + write): {', '.join(map(str, roofs))} TB/s")
     return "\n".join(lines)
