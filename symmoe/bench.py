@@ -116,12 +116,14 @@ def copy_roofline(nbytes: int = 1 << 30, repeats: int = 20) -> float:
     return 2 * nbytes / statistics.median(ts)
 
 
-def _inputs(T: int, H: int, K: int, E: int, seed: int, device: torch.device):
-    g = torch.Generator(device=device).manual_seed(seed)
-    x = torch.randn(T, H, generator=g, device=device).to(torch.bfloat16)
-    idx = torch.rand(T, E, generator=g, device=device).topk(K, dim=1).indices  # uniform, distinct
-    w = torch.softmax(torch.randn(T, K, generator=g, device=device), dim=1)
-    return x, idx, w
+def _inputs(T: int, H: int, K: int, E: int, W: int, rank: int, seed: int, device: torch.device):
+    """This rank's uniform routing, drawn exactly as ``python -m symmoe.baselines`` draws it
+    (same seed, same generator): a multi-GPU run's baselines move the same rows."""
+    from .workload import Routing, make_inputs
+
+    mine = make_inputs(Routing("uniform"), num_tokens=T, hidden=H, topk=K, num_experts=E, world_size=W,
+                       dtype=torch.bfloat16, seed=seed, device=device, ranks=[rank])[rank]
+    return mine.x, mine.topk_idx, mine.topk_weights
 
 
 def _torch_baselines(x, idx, w, y_rank, y_expert, warmup, repeats, sleep) -> dict[str, Any]:
@@ -165,11 +167,11 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
     b = cfg.buffer
     T = opts["tokens"] or b.max_tokens_per_rank
     rb = b.hidden * 2
-    x, idx, w = _inputs(T, b.hidden, b.topk, b.num_experts, opts["seed"] * 1000 + rank, device)
+    x, idx, w = _inputs(T, b.hidden, b.topk, b.num_experts, world_size, rank, opts["seed"], device)
     warmup, repeats = opts["warmup"], opts["repeats"]
     sleep = opts["sleep_cycles"]
     sync = (lambda: dist.barrier()) if world_size > 1 else (lambda: None)
-    res: dict[str, Any] = {"rank": rank, "tokens": T}
+    res: dict[str, Any] = {"rank": rank, "tokens": T, "seed": opts["seed"]}
     with Buffer(None, cfg) as buf:
         proto = buf._protocol
         ys = {}
@@ -235,6 +237,7 @@ def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]]) -> d
         "backend": config.backend, "protocol": config.effective_protocol, "world_size": world_size,
         "tokens_per_rank": ranks[0]["tokens"], "hidden": config.buffer.hidden, "topk": config.buffer.topk,
         "num_experts": config.buffer.num_experts, "dtype": config.buffer.dtype, "num_sms": config.kernel.num_sms,
+        "routing": "uniform", "seed": ranks[0].get("seed", 0),
         "copy_roofline_TBps": roof / 1e12, "layouts": {}, "ranks": ranks,
     }
     for layout in ("rank", "expert"):

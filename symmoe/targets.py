@@ -228,6 +228,8 @@ def compute(bench: dict[str, Any], baselines: dict[str, Any], ab: dict[str, Any]
             shape_checked = True
             theirs = {"tokens": r.get("tokens_per_rank"), "hidden": r.get("hidden"), "topk": r.get("topk"),
                       "experts": r.get("num_experts"), "dtype": dtype}
+            if "routing" in r:  # bench records its routing since 2026-11-29 (session 3)
+                theirs.update(routing=r.get("routing"), seed=r.get("seed"))
             diff = [f"{k} {shape.get(k)} vs {v}" for k, v in theirs.items() if shape.get(k) != v]
             if diff:
                 notes.append("baselines shape differs from bench (" + ", ".join(diff) + "): speedups compare "
@@ -236,7 +238,7 @@ def compute(bench: dict[str, Any], baselines: dict[str, Any], ab: dict[str, Any]
                 notes.append(f"baselines a2a row_bytes {sorted(a2a_row_bytes)} != bench row_bytes {row_bytes}")
             if a2a_rows and a2a_rows != rank_rows:
                 notes.append(f"the a2a baseline ({shape.get('routing')} routing, seed {shape.get('seed')}) and bench "
-                             f"(its own draws) route different tokens: rank-major rows per rank {a2a_rows} (a2a) vs "
+                             f"({r.get('routing', 'its own draws')}, seed {r.get('seed', '?')}) route different tokens: rank-major rows per rank {a2a_rows} (a2a) vs "
                              f"{rank_rows} (bench); the speedup is a ratio of medians, not normalised by rows")
 
     # ab: Buffer API, L2 flushed, step time = per-repeat slowest rank.
@@ -306,8 +308,7 @@ def _ab_rows(A: _Doc, W: int, algbw: float, a2a: dict[str, float], shape: dict[s
               "routing": (wl.get("routing") or {}).get("kind")}
     diff = [f"{k} {v} vs {shape.get(k)}" for k, v in theirs.items() if shape and v != shape.get(k)]
     if diff:
-        notes.append("ab workload differs from the a2a baseline's (" + ", ".join(diff) + "; bench.json records no "
-                     "routing): ab moves other row counts, its speedups compare different workloads")
+        notes.append("ab workload differs from the a2a baseline's (" + ", ".join(diff) + "): ab moves other row counts, its speedups compare different workloads")
     timers = {str(rk.get("timer")) for rk in ranks}
     if timers != {"cuda-events"}:
         notes.append(f"ab timer {sorted(timers)}: not CUDA events, so no L2 flush before each call")
