@@ -220,14 +220,20 @@ class NvshmemMemory(SymmetricMemory):
         if self._layout_args is None:
             dist.barrier(group=self.group)
             return
-        from ..protocol.nvshmem import STAGES, raise_if_failed
+        from ..protocol.nvshmem import raise_if_failed
+        self.barrier_on_stream("barrier")
+        torch.cuda.current_stream(self.device).synchronize()
+        raise_if_failed(self, stage)
+
+    def barrier_on_stream(self, stage: str) -> None:
+        """The same device barrier, queued on the current stream without a host wait; a
+        timeout is recorded under ``stage`` (a name of ``protocol.nvshmem.STAGES``) and raised
+        by the next call that checks the error word."""
+        from ..protocol.nvshmem import STAGES
         ext = self.runtime.extension()
         self._epoch += 1
-        stream = torch.cuda.current_stream(self.device)
         ext.barrier(self.local.data_ptr(), self._layout_args, self.rank, self._epoch, int(self.timeout_s * 1e9),
-                    self.error_word().data_ptr(), STAGES["barrier"], stream.cuda_stream)
-        stream.synchronize()
-        raise_if_failed(self, stage)
+                    self.error_word().data_ptr(), STAGES[stage], torch.cuda.current_stream(self.device).cuda_stream)
 
     def mark_broken(self) -> None:
         self.runtime.broken = True

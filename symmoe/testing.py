@@ -55,9 +55,10 @@ def _tokens_per_rank(world_size: int, max_tokens: int, seed: int) -> list[int]:
 
 def check_dispatch_combine(rank: int, world_size: int, config: dict[str, Any], seed: int,
                            routings: tuple[Routing, ...] = CHECK_ROUTINGS, layouts: tuple[str, ...] = ("rank", "expert"),
-                           device: str = "cpu", repeats: int = 1) -> int:
+                           device: str = "cpu", repeats: int = 1, combines: int = 1) -> int:
     """Run dispatch + combine for each routing and layout; raise on any bitwise difference.
-    Returns the number of (routing, layout) cases checked."""
+    ``combines`` > 1: that many combines in a row on one handle, each with other expert
+    outputs (a backward pass reuses a handle). Returns the number of (routing, layout) cases."""
     cfg: Config = from_dict(config)
     b = cfg.buffer
     dtype = DTYPES[b.dtype]
@@ -74,13 +75,13 @@ def check_dispatch_combine(rank: int, world_size: int, config: dict[str, Any], s
                                          seed=case_seed)
                     ctx = (f"rank {rank}/{world_size} {cfg.backend}/{buf.protocol} routing={routing.kind} "
                            f"layout={layout} seed={case_seed}")
-                    _check_one(buf, inputs, rank, world_size, cfg, layout, dev, ctx, case_seed)
+                    _check_one(buf, inputs, rank, world_size, cfg, layout, dev, ctx, case_seed, combines)
                     checked += 1
     return checked
 
 
 def _check_one(buf: Buffer, inputs, rank: int, world_size: int, cfg: Config, layout: str, dev: torch.device,
-               ctx: str, seed: int) -> None:
+               ctx: str, seed: int, combines: int = 1) -> None:
     b = cfg.buffer
     align = b.expert_alignment
     mine = inputs[rank]
@@ -99,18 +100,21 @@ def _check_one(buf: Buffer, inputs, rank: int, world_size: int, cfg: Config, lay
     assert_bitwise("handle.recv_src_rank", handle.recv_src_rank, want.src_rank, ctx)
     assert_bitwise("handle.recv_src_token", handle.recv_src_token, want.src_token, ctx)
 
-    # Expert outputs: fresh values per receiving rank, derived from the seed so that every
-    # rank can compute every rank's y for the reference combine.
-    ys = []
-    for r in range(world_size):
-        g = torch.Generator().manual_seed(seed * 7 + r)
-        ys.append(torch.randn(ref.recv[r].x.shape, generator=g).to(ref.recv[r].x.dtype))
-    rws = [torch.rand(ref.recv[r].topk_weights.shape, generator=torch.Generator().manual_seed(seed * 11 + r))
-           for r in range(world_size)] if layout == "rank" else None
-    want_c = reference.combine(ys, ref, [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
-                               b.num_experts, layout, rws)
-    out, out_w, event = buf.combine(ys[rank].to(dev), handle, rws[rank].to(dev) if rws else None)
-    event.synchronize()
-    assert_bitwise("combined_x", out, want_c[rank][0], ctx)
-    if rws is not None:
-        assert_bitwise("combined_topk_weights", out_w, want_c[rank][1], ctx)
+    # Expert outputs: fresh values per receiving rank (and per combine), derived from the seed
+    # so that every rank can compute every rank's y for the reference combine.
+    for c in range(combines):
+        cseed = seed + 104729 * c
+        ys = []
+        for r in range(world_size):
+            g = torch.Generator().manual_seed(cseed * 7 + r)
+            ys.append(torch.randn(ref.recv[r].x.shape, generator=g).to(ref.recv[r].x.dtype))
+        rws = [torch.rand(ref.recv[r].topk_weights.shape, generator=torch.Generator().manual_seed(cseed * 11 + r))
+               for r in range(world_size)] if layout == "rank" else None
+        want_c = reference.combine(ys, ref, [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
+                                   b.num_experts, layout, rws)
+        out, out_w, event = buf.combine(ys[rank].to(dev), handle, rws[rank].to(dev) if rws else None)
+        event.synchronize()
+        cctx = f"{ctx} combine {c + 1} of {combines}" if combines > 1 else ctx
+        assert_bitwise("combined_x", out, want_c[rank][0], cctx)
+        if rws is not None:
+            assert_bitwise("combined_topk_weights", out_w, want_c[rank][1], cctx)

@@ -25,3 +25,12 @@ def test_repeated_calls_reuse_the_buffer(seed):
     cfg = small_config(protocol="push")
     assert spawn(check_dispatch_combine, 4, args=(cfg.to_dict(), seed + 5, CHECK_ROUTINGS[:2], ("rank", "expert"), "cpu", 3)) \
         == [12] * 4
+
+
+@pytest.mark.parametrize("protocol", ["push", "pull"])
+def test_several_combines_on_one_handle_each_match_reference(protocol, seed):
+    """A backward pass combines again on a forward handle: each combine, with other expert
+    outputs, must be exact (no leftovers of the previous one in the combine slots)."""
+    cfg = small_config(protocol=protocol)
+    assert spawn(check_dispatch_combine, 4, args=(cfg.to_dict(), seed + 6, CHECK_ROUTINGS[:3], ("rank", "expert"),
+                                                  "cpu", 1, 3)) == [6] * 4

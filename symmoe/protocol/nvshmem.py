@@ -39,7 +39,7 @@ from ..reference import DispatchLayout, RecvResult
 from .base import Protocol
 
 # Stage codes, as in csrc/common/layout.cuh (enum Stage).
-STAGES = {"dispatch.counts": 1, "dispatch.data": 2, "combine.data": 4, "barrier": 6}
+STAGES = {"dispatch.counts": 1, "dispatch.data": 2, "combine.data": 4, "combine.done": 5, "barrier": 6}
 _STAGE_NAMES = {v: k for k, v in STAGES.items()}
 _ELEM_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 
@@ -242,6 +242,7 @@ class NvshmemPush(Protocol):
         self.device = mem.device
         self._dispatches = 0
         self._combines = 0
+        self._last_op = ""  # "dispatch" | "combine": a combine right after a combine needs a barrier
         cols = 1 + layout.world_size + layout.num_experts
         self._counts_host = torch.empty((self.W, cols), dtype=torch.int32, pin_memory=True)
         self._upload_dispatch, self._upload_combine = _Upload(self.device), _Upload(self.device)
@@ -284,6 +285,7 @@ class NvshmemPush(Protocol):
 
         # 1. counts exchange; the GPU sorts the send list and converts the ids meanwhile
         self._dispatches += 1
+        self._last_op = "dispatch"
         epoch = self._dispatches
         cols = 1 + W + lay.num_experts
         row = torch.cat([torch.full((1,), T, dtype=torch.int32, device=dev), routing.num_tokens_per_rank,
@@ -381,6 +383,12 @@ class NvshmemPush(Protocol):
                 src_w.copy_(recv_topk_weights)
         out_x = torch.empty((T, H), dtype=y.dtype, device=dev)
         out_w = torch.empty((T, K), dtype=torch.float32, device=dev) if recv_topk_weights is not None else None
+        if self._last_op == "combine" and self.W > 1:
+            # Two combines in a row (e.g. a repeated combine on one handle): a peer may still be
+            # reducing the previous one from the combine slots this one writes into. Between a
+            # dispatch and a combine the counts exchange already orders them.
+            self.mem.barrier_on_stream("combine.done")
+        self._last_op = "combine"
         self._combines += 1
         ptrs = [src.data_ptr(), src_w.data_ptr() if src_w is not None else 0, info.data_ptr(),
                 out_pos.data_ptr() if out_pos is not None else 0, handle.recv_src_token.data_ptr(),

@@ -74,6 +74,13 @@ def test_deepseek_shape_many_channels_and_repeats():
     assert _run(4, cfg, 91, CHECK_ROUTINGS[:2], ("rank", "expert"), "cuda", 2) == [8] * 4
 
 
+def test_back_to_back_combines_on_one_handle():
+    """Three combines in a row on one handle, each with other expert outputs: a peer still
+    reducing the previous combine must not see its slots overwritten (barrier "combine.done")."""
+    _usable()
+    assert _run(2, _config(), 93, CHECK_ROUTINGS[:3], ("rank", "expert"), "cuda", 1, 3) == [6, 6]
+
+
 def absent_rank(rank: int, world_size: int, config: dict[str, Any]) -> tuple[str, float]:
     """The last rank never calls dispatch (as if it died); the others must raise in time."""
     from symmoe import Buffer, StallError

@@ -28,11 +28,12 @@ def gpu_config(**over) -> dict:
     return Config().replace(**base).to_dict()
 
 
-def _run(world_size: int, cfg: dict, seed: int, routings=CHECK_ROUTINGS, layouts=("rank", "expert"), repeats=1):
+def _run(world_size: int, cfg: dict, seed: int, routings=CHECK_ROUTINGS, layouts=("rank", "expert"), repeats=1,
+         combines=1):
     if world_size == 1:
         os.environ.update(ENV)
-        return [check_dispatch_combine(0, 1, cfg, seed, routings, layouts, "cuda", repeats)]
-    return spawn(check_dispatch_combine, world_size, args=(cfg, seed, routings, layouts, "cuda", repeats),
+        return [check_dispatch_combine(0, 1, cfg, seed, routings, layouts, "cuda", repeats, combines)]
+    return spawn(check_dispatch_combine, world_size, args=(cfg, seed, routings, layouts, "cuda", repeats, combines),
                  env=ENV, timeout_s=300.0)
 
 
@@ -55,6 +56,12 @@ def test_repeated_calls_and_big_pieces():
     cfg = gpu_config(protocol="pull", **{"buffer.dtype": "float32", "buffer.hidden": 16384,
                                         "buffer.max_tokens_per_rank": 24, "buffer.topk": 4, "buffer.num_experts": 16})
     assert _run(4, cfg, 9, CHECK_ROUTINGS[:2], repeats=3) == [12] * 4
+
+
+@pytest.mark.parametrize("protocol", ["pull", "push"])
+def test_back_to_back_combines_on_one_handle(protocol):
+    """Three combines in a row on one handle (a backward pass), each with other expert outputs."""
+    assert _run(2, gpu_config(protocol=protocol), 95, CHECK_ROUTINGS[:3], combines=3) == [6, 6]
 
 
 def test_single_process_world_size_one_without_process_group():
