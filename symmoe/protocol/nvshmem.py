@@ -7,17 +7,26 @@ Kernels: ``csrc/nvshmem/nvshmem_ext.cu`` (module ``symmoe_nvshmem``, built by
 dispatch
   1. routing counts of this rank (torch, no host sync) -> row ``me`` of its counts matrix;
      kernel ``counts`` puts the row into every peer's matrix (put-with-signal on ``ready``)
-     and waits for all peers' rows (stage ``dispatch.counts``)
-  2. the host reads the matrix (the one host sync, as DeepEP's normal mode), derives every
-     offset from prefix sums and checks every receiver's capacity (all ranks raise together)
+     and waits for all peers' rows (stage ``dispatch.counts``). Meanwhile the GPU sorts this
+     rank's send list (by destination, then the receiver's order).
+  2. the host reads the matrix (the one host wait, as DeepEP's normal mode), derives every
+     offset from prefix sums (numpy), checks every receiver's capacity (all ranks raise
+     together) and sends the tables up in one pinned copy
   3. kernel ``dispatch``: C channels, each one sender block (warp puts of rows + metadata
      into the receivers' pools, ``tail[c][me]`` signalled per chunk) and one receiver block
-     (waits on ``tail[c][s]`` and streams delivered rows into the output tensors); the rows
-     a rank keeps go straight from x to the output (stage ``dispatch.data``)
+     (copies the rows a rank keeps straight from x, then waits on ``tail[c][s]`` and streams
+     delivered rows into the output tensors) (stage ``dispatch.data``)
 combine
-  4. kernel ``combine``: sender blocks put each received row back into its source's combine
-     slot ``t * S + slot`` and signal ``head[c][me]``; every block waits for all heads, then
-     reduces its tokens in the fixed order in fp32 (stage ``combine.data``)
+  4. after another combine only: the device barrier ``combine.done`` (peers may still be
+     reducing from the slots this combine writes; a dispatch in between orders them already)
+  5. kernel ``combine``: sender blocks put each received row back into its source's combine
+     slot ``t * S + slot`` and signal ``head[c][me]``; every block waits for all heads (one
+     polling warp), then reduces its tokens in the fixed order in fp32 (stage ``combine.data``)
+
+No host wait follows a kernel: a wait that timed out is raised by the next call or by
+``check()`` / ``Buffer.synchronize()``, as in the CUDA protocols. All 2C blocks of a kernel
+must be resident at once (combine blocks wait for the peers' senders), so C is capped by the
+SMs this process holds (``usable_sms``).
 
 The pool holds the worst case, so no ring-buffer flow control is needed: ``tail`` counts
 rows delivered per (channel, source) for dispatch, ``head`` the same for combine (separate
