@@ -32,10 +32,6 @@ class HostMemory(SymmetricMemory):
             return f"{SHM_DIR} does not exist (POSIX shared memory is needed)"
         return None
 
-    @classmethod
-    def allocate(cls, config: Config, group: dist.ProcessGroup | None, nbytes: int) -> "HostMemory":
-        return cls(group, nbytes, config)
-
     def __init__(self, group: dist.ProcessGroup | None, nbytes: int, config: Config):
         super().__init__(group, nbytes)
         self.timeout_s = config.kernel.timeout_s

@@ -145,10 +145,6 @@ class NvshmemMemory(SymmetricMemory):
             return f"GPU compute capability {major}.x; NVSHMEM needs 7.0 or newer"
         return None
 
-    @classmethod
-    def allocate(cls, config: Config, group: dist.ProcessGroup | None, nbytes: int) -> "NvshmemMemory":
-        return cls(group, nbytes, config)
-
     def __init__(self, group: dist.ProcessGroup | None, nbytes: int, config: Config):
         super().__init__(group, nbytes)
         self.timeout_s = config.kernel.timeout_s

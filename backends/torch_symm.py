@@ -53,10 +53,6 @@ class TorchSymmMemory(SymmetricMemory):
             return f"GPU compute capability {major}.x: the kernels use Hopper bulk copies (sm_90a)"
         return None
 
-    @classmethod
-    def allocate(cls, config: Config, group: dist.ProcessGroup | None, nbytes: int) -> "TorchSymmMemory":
-        return cls(group, nbytes, config)
-
     def __init__(self, group: dist.ProcessGroup | None, nbytes: int, config: Config):
         super().__init__(group, nbytes)
         self.timeout_s = config.kernel.timeout_s

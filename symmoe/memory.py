@@ -41,9 +41,11 @@ class SymmetricMemory(ABC):
         """None when the backend can run here, else what is missing (for ``symmoe info``)."""
 
     @classmethod
-    @abstractmethod
     def allocate(cls, config: "Config", group: dist.ProcessGroup | None, nbytes: int) -> "SymmetricMemory":
-        """Collective over ``group``: every rank allocates its segment and maps its peers'."""
+        """Collective over ``group``: every rank allocates its segment and maps its peers'.
+        Backends construct as ``cls(group, nbytes, config)``; one that must check more after
+        allocating (nccl: its transports) overrides this."""
+        return cls(group, nbytes, config)  # type: ignore[call-arg]
 
     @property
     @abstractmethod

@@ -33,6 +33,16 @@ class UnsupportedCall(CompatError, NotImplementedError):
         super().__init__(f"{api} is not supported by symmoe: {why}")
 
 
+def unsupported(api: str, name: str, why: str, static: bool = False) -> Any:
+    """A method of ``api`` that symmoe does not have: calling it raises UnsupportedCall."""
+    def method(*args: Any, **kwargs: Any) -> Any:
+        raise UnsupportedCall(f"{api}.{name}", why)
+
+    method.__name__ = name
+    method.__doc__ = f"Not supported: {why}."
+    return staticmethod(method) if static else method
+
+
 def describe(value: Any) -> str:
     """Short repr for messages: tensors by dtype and shape, not contents."""
     if isinstance(value, torch.Tensor):

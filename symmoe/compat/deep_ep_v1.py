@@ -40,10 +40,11 @@ from ..errors import CapacityError, InputError
 from ..handle import DispatchHandle
 from ._common import (EventHandle, EventOverlap, UnsupportedArgument, UnsupportedCall, Unavailable, align_up,
                       capture, check_int, check_not_fp8, describe, hidden_from_bytes, pad_rows, reject, resolve,
-                      rows_for_combine, set_default_config, topk_idx_t, wait)
+                      rows_for_combine, set_default_config, topk_idx_t, unsupported, wait)
 
 __all__ = ["Buffer", "Config", "EventOverlap", "EventHandle", "Handle", "topk_idx_t", "set_default_config"]
 
+_NO_LL = "the low-latency mode is not implemented (construct with low_latency_mode=False and use dispatch/combine)"
 _API = "deep_ep.Buffer"
 
 
@@ -349,33 +350,12 @@ class Buffer:
             raise InputError(f"{api}: handle was made by another Buffer; use the Buffer that dispatched")
 
     # -- what normal-mode intranode DeepEP has and symmoe does not ------------------------------
-    def _no_low_latency(self, name: str):
-        raise UnsupportedCall(f"{_API}.{name}", "the low-latency mode is not implemented (construct with "
-                              "low_latency_mode=False and use dispatch/combine)")
-
-    def low_latency_dispatch(self, *args: Any, **kwargs: Any):
-        self._no_low_latency("low_latency_dispatch")
-
-    def low_latency_combine(self, *args: Any, **kwargs: Any):
-        self._no_low_latency("low_latency_combine")
-
-    def clean_low_latency_buffer(self, *args: Any, **kwargs: Any):
-        self._no_low_latency("clean_low_latency_buffer")
-
-    def get_next_low_latency_combine_buffer(self, *args: Any, **kwargs: Any):
-        self._no_low_latency("get_next_low_latency_combine_buffer")
-
-    def low_latency_update_mask_buffer(self, *args: Any, **kwargs: Any):
-        self._no_low_latency("low_latency_update_mask_buffer")
-
-    def low_latency_query_mask_buffer(self, *args: Any, **kwargs: Any):
-        self._no_low_latency("low_latency_query_mask_buffer")
-
-    def low_latency_clean_mask_buffer(self, *args: Any, **kwargs: Any):
-        self._no_low_latency("low_latency_clean_mask_buffer")
-
-    def internode_dispatch(self, *args: Any, **kwargs: Any):
-        raise UnsupportedCall(f"{_API}.internode_dispatch", "call dispatch(); symmoe picks the transport per peer")
-
-    def internode_combine(self, *args: Any, **kwargs: Any):
-        raise UnsupportedCall(f"{_API}.internode_combine", "call combine(); symmoe picks the transport per peer")
+    low_latency_dispatch = unsupported(_API, "low_latency_dispatch", _NO_LL)
+    low_latency_combine = unsupported(_API, "low_latency_combine", _NO_LL)
+    clean_low_latency_buffer = unsupported(_API, "clean_low_latency_buffer", _NO_LL)
+    get_next_low_latency_combine_buffer = unsupported(_API, "get_next_low_latency_combine_buffer", _NO_LL)
+    low_latency_update_mask_buffer = unsupported(_API, "low_latency_update_mask_buffer", _NO_LL)
+    low_latency_query_mask_buffer = unsupported(_API, "low_latency_query_mask_buffer", _NO_LL)
+    low_latency_clean_mask_buffer = unsupported(_API, "low_latency_clean_mask_buffer", _NO_LL)
+    internode_dispatch = unsupported(_API, "internode_dispatch", "call dispatch(); symmoe picks the transport per peer")
+    internode_combine = unsupported(_API, "internode_combine", "call combine(); symmoe picks the transport per peer")

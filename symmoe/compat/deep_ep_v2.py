@@ -50,7 +50,7 @@ from ..buffer import Buffer as SymmoeBuffer
 from ..config import Config as SymmoeConfig
 from ..errors import CapacityError, InputError
 from ..handle import DispatchHandle
-from ._common import (EventHandle, EventOverlap, UnsupportedCall, Unavailable, align_up,
+from ._common import (EventHandle, EventOverlap, UnsupportedCall, Unavailable, align_up, unsupported,
                       check_int, check_not_fp8, describe, pad_rows, reject, resolve, rows_for_combine,
                       set_default_config, topk_idx_t, wait)
 
@@ -127,12 +127,7 @@ class EPHandle:
 
 
 def _unsupported(name: str, why: str, static: bool = False) -> Any:
-    def method(*args: Any, **kwargs: Any) -> Any:
-        raise UnsupportedCall(f"{_API}.{name}", why)
-
-    method.__name__ = name
-    method.__doc__ = f"Not supported: {why}."
-    return staticmethod(method) if static else method
+    return unsupported(_API, name, why, static)
 
 
 def _sized(cfg: SymmoeConfig, num_max_tokens_per_rank: int, hidden: int, num_topk: int) -> SymmoeConfig:
