@@ -21,8 +21,8 @@
 #include "../common/barrier.cuh"
 #include "../common/layout.cuh"
 #include "../common/mover.cuh"
-#include "../common/routing.cuh"
 #include "plan.cuh"
+#include "route.cuh"
 
 namespace symmoe {
 
@@ -46,48 +46,6 @@ struct Outputs {  // a receiver's output tensors (worst-case sized by the host)
   int64_t capacity;    // rows the tensors hold
 };
 
-// ---------------------------------------------------------------------------------------
-constexpr int kRouteThreads = 256;
-constexpr int kRouteWarps = kRouteThreads / 32;
-
-struct RouteScratch {  // global scratch of the two routing kernels (sized by the host)
-  int32_t* part;    // [blocks][C] each chunk's column counts
-  int32_t* totals;  // [C] this rank's column totals
-  int32_t* big;     // nullptr, or [blocks][kRouteWarps + 1][C] when C is too large for shared memory
-  int32_t* counts_host;  // host-mapped copy of the whole counts matrix after the barrier (or nullptr)
-  int32_t* counts_snap;  // device copy of it, for kernels that run after peers moved on (or nullptr)
-};
-
-// Pass 1 (grid of blocks, one chunk of tokens each): column counts per chunk, the published
-// int32 ids / weights, is_token_in_rank; the last block to finish sums the chunks' counts.
-template <typename Idx>
-__global__ void __launch_bounds__(kRouteThreads) route_count_kernel(RoutingArgs<Idx> a, RouteScratch sc,
-                                                                   int32_t* out_per_rank, int32_t* out_per_expert,
-                                                                   ErrorWord* err, unsigned int* done) {
-  const int C = a.columns();
-  __shared__ bool dead;
-  if (threadIdx.x == 0) dead = error_set(err);
-  __syncthreads();
-  if (dead) return;  // an earlier wait failed (the same for every block): the host raises
-  int32_t* part = sc.part + int64_t(blockIdx.x) * C;
-  int32_t* cnt = sc.big ? part : reinterpret_cast<int32_t*>(dyn_smem());
-  route_count_chunk(a, cnt);
-  if (!sc.big)
-    for (int c = threadIdx.x; c < C; c += blockDim.x) part[c] = cnt[c];
-  if (!grid_last_block(done)) return;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    int32_t sum = 0;
-#pragma unroll 8
-    for (int b = 0; b < int(gridDim.x); ++b) sum += __ldcg(sc.part + int64_t(b) * C + c);
-    sc.totals[c] = sum;
-    if (c < a.W) {
-      if (out_per_rank) out_per_rank[c] = sum;
-    } else if (out_per_expert) {
-      out_per_expert[c - a.W] = sum;
-    }
-  }
-}
-
 // Pass 2 (same grid): every pair's position in its column, published in the input region;
 // the last block stores this rank's counts row into every peer and runs "dispatch.counts".
 template <class Transport, typename Idx>
@@ -101,12 +59,7 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(Transport tp
   // Written by the count pass (an earlier launch): the same value in every block.
   const bool bad = a.bad.flag != nullptr && *a.bad.flag != 0;
   int32_t* base = sc.big ? sc.big + int64_t(blockIdx.x) * (kRouteWarps + 1) * C : reinterpret_cast<int32_t*>(dyn_smem());
-  for (int c = threadIdx.x; c < C && !bad; c += blockDim.x) {
-    int32_t sum = 0;
-#pragma unroll 8
-    for (int b = 0; b < int(blockIdx.x); ++b) sum += sc.part[int64_t(b) * C + c];
-    base[c] = sum;
-  }
+  if (!bad) chunk_base(sc, C, base);
   __syncthreads();
   a.pos = reinterpret_cast<int32_t*>(tp.local + L.in_pos);
   if (!bad) route_place_chunk(a, base, base + C);

@@ -42,6 +42,8 @@
 
 #include "../common/layout.cuh"
 #include "../common/ptx.cuh"
+#include "../common/scan.cuh"
+#include "../kernels/route.cuh"
 
 namespace py = pybind11;
 
@@ -136,14 +138,17 @@ __device__ __forceinline__ void warp_copy_row(uint8_t* dst, const uint8_t* src, 
   for (; i < n; i += 32) d[i] = load16<kImmutable>(s + i);
 }
 
-// ---- counts exchange + barrier ---------------------------------------------------------
-// One block. Puts this rank's counts row (already in row `me` of its own matrix) into every
-// peer's matrix with put-with-signal on ready[me], then waits for every peer's row.
-__global__ void counts_kernel(uint8_t* base, Layout lay, int me, int64_t epoch, uint64_t timeout_ns, ErrorWord* err) {
+// ---- planning: routing, send list, counts exchange (DeepEP V1's layout + notify) ------
+// Whole block. This rank's counts row is in row `me` of its own matrix: put it into every
+// peer's matrix with put-with-signal on ready[me] (one thread per peer, so the row and its
+// signal travel in order over NVLink and IBGDA alike), then wait for every peer's row.
+__device__ void exchange_counts(uint8_t* base, const Layout& lay, int me, int64_t epoch, uint64_t timeout_ns,
+                                ErrorWord* err) {
   const int W = static_cast<int>(lay.world_size);
   const int64_t row_bytes = 4 * lay.counts_cols();
   uint8_t* row = base + lay.counts + me * row_bytes;
   uint64_t* ready = reinterpret_cast<uint64_t*>(base + lay.ready);
+  __syncthreads();
   for (int p = threadIdx.x; p < W; p += blockDim.x) {
     if (p == me) continue;
     nvshmem_putmem_signal_nbi(row, row, row_bytes, ready + me, static_cast<uint64_t>(epoch), NVSHMEM_SIGNAL_SET, p);
@@ -152,7 +157,74 @@ __global__ void counts_kernel(uint8_t* base, Layout lay, int me, int64_t epoch, 
     if (p == me) continue;
     if (!wait_signal(ready + p, static_cast<uint64_t>(epoch), timeout_ns, err, kStageDispatchCounts, p, epoch)) break;
   }
-  nvshmem_quiet();
+  if (threadIdx.x < W) nvshmem_quiet();
+  __syncthreads();
+}
+
+struct PlanArgs {
+  uint8_t* base;
+  Layout lay;
+  int me, expert_major;
+  int64_t epoch;
+  uint64_t timeout_ns;
+  int32_t* send_ent;     // [T * max(W, K)] this rank's rows in send order, each t * S + slot
+  int32_t* counts_snap;  // [W][1 + W + E] device copy of the exchanged matrix (this dispatch's own)
+  int32_t* counts_host;  // the same, host-mapped: the host's one wait
+  ErrorWord* err;
+};
+
+// Place pass of the routing (same grid as route_count_kernel), then each block scatters its
+// tokens into the send list: rank-major by destination, then token; expert-major by expert,
+// then token (so by destination too). The last block publishes the counts row and waits for
+// the peers' rows (stage dispatch.counts), then leaves the matrix in the snapshot and in
+// host-mapped memory. A rank with bad expert ids publishes tokens = -1: nobody moves data.
+template <typename Idx>
+__global__ void __launch_bounds__(kRouteThreads) plan_kernel(RoutingArgs<Idx> a, RouteScratch sc, PlanArgs p,
+                                                             unsigned int* done) {
+  const int C = a.columns(), W = a.W, K = a.K, S = static_cast<int>(p.lay.combine_slots);
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = failed(p.err);
+  __syncthreads();
+  if (dead) return;
+  const bool bad = a.bad.flag != nullptr && *a.bad.flag != 0;  // set by the count pass
+  int32_t* base = reinterpret_cast<int32_t*>(dyn_smem());     // [C] + [kRouteWarps][C]
+  if (!bad) {
+    chunk_base(sc, C, base);
+    __syncthreads();
+    route_place_chunk(a, base, base + C);
+    // start[c]: this rank's pairs in the columns of the same kind before c.
+    const int n = p.expert_major ? a.E : W, first_col = p.expert_major ? W : 0;
+    int32_t* start = base;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) start[c] = __ldcg(sc.totals + first_col + c);
+    __syncthreads();
+    block_exclusive_scan(start, n, base + C);
+    const int64_t t0 = a.chunk_begin(blockIdx.x), t1 = a.chunk_begin(blockIdx.x + 1), PC = W + K;
+    if (!p.expert_major) {
+      for (int64_t i = t0 * W + threadIdx.x; i < t1 * W; i += blockDim.x) {
+        const int64_t t = i / W;
+        const int d = static_cast<int>(i % W);
+        if (a.in_rank[i]) p.send_ent[start[d] + a.pos[t * PC + d]] = static_cast<int32_t>(t * S + d);
+      }
+    } else {
+      for (int64_t i = t0 * K + threadIdx.x; i < t1 * K; i += blockDim.x) {
+        const int64_t t = i / K;
+        const int k = static_cast<int>(i % K), e = a.pub_idx[i];
+        if (e >= 0) p.send_ent[start[e] + a.pos[t * PC + W + k]] = static_cast<int32_t>(t * S + k);
+      }
+    }
+  }
+  if (!grid_last_block(done)) return;
+  if (bad && threadIdx.x == 0) *a.bad.flag = 0;  // every block has read it
+  const int64_t row = 1 + C;
+  int32_t* m = reinterpret_cast<int32_t*>(p.base + p.lay.counts);
+  for (int c = threadIdx.x; c < row; c += blockDim.x)
+    m[p.me * row + c] = c == 0 ? (bad ? -1 : a.T) : __ldcg(sc.totals + c - 1);
+  exchange_counts(p.base, p.lay, p.me, p.epoch, p.timeout_ns, p.err);
+  for (int64_t i = threadIdx.x; i < int64_t(W) * row; i += blockDim.x) {
+    const int32_t v = __ldcg(m + i);
+    p.counts_snap[i] = v;
+    p.counts_host[i] = v;
+  }
 }
 
 // Flag barrier over `barrier[W]` with signals (SymmetricMemory.barrier).
@@ -167,25 +239,140 @@ __global__ void barrier_kernel(uint8_t* base, Layout lay, int me, int64_t epoch,
   nvshmem_quiet();
 }
 
+// ---- dispatch geometry -----------------------------------------------------------------
+// Every offset of one dispatch, built by each block in shared memory from the counts matrix
+// (identical on every rank). n(s, d): rows s sends d. The pool of d is source-major, each
+// source's rows in its send-list order; the output is rank-major (source, token) or
+// expert-major (local expert, source, token) with each group padded to `alignment`.
+struct Geometry {
+  int32_t send_off[kMaxWorld], send_cnt[kMaxWorld], dst_base[kMaxWorld], recv_cnt[kMaxWorld], recv_base[kMaxWorld];
+  int32_t rows_of[kMaxWorld];  // output rows of each receiver (padded, expert-major)
+  int32_t tmp[33];
+  int ok;                      // every rank's ids valid and every receiver within capacity
+  // expert-major only, in dynamic shared memory:
+  int32_t* first;  // [W][L + 1] each source's rows for this rank, prefix over local experts
+  int32_t* obase;  // [W][L] output row of source s's first row of expert j
+  int32_t* goff;   // [L + 1] padded group starts
+  int32_t* gcnt;   // [L] unpadded rows per local expert
+
+  static int64_t dyn_bytes(const Layout& lay) {
+    const int64_t W = lay.world_size, L = lay.local_experts();
+    return 4 * (W * (L + 1) + W * L + (L + 1) + L);
+  }
+
+  __device__ void build(const int32_t* counts, const Layout& lay, int me, bool em, int alignment, int64_t cap) {
+    const int W = static_cast<int>(lay.world_size), E = static_cast<int>(lay.num_experts), L = E / W;
+    const int64_t cols = lay.counts_cols();
+    auto cnt = [&](int s, int64_t col) { return __ldg(counts + s * cols + col); };
+    auto n = [&](int s, int d) {
+      if (!em) return cnt(s, 1 + d);
+      int32_t v = 0;
+      for (int j = 0; j < L; ++j) v += cnt(s, 1 + W + int64_t(d) * L + j);
+      return v;
+    };
+    if (em) {
+      uint8_t* dyn = dyn_smem();
+      first = reinterpret_cast<int32_t*>(dyn);
+      obase = first + W * (L + 1);
+      goff = obase + W * L;
+      gcnt = goff + L + 1;
+    }
+    if (threadIdx.x == 0) ok = 1;
+    for (int d = threadIdx.x; d < W; d += blockDim.x) {
+      send_cnt[d] = n(me, d);
+      recv_cnt[d] = n(d, me);
+      int32_t b = 0;
+      for (int s = 0; s < me; ++s) b += n(s, d);
+      dst_base[d] = b;
+      rows_of[d] = 0;
+    }
+    __syncthreads();
+    if (!em) {
+      for (int d = threadIdx.x; d < W; d += blockDim.x) {
+        int32_t r = 0;
+        for (int s = 0; s < W; ++s) r += cnt(s, 1 + d);
+        rows_of[d] = r;
+      }
+    } else {
+      for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int32_t g = 0;
+        for (int s = 0; s < W; ++s) g += cnt(s, 1 + W + e);
+        atomicAdd(&rows_of[e / L], (g + alignment - 1) / alignment * alignment);
+      }
+      for (int j = threadIdx.x; j < L; j += blockDim.x) {
+        int32_t g = 0;
+        for (int s = 0; s < W; ++s) g += cnt(s, 1 + W + int64_t(me) * L + j);
+        gcnt[j] = g;
+        goff[j] = (g + alignment - 1) / alignment * alignment;
+      }
+      __syncthreads();
+      const int32_t total = block_exclusive_scan(goff, L, tmp);
+      if (threadIdx.x == 0) goff[L] = total;
+      for (int s = threadIdx.x; s < W; s += blockDim.x) {
+        int32_t* f = first + s * (L + 1);
+        int32_t run = 0;
+        for (int j = 0; j < L; ++j) {
+          f[j] = run;
+          run += cnt(s, 1 + W + int64_t(me) * L + j);
+        }
+        f[L] = run;
+      }
+      __syncthreads();
+      for (int j = threadIdx.x; j < L; j += blockDim.x) {
+        int32_t run = goff[j];
+        for (int s = 0; s < W; ++s) {
+          obase[s * L + j] = run;
+          run += cnt(s, 1 + W + int64_t(me) * L + j);
+        }
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int32_t so = 0, rb = 0;
+      for (int d = 0; d < W; ++d) {
+        send_off[d] = so;
+        so += send_cnt[d];
+        recv_base[d] = rb;
+        rb += recv_cnt[d];
+        if (cnt(d, 0) < 0 || rows_of[d] > cap) ok = 0;
+      }
+    }
+    __syncthreads();
+  }
+
+  // Output row of row i (0-based) among the rows source s sent this rank.
+  __device__ __forceinline__ int64_t out_row(bool em, int s, int64_t i, int L) const {
+    if (!em) return recv_base[s] + i;
+    const int32_t* f = first + s * (L + 1);
+    int lo = 0, hi = L;  // the last j with f[j] <= i (its group is not empty: f[j + 1] > i)
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (f[mid] <= i) lo = mid; else hi = mid;
+    }
+    return obase[s * L + lo] + (i - f[lo]);
+  }
+};
+
 // ---- dispatch --------------------------------------------------------------------------
 struct DispatchArgs {
   uint8_t* base;
   Layout lay;
-  int me, C, expert_major;
+  int me, C, expert_major, alignment;
   int64_t epoch;
   uint64_t timeout_ns;
+  int64_t capacity;          // rows the output tensors hold (the same on every rank)
   const uint8_t* x;          // [T, H] rows to send (x itself, or a symmetric staging copy)
-  const int32_t* idx;        // [T, K]
+  const int32_t* idx;        // [T, K] int32 copy made by the routing
   const float* w;            // [T, K]
   const int32_t* send_ent;   // [P] t * S + slot, grouped by destination, in receiver order
-  const int32_t* info;       // [5][W] send_off, send_cnt, dst_base, recv_cnt, recv_base
-  const int32_t* out_pos;    // [rows] pool row -> output row (expert-major); nullptr: identity
+  const int32_t* counts;     // [W][1 + W + E] this dispatch's counts matrix
   uint8_t* out_x;
   int64_t* out_idx;          // [N, K] rank-major, [M] expert-major
   float* out_w;
   int32_t* out_rank;
   int32_t* out_tok;
   int32_t* out_slot;
+  int64_t* out_offsets;      // [L + 1] expert-major, else nullptr
   ErrorWord* err;
 };
 
@@ -235,13 +422,37 @@ __device__ __forceinline__ void write_out_meta(const DispatchArgs& a, int64_t o,
 __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
   const int W = static_cast<int>(a.lay.world_size), C = a.C, me = a.me;
   const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots);
+  const int L = static_cast<int>(a.lay.local_experts());
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const bool sender = blockIdx.x < C;
+  const bool sender = blockIdx.x < C, em = a.expert_major != 0;
   const int c = sender ? blockIdx.x : blockIdx.x - C;
   const int64_t rb = a.lay.row_bytes();
-  const int32_t *send_off = a.info, *send_cnt = a.info + W, *dst_base = a.info + 2 * W, *recv_cnt = a.info + 3 * W,
-                *recv_base = a.info + 4 * W;
+  __shared__ Geometry geo;
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = failed(a.err);
+  __syncthreads();
+  if (dead) return;  // the counts exchange timed out: the snapshot is not this dispatch's
+  geo.build(a.counts, a.lay, me, em, a.alignment, a.capacity);
+  if (!geo.ok) return;  // bad ids or a receiver over capacity: every rank skips, every host raises
+  const int32_t *send_off = geo.send_off, *send_cnt = geo.send_cnt, *dst_base = geo.dst_base,
+                *recv_cnt = geo.recv_cnt, *recv_base = geo.recv_base;
   uint64_t* tail = reinterpret_cast<uint64_t*>(a.base + a.lay.tail);
+
+  if (em) {  // group starts, and the padding rows of each group (zeros, ids and sources -1)
+    if (blockIdx.x == 0)
+      for (int j = threadIdx.x; j <= L; j += blockDim.x) a.out_offsets[j] = geo.goff[j];
+    for (int j = blockIdx.x; j < L; j += gridDim.x) {
+      for (int64_t r = geo.goff[j] + geo.gcnt[j] + warp; r < geo.goff[j + 1]; r += kWarps) {
+        int4* row = reinterpret_cast<int4*>(a.out_x + r * rb);
+        for (int v = lane; v < rb / 16; v += 32) row[v] = make_int4(0, 0, 0, 0);
+        if (lane == 0) {
+          a.out_idx[r] = -1;
+          a.out_w[r] = 0.f;
+          a.out_rank[r] = a.out_tok[r] = a.out_slot[r] = -1;
+        }
+      }
+    }
+  }
 
   // Rows this rank keeps: x -> output directly, channel c's share. With peers the receiver
   // block copies them while the first puts are in flight, so senders start putting at once;
@@ -253,8 +464,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
     for (int64_t i = lo + warp; i < hi; i += kWarps) {
       const int ent = a.send_ent[send_off[me] + i];
       const int t = ent / S, slot = ent % S;
-      const int64_t q = recv_base[me] + i;
-      const int64_t o = a.out_pos ? a.out_pos[q] : q;
+      const int64_t o = geo.out_row(em, me, i, L);
       warp_copy_row<true>(a.out_x + o * rb, a.x + int64_t(t) * rb, rb, lane);
       write_out_meta(a, o, me, ent, row_meta(a, t, slot, me, lane), lane);
     }
@@ -365,7 +575,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
       int64_t rr = r;
       while (rr >= s_to[s] - s_from[s]) { rr -= s_to[s] - s_from[s]; ++s; }
       const int64_t q = recv_base[s] + s_from[s] + rr;
-      const int64_t o = a.out_pos ? a.out_pos[q] : q;
+      const int64_t o = geo.out_row(em, s, s_from[s] + rr, L);
       warp_copy_row<false>(a.out_x + o * rb, px + q * rb, rb, lane);
       const int ent = psrc[q];
       Meta m{-1, 0.f};
@@ -385,15 +595,15 @@ struct CombineArgs {
   uint8_t* base;
   Layout lay;
   int me, C, expert_major, num_tokens;
+  int64_t rows;              // rows this rank received (padding included)
   int64_t epoch;
   uint64_t timeout_ns;
   const uint8_t* y;          // [rows, H] expert outputs (or a symmetric staging copy)
   const float* rw;           // [rows, K] weights to combine (rank-major) or nullptr
-  const int32_t* info;       // [3][W] recv_cnt, recv_base (as a receiver), expect_cnt (as a source)
-  const int32_t* out_pos;    // pool row -> y row (expert-major) or nullptr
+  const int32_t* src_rank;   // [rows], -1 on padding
   const int32_t* src_tok;    // [rows]
   const int32_t* src_slot;   // [rows]
-  const int32_t* self_row;   // [T * S] y row of this rank's own (token, slot), -1 if none
+  int32_t* selfmap;          // [T * S] y row of each (token, slot) this rank kept, written here
   const int64_t* topk_idx;   // [T, K] as dispatched
   const float* topk_w;       // [T, K] as dispatched
   uint8_t* out_x;            // [T, H]
@@ -459,55 +669,45 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineArgs a) {
   const int L = static_cast<int>(a.lay.local_experts());
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t rb = a.lay.row_bytes();
-  const int32_t *recv_cnt = a.info, *recv_base = a.info + W, *expect_cnt = a.info + 2 * W;
   uint64_t* head = reinterpret_cast<uint64_t*>(a.base + a.lay.head);
   uint8_t* cx = a.base + a.lay.combine_x;
   float* cw = reinterpret_cast<float*>(a.base + a.lay.combine_w);
 
-  // 1. Blocks c < C push channel c of the rows each source sent here back to that source.
+  // 1. Block c < C sends channel c of the received rows (in output order, whatever their
+  // source) back to their sources' combine slots t * S + slot, and notes where the rows this
+  // rank kept lie in y; then it signals head[c][me] at every rank, itself included.
   if (blockIdx.x < C) {
     const int c = blockIdx.x;
-    // Own rows are read straight from y by the reduce: the groups serve the W - 1 peers.
-    const int ngroups = max(1, min(W - 1, kMaxGroups)), wpg = kWarps / ngroups;
-    const int g = warp / wpg, wig = warp % wpg;
-    const int64_t chunk = int64_t(wpg) * kRowsPerWarp;
-    if (g < ngroups) {
-      for (int k = g; k < W - 1; k += ngroups) {
-        const int s = (me + 1 + k) % W;
-        const int64_t n = recv_cnt[s], i0 = chan_begin(n, c, C), i1 = chan_begin(n, c + 1, C);
-        int64_t c0 = i0;
-        do {
-          const int64_t c1 = min(i1, c0 + chunk);
-          for (int64_t i = c0 + wig; i < c1; i += wpg) {
-            const int64_t q = recv_base[s] + i;
-            const int64_t row = a.out_pos ? a.out_pos[q] : q;
-            const int64_t slot = int64_t(a.src_tok[row]) * S + a.src_slot[row];
-            nvshmemx_putmem_nbi_warp(cx + slot * rb, a.y + row * rb, rb, s);
-            if (a.rw && lane < K) nvshmem_float_p(cw + slot * K + lane, a.rw[row * K + lane], s);
-          }
-          named_barrier(1 + g, wpg * 32);
-          if (wig == 0 && lane == 0) {
-            nvshmem_fence();
-            nvshmemx_signal_op(head + int64_t(c) * W + me, sig_value(a.epoch, c1 - i0), NVSHMEM_SIGNAL_SET, s);
-          }
-          c0 = c1;
-        } while (c0 < i1);
+    for (int64_t r = chan_begin(a.rows, c, C) + warp; r < chan_begin(a.rows, c + 1, C); r += kWarps) {
+      const int s = a.src_rank[r];
+      if (s < 0) continue;  // padding
+      const int64_t slot = int64_t(a.src_tok[r]) * S + a.src_slot[r];
+      if (s == me) {
+        if (lane == 0) a.selfmap[slot] = static_cast<int32_t>(r);
+        continue;
       }
-      if (wig == 0 && lane == 0) nvshmem_quiet();
+      nvshmemx_putmem_nbi_warp(cx + slot * rb, a.y + r * rb, rb, s);
+      if (a.rw && lane < K) nvshmem_float_p(cw + slot * K + lane, a.rw[r * K + lane], s);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();  // the selfmap entries, for this rank's own reducing blocks
+      nvshmem_fence();  // every put of the block before the signals
+      for (int p = 0; p < W; ++p)
+        nvshmemx_signal_op(head + int64_t(c) * W + me, sig_value(a.epoch, 0), NVSHMEM_SIGNAL_SET, p);
+      nvshmem_quiet();
     }
   }
 
-  // 2. Every block waits until all peers' channels arrived here, then reduces its tokens.
+  // 2. Every block waits until every rank's channels arrived here, then reduces its tokens.
   // One warp per block polls: thousands of threads spinning on system-scope loads slowed
   // the peers' incoming NVLink writes several-fold (combine 855 us at W=2 vs 56 us at W=1).
   __shared__ int s_ok;
   if (threadIdx.x == 0) s_ok = 1;
   __syncthreads();
   for (int u = threadIdx.x; threadIdx.x < 32 && u < C * W; u += 32) {
-    const int c = u / W, r = u % W;
-    if (r == me) continue;
-    const int64_t n = expect_cnt[r], need = chan_begin(n, c + 1, C) - chan_begin(n, c, C);
-    if (!wait_signal(head + u, sig_value(a.epoch, need), a.timeout_ns, a.err, kStageCombineData, r, a.epoch)) {
+    const int r = u % W;
+    if (!wait_signal(head + u, sig_value(a.epoch, 0), a.timeout_ns, a.err, kStageCombineData, r, a.epoch)) {
       s_ok = 0;
       break;
     }
@@ -533,7 +733,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineArgs a) {
         if (!(mask >> r & 1ull)) continue;
         if (lane == n) {
           if (r == me) {
-            const int64_t row = a.self_row[t * S + r];
+            const int64_t row = a.selfmap[t * S + r];
             s_src[warp][n] = a.y + row * rb;
             s_wsrc[warp][n] = a.rw ? a.rw + row * K : nullptr;
           } else {
@@ -550,7 +750,7 @@ __global__ void __launch_bounds__(kThreads, 1) combine_kernel(CombineArgs a) {
         if (e < 0) continue;
         if (lane == n) {
           const int r = static_cast<int>(e / L);
-          s_src[warp][n] = r == me ? a.y + int64_t(a.self_row[t * S + k]) * rb : cx + (t * S + k) * rb;
+          s_src[warp][n] = r == me ? a.y + int64_t(a.selfmap[t * S + k]) * rb : cx + (t * S + k) * rb;
           s_wt[warp][n] = a.topk_w[t * K + k];
           s_wsrc[warp][n] = nullptr;
         }
@@ -612,12 +812,70 @@ int num_channels(int requested, int world) {
   return requested;
 }
 
-void launch_counts(int64_t base, const std::vector<int64_t>& lay, int me, int64_t epoch, uint64_t timeout_ns,
-                   int64_t err, int64_t stream) {
+// Routing scratch: part [max_blocks][C], totals [C] (int32), and the routing grid.
+int route_max_blocks() {
+  int dev = 0, sms = 0;
+  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+  return sms;
+}
+
+int64_t route_scratch_ints(const std::vector<int64_t>& lay) {
   Layout l = layout_from(lay);
-  counts_kernel<<<1, 256, 0, ptr<CUstream_st>(stream)>>>(ptr<uint8_t>(base), l, me, epoch, timeout_ns,
-                                                          ptr<ErrorWord>(err));
-  cuda_check(cudaGetLastError(), "counts_kernel launch");
+  const int64_t C = l.world_size + l.num_experts;
+  return int64_t(route_max_blocks()) * C + C;
+}
+
+// Largest dynamic shared memory the routing and dispatch kernels may ask for (set once).
+void allow_smem() {
+  static bool done = false;
+  if (done) return;
+  int dev = 0, max_smem = 0;
+  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+  const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
+  cuda_check(cudaFuncSetAttribute(route_count_kernel<int64_t>, attr, max_smem - 1024), "route attr");
+  cuda_check(cudaFuncSetAttribute(route_count_kernel<int32_t>, attr, max_smem - 1024), "route attr");
+  cuda_check(cudaFuncSetAttribute(plan_kernel<int64_t>, attr, max_smem - 1024), "plan attr");
+  cuda_check(cudaFuncSetAttribute(plan_kernel<int32_t>, attr, max_smem - 1024), "plan attr");
+  cuda_check(cudaFuncSetAttribute(dispatch_kernel, attr, 64 * 1024), "dispatch attr");
+  done = true;
+}
+
+// Routing of one dispatch (plan = true: count + place/send list/counts exchange) or of
+// get_dispatch_layout (plan = false: counts and is_token_in_rank only).
+// ptrs: idx, w, scratch, in_rank, per_rank, per_expert, pub_idx, pub_w, pos, send_ent,
+//       counts_snap, counts_host, bad_flag, bad_info, err, done
+template <typename Idx>
+void route(const Layout& l, int64_t base, int me, int64_t T, bool plan, int expert_major, int64_t epoch,
+           uint64_t timeout_ns, const std::vector<int64_t>& p, cudaStream_t st) {
+  allow_smem();
+  const int C = static_cast<int>(l.world_size + l.num_experts);
+  const int B = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(route_max_blocks(), (T + 127) / 128)));
+  RouteScratch sc{ptr<int32_t>(p[2]), ptr<int32_t>(p[2]) + int64_t(route_max_blocks()) * C, nullptr, nullptr, nullptr};
+  RoutingArgs<Idx> a{ptr<const Idx>(p[0]), ptr<const float>(p[1]), static_cast<int>(T), static_cast<int>(l.topk),
+                     static_cast<int>(l.world_size), static_cast<int>(l.num_experts), ptr<int32_t>(p[8]),
+                     ptr<bool>(p[3]), ptr<int32_t>(p[6]), ptr<float>(p[7]),
+                     BadInput{ptr<int32_t>(p[12]), ptr<int64_t>(p[13])}};
+  auto* err = ptr<ErrorWord>(p[14]);
+  auto* done = ptr<unsigned int>(p[15]);
+  route_count_kernel<Idx><<<B, kRouteThreads, size_t(C) * 4, st>>>(a, sc, ptr<int32_t>(p[4]), ptr<int32_t>(p[5]), err,
+                                                                  done);
+  cuda_check(cudaGetLastError(), "route_count_kernel launch");
+  if (!plan) return;
+  PlanArgs pa{ptr<uint8_t>(base), l, me, expert_major, epoch, timeout_ns, ptr<int32_t>(p[9]), ptr<int32_t>(p[10]),
+              ptr<int32_t>(p[11]), err};
+  plan_kernel<Idx><<<B, kRouteThreads, size_t(kRouteWarps + 1) * C * 4, st>>>(a, sc, pa, done);
+  cuda_check(cudaGetLastError(), "plan_kernel launch");
+}
+
+void launch_route(int64_t base, const std::vector<int64_t>& lay, int me, bool idx64, int64_t T, bool plan,
+                  int expert_major, int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int64_t stream) {
+  if (p.size() != 16) throw std::runtime_error("route: expected 16 pointers");
+  Layout l = layout_from(lay);
+  auto st = ptr<CUstream_st>(stream);
+  if (idx64) route<int64_t>(l, base, me, T, plan, expert_major, epoch, timeout_ns, p, st);
+  else route<int32_t>(l, base, me, T, plan, expert_major, epoch, timeout_ns, p, st);
 }
 
 void launch_barrier(int64_t base, const std::vector<int64_t>& lay, int me, int64_t epoch, uint64_t timeout_ns,
@@ -628,40 +886,45 @@ void launch_barrier(int64_t base, const std::vector<int64_t>& lay, int me, int64
   cuda_check(cudaGetLastError(), "barrier_kernel launch");
 }
 
-// ptrs: x, idx, w, send_ent, info, out_pos, out_x, out_idx, out_w, out_rank, out_tok, out_slot, err
+// ptrs: x, idx, w, send_ent, counts, out_x, out_idx, out_w, out_rank, out_tok, out_slot, out_offsets, err
 void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int channels, int expert_major,
-                     int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int64_t stream) {
+                     int alignment, int64_t capacity, int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p,
+                     int64_t stream) {
   if (p.size() != 13) throw std::runtime_error("dispatch: expected 13 pointers");
+  allow_smem();
   DispatchArgs a{};
   a.base = ptr<uint8_t>(base);
   a.lay = layout_from(lay);
   a.me = me;
   a.C = num_channels(channels, static_cast<int>(a.lay.world_size));
   a.expert_major = expert_major;
+  a.alignment = alignment;
+  a.capacity = capacity;
   a.epoch = epoch;
   a.timeout_ns = timeout_ns;
   a.x = ptr<const uint8_t>(p[0]);
   a.idx = ptr<const int32_t>(p[1]);
   a.w = ptr<const float>(p[2]);
   a.send_ent = ptr<const int32_t>(p[3]);
-  a.info = ptr<const int32_t>(p[4]);
-  a.out_pos = ptr<const int32_t>(p[5]);
-  a.out_x = ptr<uint8_t>(p[6]);
-  a.out_idx = ptr<int64_t>(p[7]);
-  a.out_w = ptr<float>(p[8]);
-  a.out_rank = ptr<int32_t>(p[9]);
-  a.out_tok = ptr<int32_t>(p[10]);
-  a.out_slot = ptr<int32_t>(p[11]);
+  a.counts = ptr<const int32_t>(p[4]);
+  a.out_x = ptr<uint8_t>(p[5]);
+  a.out_idx = ptr<int64_t>(p[6]);
+  a.out_w = ptr<float>(p[7]);
+  a.out_rank = ptr<int32_t>(p[8]);
+  a.out_tok = ptr<int32_t>(p[9]);
+  a.out_slot = ptr<int32_t>(p[10]);
+  a.out_offsets = ptr<int64_t>(p[11]);
   a.err = ptr<ErrorWord>(p[12]);
-  dispatch_kernel<<<2 * a.C, kThreads, 0, ptr<CUstream_st>(stream)>>>(a);
+  const size_t smem = expert_major ? size_t(Geometry::dyn_bytes(a.lay)) : 0;
+  dispatch_kernel<<<2 * a.C, kThreads, smem, ptr<CUstream_st>(stream)>>>(a);
   cuda_check(cudaGetLastError(), "dispatch_kernel launch");
 }
 
-// ptrs: y, rw, info, out_pos, src_tok, src_slot, self_row, topk_idx, topk_w, out_x, out_w, err
+// ptrs: y, rw, src_rank, src_tok, src_slot, selfmap, topk_idx, topk_w, out_x, out_w, err
 void launch_combine(int64_t base, const std::vector<int64_t>& lay, int me, int channels, int expert_major,
-                    int num_tokens, int elem_kind, int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p,
-                    int64_t stream) {
-  if (p.size() != 12) throw std::runtime_error("combine: expected 12 pointers");
+                    int num_tokens, int64_t rows, int elem_kind, int64_t epoch, uint64_t timeout_ns,
+                    const std::vector<int64_t>& p, int64_t stream) {
+  if (p.size() != 11) throw std::runtime_error("combine: expected 11 pointers");
   CombineArgs a{};
   a.base = ptr<uint8_t>(base);
   a.lay = layout_from(lay);
@@ -669,20 +932,20 @@ void launch_combine(int64_t base, const std::vector<int64_t>& lay, int me, int c
   a.C = num_channels(channels, static_cast<int>(a.lay.world_size));
   a.expert_major = expert_major;
   a.num_tokens = num_tokens;
+  a.rows = rows;
   a.epoch = epoch;
   a.timeout_ns = timeout_ns;
   a.y = ptr<const uint8_t>(p[0]);
   a.rw = ptr<const float>(p[1]);
-  a.info = ptr<const int32_t>(p[2]);
-  a.out_pos = ptr<const int32_t>(p[3]);
-  a.src_tok = ptr<const int32_t>(p[4]);
-  a.src_slot = ptr<const int32_t>(p[5]);
-  a.self_row = ptr<const int32_t>(p[6]);
-  a.topk_idx = ptr<const int64_t>(p[7]);
-  a.topk_w = ptr<const float>(p[8]);
-  a.out_x = ptr<uint8_t>(p[9]);
-  a.out_w = ptr<float>(p[10]);
-  a.err = ptr<ErrorWord>(p[11]);
+  a.src_rank = ptr<const int32_t>(p[2]);
+  a.src_tok = ptr<const int32_t>(p[3]);
+  a.src_slot = ptr<const int32_t>(p[4]);
+  a.selfmap = ptr<int32_t>(p[5]);
+  a.topk_idx = ptr<const int64_t>(p[6]);
+  a.topk_w = ptr<const float>(p[7]);
+  a.out_x = ptr<uint8_t>(p[8]);
+  a.out_w = ptr<float>(p[9]);
+  a.err = ptr<ErrorWord>(p[10]);
   auto s = ptr<CUstream_st>(stream);
   const int grid = 2 * a.C;
   switch (elem_kind) {
@@ -726,7 +989,8 @@ PYBIND11_MODULE(symmoe_nvshmem, m) {
   m.def("ptr", [](int64_t addr, int pe) {
     return static_cast<int64_t>(reinterpret_cast<uintptr_t>(nvshmem_ptr(reinterpret_cast<void*>(addr), pe)));
   });
-  m.def("counts", &launch_counts);
+  m.def("route", &launch_route);
+  m.def("route_scratch_ints", &route_scratch_ints);
   m.def("barrier", &launch_barrier);
   m.def("dispatch", &launch_dispatch);
   m.def("combine", &launch_combine);

@@ -42,7 +42,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import build, validate
+from .. import build
 from ..config import Config
 from ..errors import CapacityError, InputError, StallError
 from ..handle import DispatchHandle
@@ -50,6 +50,7 @@ from ..layout import DTYPES, BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol
+from .counts import bad_input_error, received_rows
 
 MAX_LOCAL_EXPERTS = 4096  # the data kernels keep per-expert tables in shared memory
 MAX_SLOTS = 64  # combine slots per token, max(world_size, topk)
@@ -60,7 +61,7 @@ def _ptr(t: torch.Tensor | None) -> int:
 
 
 class _CudaProtocol(Protocol):
-    checks_topk_values = True  # the routing kernel checks the expert ids (see _raise_bad_input)
+    checks_topk_values = True  # the routing kernel checks the expert ids (counts.bad_input_error)
 
     def __init__(self, mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int):
         super().__init__(mem, layout, config, buffer_id)
@@ -184,19 +185,6 @@ class _CudaProtocol(Protocol):
         }
         return t
 
-    def _plan(self, counts: np.ndarray, output_layout: str, alignment: int) -> tuple[np.ndarray, np.ndarray]:
-        """(rows per receiver, unpadded rows per local expert of this rank) from the matrix.
-        numpy: this runs while the data kernel does, and must stay cheap."""
-        lay = self.layout
-        W, L = lay.world_size, lay.local_experts
-        per_expert = counts[:, 1 + W:].astype(np.int64).reshape(W, W, L).sum(0)  # [dst, L]
-        if output_layout == "rank":
-            totals = counts[:, 1:1 + W].astype(np.int64).sum(0)
-        else:
-            totals = ((per_expert + alignment - 1) // alignment * alignment).sum(1)
-        lay.check_capacity(totals.tolist(), output_layout)
-        return totals, per_expert[self.rank].astype(np.int32)
-
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                  output_layout: str, alignment: int) -> tuple[RecvResult, DispatchHandle]:
         self.check()
@@ -229,8 +217,8 @@ class _CudaProtocol(Protocol):
         self.check()
         counts = self._counts_np.copy()
         if (counts[:, 0] < 0).any():
-            self._raise_bad_input(counts)
-        totals, per_expert = self._plan(counts, output_layout, alignment)
+            raise bad_input_error(lay, counts, me, (ctypes.c_int64 * 4).from_address(self._bad_info[0]))
+        totals, per_expert = received_rows(lay, counts, me, output_layout, alignment)
         rows = int(totals[me])
         recv = RecvResult(
             x=out["x"][:rows], topk_idx=out["idx"][:rows], topk_weights=out["w"][:rows],
@@ -243,18 +231,6 @@ class _CudaProtocol(Protocol):
             recv_src_token=recv.src_token, recv_src_slot=out["src_slot"][:rows],
             expert_offsets=out["expert_offsets"], buffer_id=self.buffer_id)
         return recv, handle
-
-    def _raise_bad_input(self, counts: np.ndarray) -> None:
-        """Some rank's routing kernel found a bad expert id: no data moved anywhere (every
-        kernel saw tokens = -1 in that rank's counts row) and every rank raises here."""
-        bad = [int(r) for r in np.nonzero(counts[:, 0] < 0)[0]]
-        if self.rank in bad:
-            kind, token, _slot, value = (ctypes.c_int64 * 4).from_address(self._bad_info[0])
-            msg = (validate.bad_expert_id(value, token, self.layout.num_experts) if kind == 1  # kBadRange
-                   else validate.duplicate_expert(value, token))
-        else:
-            msg = f"rank {bad[0]} passed an invalid topk_idx (see its error)"
-        raise InputError(f"{msg}; this dispatch moved nothing on any rank (ranks with bad input: {bad})")
 
     # -- combine ---------------------------------------------------------------------------
     def combine(self, y: torch.Tensor, handle: DispatchHandle,

@@ -81,6 +81,31 @@ def test_back_to_back_combines_on_one_handle():
     assert _run(2, _config(), 93, CHECK_ROUTINGS[:3], ("rank", "expert"), "cuda", 1, 3) == [6, 6]
 
 
+@pytest.mark.parametrize("kind", ["range", "duplicate"])
+def test_bad_expert_id_raises_on_every_rank_and_the_buffer_stays_usable(kind):
+    """Expert ids are checked inside the routing kernel: the bad rank names the id and token,
+    the other names the bad rank, nothing moved, and the next dispatch is bitwise exact."""
+    from symmoe.testing_faults import bad_expert_id
+    _usable()
+    (msg0, ok0), (msg1, ok1) = spawn(bad_expert_id, 2, args=(_config(), kind, 12), env=_env(2), timeout_s=180.0)
+    if kind == "range":
+        assert "expert id 39 (token 3)" in msg1, msg1
+    else:
+        assert "row 5 names expert" in msg1 and "twice" in msg1, msg1
+    assert "rank 1 passed an invalid topk_idx" in msg0, msg0
+    assert "moved nothing on any rank" in msg0 and "moved nothing on any rank" in msg1
+    assert ok0 and ok1
+
+
+def test_receiver_over_capacity_raises_on_every_rank():
+    """Every token to expert 0 with a pool of 40 rows: the kernels move nothing and every rank
+    raises CapacityError (decided from the same counts matrix everywhere)."""
+    from symmoe.testing_faults import overflow
+    _usable()
+    out = spawn(overflow, 2, args=(_config(**{"buffer.recv_capacity": 40}),), env=_env(2), timeout_s=180.0)
+    assert all("recv_capacity" in m for m in out), out
+
+
 def absent_rank(rank: int, world_size: int, config: dict[str, Any]) -> tuple[str, float]:
     """The last rank never calls dispatch (as if it died); the others must raise in time."""
     from symmoe import Buffer, StallError

@@ -1,0 +1,65 @@
+// The routing pass shared by every protocol's dispatch (csrc/common/routing.cuh does the
+// per-chunk work): the count kernel, its scratch, and each chunk's starting counts for the
+// place pass, which each protocol runs with its own way of publishing the counts row.
+#pragma once
+#include <cstdint>
+
+#include "../common/barrier.cuh"
+#include "../common/layout.cuh"
+#include "../common/ptx.cuh"
+#include "../common/routing.cuh"
+
+namespace symmoe {
+
+constexpr int kRouteThreads = 256;
+constexpr int kRouteWarps = kRouteThreads / 32;
+
+struct RouteScratch {  // global scratch of the two routing kernels (sized by the host)
+  int32_t* part;    // [blocks][C] each chunk's column counts
+  int32_t* totals;  // [C] this rank's column totals
+  int32_t* big;     // nullptr, or [blocks][kRouteWarps + 1][C] when C is too large for shared memory
+  int32_t* counts_host;  // host-mapped copy of the whole counts matrix after the barrier (or nullptr)
+  int32_t* counts_snap;  // device copy of it, for kernels that run after peers moved on (or nullptr)
+};
+
+// Pass 1 (grid of blocks, one chunk of tokens each): column counts per chunk, the published
+// int32 ids / weights, is_token_in_rank; the last block to finish sums the chunks' counts.
+template <typename Idx>
+__global__ void __launch_bounds__(kRouteThreads) route_count_kernel(RoutingArgs<Idx> a, RouteScratch sc,
+                                                                   int32_t* out_per_rank, int32_t* out_per_expert,
+                                                                   ErrorWord* err, unsigned int* done) {
+  const int C = a.columns();
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = error_set(err);
+  __syncthreads();
+  if (dead) return;  // an earlier wait failed (the same for every block): the host raises
+  int32_t* part = sc.part + int64_t(blockIdx.x) * C;
+  int32_t* cnt = sc.big ? part : reinterpret_cast<int32_t*>(dyn_smem());
+  route_count_chunk(a, cnt);
+  if (!sc.big)
+    for (int c = threadIdx.x; c < C; c += blockDim.x) part[c] = cnt[c];
+  if (!grid_last_block(done)) return;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    int32_t sum = 0;
+#pragma unroll 8
+    for (int b = 0; b < int(gridDim.x); ++b) sum += __ldcg(sc.part + int64_t(b) * C + c);
+    sc.totals[c] = sum;
+    if (c < a.W) {
+      if (out_per_rank) out_per_rank[c] = sum;
+    } else if (out_per_expert) {
+      out_per_expert[c - a.W] = sum;
+    }
+  }
+}
+
+// Place pass prologue, whole block: base[c] = pairs of column c in the chunks before this one.
+__device__ __forceinline__ void chunk_base(const RouteScratch& sc, int C, int32_t* base) {
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    int32_t sum = 0;
+#pragma unroll 8
+    for (int b = 0; b < int(blockIdx.x); ++b) sum += sc.part[int64_t(b) * C + c];
+    base[c] = sum;
+  }
+}
+
+}  // namespace symmoe
