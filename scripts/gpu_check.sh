@@ -32,6 +32,10 @@ else
   note "MPS not started (ranks time-slice)"
 fi
 
+# Rank processes of a test cut off by TEST_LIMIT_S may still spin on the GPU (under MPS they
+# keep their SMs) and would slow every later measurement: kill them before going on.
+reap_ranks() { pkill -9 -f 'multiprocessing.spawn' 2>/dev/null && note "killed leftover rank processes"; return 0; }
+
 status=0
 for s in "${SECTIONS[@]}"; do
   case "$s" in
@@ -46,6 +50,7 @@ for s in "${SECTIONS[@]}"; do
       timeout -s INT ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} "${sel[@]}" "${extra[@]}" 2>&1 | tee "$LOG/pytest.log"
       rc=${PIPESTATUS[0]}
       note "pytest (torch backend): $(tail -1 "$LOG/pytest.log")"
+      reap_ranks
       [ "$rc" -ne 0 ] && status=1 ;;
     bench|bench-quick)
       ws=${BENCH_WORLD_SIZES:-1,4}; rep=${BENCH_REPEATS:-30}; protos=${BENCH_PROTOCOLS:-pull,push}
@@ -70,6 +75,7 @@ for s in "${SECTIONS[@]}"; do
       timeout -s INT ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_nvshmem.py ${PYTEST_ARGS:-} 2>&1 | tee "$LOG/nvshmem_tests.log"
       rc=${PIPESTATUS[0]}
       note "pytest (nvshmem): $(tail -1 "$LOG/nvshmem_tests.log")"
+      reap_ranks
       [ "$rc" -ne 0 ] && status=1 ;;
     ab)  # A/B: V1 vs V2 vs Mega at world size 1 (nccl needs one GPU per rank), torch push vs pull at 4 ranks
       symmoe ab configs/ab/v1_v2_mega.yaml --world-size 1 --repeats 20 --out "$LOG/ab_mega" --no-fallback 2>&1 | tee "$LOG/ab_mega.log"

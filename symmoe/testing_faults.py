@@ -53,8 +53,9 @@ def overflow(rank: int, world_size: int, config: dict[str, Any]) -> str:
     b = cfg.buffer
     with Buffer(None, cfg) as buf:
         inp = _own_inputs(cfg, Routing("one_expert", expert=0), b.max_tokens_per_rank, rank, world_size, seed=4)
+        dev = buf.device
         try:
-            buf.dispatch(inp.x, inp.topk_idx, inp.topk_weights)
+            buf.dispatch(inp.x.to(dev), inp.topk_idx.to(dev), inp.topk_weights.to(dev))
         except CapacityError as e:
             return str(e)
     return "no error"
