@@ -138,6 +138,10 @@ class NvshmemPush(Protocol):
         self._done = torch.zeros(1, dtype=torch.int32, device=dev)  # grid completion counter of the routing
         self._send_ent = torch.empty(max(1, T * max(W, K)), dtype=torch.int32, device=dev)
         self._selfmap = torch.empty(max(1, T * S), dtype=torch.int32, device=dev)
+        # Routing outputs only this rank reads: plain device memory, not the symmetric heap.
+        self._pub_idx = torch.empty(max(1, T * K), dtype=torch.int32, device=dev)
+        self._pub_w = torch.empty(max(1, T * K), dtype=torch.float32, device=dev)
+        self._pos = torch.empty(max(1, T * (W + K)), dtype=torch.int32, device=dev)
         self._bad_flag = torch.zeros(1, dtype=torch.int32, device=dev)
         # Pinned host memory is device-accessible at the same address (unified addressing):
         # the plan kernel writes the matrix and the bad-id record straight into it.
@@ -202,10 +206,10 @@ class NvshmemPush(Protocol):
         self._last_op = "dispatch"
         epoch = self._dispatches
         base = self.mem.local.data_ptr()
-        pub_idx, pub_w = base + self.offs["in_idx"], base + self.offs["in_w"]
+        pub_idx, pub_w = self._pub_idx.data_ptr(), self._pub_w.data_ptr()
         self._route(topk_idx, topk_weights, True, em, epoch, {
             "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": pub_idx, "pub_w": pub_w,
-            "pos": base + self.offs["in_pos"], "send_ent": self._send_ent.data_ptr(),
+            "pos": self._pos.data_ptr(), "send_ent": self._send_ent.data_ptr(),
             "counts_snap": counts_dev.data_ptr(), "counts_host": self._counts_host.data_ptr(),
             "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream)
         self._counts_event.record(stream)
