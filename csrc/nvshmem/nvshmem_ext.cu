@@ -81,19 +81,23 @@ __device__ __forceinline__ int64_t delivered(uint64_t v, int64_t epoch, int64_t 
   return e > static_cast<uint64_t>(epoch) ? total : 0;
 }
 
+// The host reads the host-mapped ErrorWord; kernels poll this device mirror of it (a read of
+// host memory per check would cost a PCIe round trip in every block).
+__device__ ErrorWord g_err;
+
 __device__ __forceinline__ void report(ErrorWord* err, int stage, int peer, int64_t epoch) {
-  volatile int64_t* e = reinterpret_cast<volatile int64_t*>(err);
-  if (e[0] != 0) return;  // keep the first failure
-  e[1] = peer;
-  e[2] = epoch;
-  __threadfence_system();
-  e[0] = stage;
+  if (ld_volatile(&g_err.stage) != 0) return;  // keep the first failure
+  volatile int64_t* words[2] = {reinterpret_cast<volatile int64_t*>(err), reinterpret_cast<volatile int64_t*>(&g_err)};
+  for (volatile int64_t* e : words) {
+    e[1] = peer;
+    e[2] = epoch;
+    __threadfence_system();
+    e[0] = stage;
+  }
   __threadfence_system();
 }
 
-__device__ __forceinline__ bool failed(const ErrorWord* err) {
-  return *reinterpret_cast<const volatile int64_t*>(&err->stage) != 0;
-}
+__device__ __forceinline__ bool failed() { return ld_volatile(&g_err.stage) != 0; }
 
 // Wait until the local signal word reaches `want`; false (and an error record) on timeout.
 __device__ bool wait_signal(const uint64_t* sig, uint64_t want, uint64_t timeout_ns, ErrorWord* err, int stage,
@@ -107,7 +111,7 @@ __device__ bool wait_signal(const uint64_t* sig, uint64_t want, uint64_t timeout
         report(err, stage, peer, epoch);
         return false;
       }
-      if (failed(err)) return false;
+      if (failed()) return false;
     }
   }
   return true;
@@ -183,7 +187,7 @@ __global__ void __launch_bounds__(kRouteThreads) plan_kernel(RoutingArgs<Idx> a,
                                                              unsigned int* done) {
   const int C = a.columns(), W = a.W, K = a.K, S = static_cast<int>(p.lay.combine_slots);
   __shared__ bool dead;
-  if (threadIdx.x == 0) dead = failed(p.err);
+  if (threadIdx.x == 0) dead = failed();
   __syncthreads();
   if (dead) return;
   const bool bad = a.bad.flag != nullptr && *a.bad.flag != 0;  // set by the count pass
@@ -429,7 +433,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
   const int64_t rb = a.lay.row_bytes();
   __shared__ Geometry geo;
   __shared__ bool dead;
-  if (threadIdx.x == 0) dead = failed(a.err);
+  if (threadIdx.x == 0) dead = failed();
   __syncthreads();
   if (dead) return;  // the counts exchange timed out: the snapshot is not this dispatch's
   geo.build(a.counts, a.lay, me, em, a.alignment, a.capacity);
@@ -812,6 +816,15 @@ int num_channels(int requested, int world) {
   return requested;
 }
 
+ErrorWord* error_mirror() {
+  void* p = nullptr;
+  cuda_check(cudaGetSymbolAddress(&p, g_err), "cudaGetSymbolAddress(g_err)");
+  return static_cast<ErrorWord*>(p);
+}
+
+// After the host raised a recorded failure (it clears its copy too).
+void reset_error() { cuda_check(cudaMemset(error_mirror(), 0, sizeof(ErrorWord)), "cudaMemset(g_err)"); }
+
 // Routing scratch: part [max_blocks][C], totals [C] (int32), and the routing grid.
 int route_max_blocks() {
   int dev = 0, sms = 0;
@@ -859,8 +872,8 @@ void route(const Layout& l, int64_t base, int me, int64_t T, bool plan, int expe
                      BadInput{ptr<int32_t>(p[12]), ptr<int64_t>(p[13])}};
   auto* err = ptr<ErrorWord>(p[14]);
   auto* done = ptr<unsigned int>(p[15]);
-  route_count_kernel<Idx><<<B, kRouteThreads, size_t(C) * 4, st>>>(a, sc, ptr<int32_t>(p[4]), ptr<int32_t>(p[5]), err,
-                                                                  done);
+  route_count_kernel<Idx><<<B, kRouteThreads, size_t(C) * 4, st>>>(a, sc, ptr<int32_t>(p[4]), ptr<int32_t>(p[5]),
+                                                                  error_mirror(), done);
   cuda_check(cudaGetLastError(), "route_count_kernel launch");
   if (!plan) return;
   PlanArgs pa{ptr<uint8_t>(base), l, me, expert_major, epoch, timeout_ns, ptr<int32_t>(p[9]), ptr<int32_t>(p[10]),
@@ -990,6 +1003,7 @@ PYBIND11_MODULE(symmoe_nvshmem, m) {
     return static_cast<int64_t>(reinterpret_cast<uintptr_t>(nvshmem_ptr(reinterpret_cast<void*>(addr), pe)));
   });
   m.def("route", &launch_route);
+  m.def("reset_error", &reset_error);
   m.def("route_scratch_ints", &route_scratch_ints);
   m.def("barrier", &launch_barrier);
   m.def("dispatch", &launch_dispatch);

@@ -94,6 +94,7 @@ def raise_if_failed(mem: Any, stage: str) -> None:
     if code == 0:
         return
     err.zero_()
+    mem.runtime.extension().reset_error()  # the kernels' device mirror of the word
     from ..backends.nvshmem import stall
     raise stall(mem, _STAGE_NAMES.get(int(code), stage), int(peer), int(epoch))
 
