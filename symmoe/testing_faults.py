@@ -92,3 +92,16 @@ def bad_expert_id(rank: int, world_size: int, config: dict[str, Any], kind: str,
                              num_experts=b.num_experts, world_size=world_size, dtype=DTYPES[b.dtype], seed=seed + 1)
         _check_one(buf, inputs, rank, world_size, cfg, "rank", dev, f"rank {rank} after bad input", seed + 1)
         return msg, True
+
+
+def expect_bad_expert_id_errors(out: list[tuple[str, bool]], kind: str, num_experts: int) -> None:
+    """What ``bad_expert_id`` at two ranks must give: rank 1 (the bad one) names the id and
+    token, rank 0 names rank 1, both say nothing moved, and both then dispatched exactly."""
+    (msg0, ok0), (msg1, ok1) = out
+    if kind == "range":
+        assert f"expert id {num_experts + 7} (token 3)" in msg1, msg1
+    else:
+        assert "row 5 names expert" in msg1 and "twice" in msg1, msg1
+    assert "rank 1 passed an invalid topk_idx" in msg0, msg0
+    assert "moved nothing on any rank" in msg0 and "moved nothing on any rank" in msg1
+    assert ok0 and ok1
