@@ -1,0 +1,62 @@
+"""What every rank reads off the exchanged counts matrix after the one host wait of a GPU
+dispatch (symmoe.protocol.counts, shared by the CUDA and NVSHMEM protocols): the rows each
+receiver gets and the per-expert counts must be the reference's, over-capacity and bad ids
+raise with the same decision on every rank."""
+import pytest
+import torch
+
+from symmoe import reference
+from symmoe.config import Config
+from symmoe.errors import CapacityError, InputError
+from symmoe.protocol.counts import bad_input_error, received_rows
+from symmoe.testing import CHECK_ROUTINGS, _tokens_per_rank
+from symmoe.workload import make_inputs
+
+
+def _case(W: int, routing, seed: int, align: int = 4, **over):
+    cfg = Config().replace(**{"buffer.hidden": 16, "buffer.max_tokens_per_rank": 24, "buffer.topk": 4,
+                              "buffer.num_experts": 16, "buffer.expert_alignment": align, **over})
+    lay = cfg.layout(W)
+    inputs = make_inputs(routing, num_tokens=_tokens_per_rank(W, lay.max_tokens, seed), hidden=lay.hidden,
+                         topk=lay.topk, num_experts=lay.num_experts, world_size=W, dtype=torch.bfloat16, seed=seed)
+    rows = []
+    for i in inputs:  # each rank's published row: tokens, tokens per rank, pairs per expert
+        r = reference.get_dispatch_layout(i.topk_idx, lay.num_experts, W)
+        rows.append(torch.cat([torch.tensor([i.x.shape[0]], dtype=torch.int32), r.num_tokens_per_rank,
+                               r.num_tokens_per_expert]))
+    return lay, inputs, torch.stack(rows).numpy()
+
+
+@pytest.mark.parametrize("W", [1, 2, 4])
+@pytest.mark.parametrize("layout", ["rank", "expert"])
+def test_received_rows_are_the_references(W, layout):
+    for n, routing in enumerate(CHECK_ROUTINGS):
+        lay, inputs, counts = _case(W, routing, seed=100 * W + n)
+        ref = reference.dispatch([i.x for i in inputs], [i.topk_idx for i in inputs],
+                                 [i.topk_weights for i in inputs], lay.num_experts, layout, 4)
+        for r in range(W):
+            totals, per_expert = received_rows(lay, counts, r, layout, 4)
+            assert int(totals[r]) == ref.recv[r].x.shape[0], (routing, r)
+            assert per_expert.tolist() == ref.recv[r].num_recv_tokens_per_expert.tolist(), (routing, r)
+
+
+def test_a_receiver_over_capacity_raises_on_every_rank():
+    from symmoe.workload import Routing
+    lay, _, counts = _case(2, Routing("one_expert", expert=0), seed=5, **{"buffer.recv_capacity": 20})
+    for r in range(2):  # rank 1 receives nothing, yet raises too: the decision is the matrix's
+        with pytest.raises(CapacityError, match="recv_capacity"):
+            received_rows(lay, counts, r, "rank", 4)
+
+
+def test_bad_ids_name_the_id_on_the_bad_rank_and_the_bad_rank_elsewhere():
+    from symmoe.workload import Routing
+    lay, _, counts = _case(2, Routing("uniform"), seed=6)
+    counts[1, 0] = -1  # rank 1's routing kernel rejected its ids
+    own = bad_input_error(lay, counts, 1, (1, 3, 1, 23))
+    other = bad_input_error(lay, counts, 0, (0, 0, 0, 0))
+    assert isinstance(own, InputError) and "expert id 23 (token 3)" in str(own)
+    assert "rank 1 passed an invalid topk_idx" in str(other)
+    dup = bad_input_error(lay, counts, 1, (2, 5, 2, 7))
+    assert "row 5 names expert 7 twice" in str(dup)
+    for e in (own, other, dup):
+        assert "moved nothing on any rank (ranks with bad input: [1])" in str(e)
