@@ -1,10 +1,10 @@
 // Dispatch kernels, templates on the device transport (csrc/common/transport.cuh):
 //
-//   route_count_kernel / route_place_kernel   routing counts and positions of this rank's
-//                   tokens (csrc/common/routing.cuh), one chunk of tokens per block; for a
-//                   dispatch they publish topk (int32) / weights / positions in the input
-//                   region, store this rank's counts row into every peer, and run the barrier
-//                   "dispatch.counts".
+//   route_count_kernel (route.cuh, shared with the NVSHMEM protocol) / route_place_kernel
+//                   routing counts and positions of this rank's tokens (csrc/common/routing.cuh),
+//                   one chunk of tokens per block; for a dispatch they publish topk (int32) /
+//                   weights / positions in the input region, store this rank's counts row into
+//                   every peer, and run the barrier "dispatch.counts".
 //   pull_kernel     receivers fetch the rows meant for them from every source's input region
 //                   with bulk copies (peer global -> shared -> local output), write metadata and
 //                   zero padding; barrier "dispatch.done" (sources may overwrite their inputs).
