@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "../common/barrier.cuh"
+#include "../common/elem.cuh"
 #include "../common/layout.cuh"
 #include "../common/mover.cuh"
 #include "dispatch.cuh"
@@ -76,24 +77,6 @@ __global__ void __launch_bounds__(1024) combine_send_kernel(Transport tp, Layout
   if (grid_last_block(sy.done) && !dead)
     block_barrier(tp, me, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageCombineData);
 }
-
-template <typename T>
-struct Elem;
-template <>
-struct Elem<__nv_bfloat16> {
-  static __device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ __forceinline__ __nv_bfloat16 from_f(float v) { return __float2bfloat16_rn(v); }
-};
-template <>
-struct Elem<__half> {
-  static __device__ __forceinline__ float to_f(__half v) { return __half2float(v); }
-  static __device__ __forceinline__ __half from_f(float v) { return __float2half_rn(v); }
-};
-template <>
-struct Elem<float> {
-  static __device__ __forceinline__ float to_f(float v) { return v; }
-  static __device__ __forceinline__ float from_f(float v) { return v; }
-};
 
 struct SourceSide {  // the source side of a dispatch handle
   const bool* in_rank;     // [T, W] (rank-major)

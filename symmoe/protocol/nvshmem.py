@@ -1,6 +1,7 @@
 """push over NVSHMEM: the DeepEP V1 normal-mode flow on the NVSHMEM device API.
 
-Kernels: ``csrc/nvshmem/nvshmem_ext.cu`` (module ``symmoe_nvshmem``, built by
+Kernels: ``csrc/nvshmem/`` (``device.cuh`` waits and signals, ``notify.cuh`` planning,
+``dispatch.cuh``, ``combine.cuh``; bindings in ``nvshmem_ext.cu``: module ``symmoe_nvshmem``, built by
 ``symmoe.build`` with relocatable device code and a device link against
 ``libnvshmem_device.a``). Every table is computed on the GPU, as DeepEP's layout and notify
 kernels do; the host launches three kernels and waits once, for the counts.

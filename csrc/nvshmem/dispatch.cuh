@@ -1,0 +1,367 @@
+// The dispatch kernel of the NVSHMEM push protocol and the offsets every block builds for it
+// from the exchanged counts matrix.
+#pragma once
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+#include <cstdint>
+
+#include "../common/scan.cuh"
+#include "device.cuh"
+
+namespace symmoe {
+namespace nv {
+
+// ---- dispatch geometry -----------------------------------------------------------------
+// Every offset of one dispatch, built by each block in shared memory from the counts matrix
+// (identical on every rank). n(s, d): rows s sends d. The pool of d is source-major, each
+// source's rows in its send-list order; the output is rank-major (source, token) or
+// expert-major (local expert, source, token) with each group padded to `alignment`.
+struct Geometry {
+  int32_t send_off[kMaxWorld], send_cnt[kMaxWorld], dst_base[kMaxWorld], recv_cnt[kMaxWorld], recv_base[kMaxWorld];
+  int32_t rows_of[kMaxWorld];  // output rows of each receiver (padded, expert-major)
+  int32_t tmp[33];
+  int ok;                      // every rank's ids valid and every receiver within capacity
+  // expert-major only, in dynamic shared memory:
+  int32_t* first;  // [W][L + 1] each source's rows for this rank, prefix over local experts
+  int32_t* obase;  // [W][L] output row of source s's first row of expert j
+  int32_t* goff;   // [L + 1] padded group starts
+  int32_t* gcnt;   // [L] unpadded rows per local expert
+
+  static int64_t dyn_bytes(const Layout& lay) {
+    const int64_t W = lay.world_size, L = lay.local_experts();
+    return 4 * (W * (L + 1) + W * L + (L + 1) + L);
+  }
+
+  __device__ void build(const int32_t* counts, const Layout& lay, int me, bool em, int alignment, int64_t cap) {
+    const int W = static_cast<int>(lay.world_size), E = static_cast<int>(lay.num_experts), L = E / W;
+    const int64_t cols = lay.counts_cols();
+    auto cnt = [&](int s, int64_t col) { return __ldg(counts + s * cols + col); };
+    auto n = [&](int s, int d) {
+      if (!em) return cnt(s, 1 + d);
+      int32_t v = 0;
+      for (int j = 0; j < L; ++j) v += cnt(s, 1 + W + int64_t(d) * L + j);
+      return v;
+    };
+    if (em) {
+      uint8_t* dyn = dyn_smem();
+      first = reinterpret_cast<int32_t*>(dyn);
+      obase = first + W * (L + 1);
+      goff = obase + W * L;
+      gcnt = goff + L + 1;
+    }
+    if (threadIdx.x == 0) ok = 1;
+    for (int d = threadIdx.x; d < W; d += blockDim.x) {
+      send_cnt[d] = n(me, d);
+      recv_cnt[d] = n(d, me);
+      int32_t b = 0;
+      for (int s = 0; s < me; ++s) b += n(s, d);
+      dst_base[d] = b;
+      rows_of[d] = 0;
+    }
+    __syncthreads();
+    if (!em) {
+      for (int d = threadIdx.x; d < W; d += blockDim.x) {
+        int32_t r = 0;
+        for (int s = 0; s < W; ++s) r += cnt(s, 1 + d);
+        rows_of[d] = r;
+      }
+    } else {
+      for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        int32_t g = 0;
+        for (int s = 0; s < W; ++s) g += cnt(s, 1 + W + e);
+        atomicAdd(&rows_of[e / L], (g + alignment - 1) / alignment * alignment);
+      }
+      for (int j = threadIdx.x; j < L; j += blockDim.x) {
+        int32_t g = 0;
+        for (int s = 0; s < W; ++s) g += cnt(s, 1 + W + int64_t(me) * L + j);
+        gcnt[j] = g;
+        goff[j] = (g + alignment - 1) / alignment * alignment;
+      }
+      __syncthreads();
+      const int32_t total = block_exclusive_scan(goff, L, tmp);
+      if (threadIdx.x == 0) goff[L] = total;
+      for (int s = threadIdx.x; s < W; s += blockDim.x) {
+        int32_t* f = first + s * (L + 1);
+        int32_t run = 0;
+        for (int j = 0; j < L; ++j) {
+          f[j] = run;
+          run += cnt(s, 1 + W + int64_t(me) * L + j);
+        }
+        f[L] = run;
+      }
+      __syncthreads();
+      for (int j = threadIdx.x; j < L; j += blockDim.x) {
+        int32_t run = goff[j];
+        for (int s = 0; s < W; ++s) {
+          obase[s * L + j] = run;
+          run += cnt(s, 1 + W + int64_t(me) * L + j);
+        }
+      }
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int32_t so = 0, rb = 0;
+      for (int d = 0; d < W; ++d) {
+        send_off[d] = so;
+        so += send_cnt[d];
+        recv_base[d] = rb;
+        rb += recv_cnt[d];
+        if (cnt(d, 0) < 0 || rows_of[d] > cap) ok = 0;
+      }
+    }
+    __syncthreads();
+  }
+
+  // Output row of row i (0-based) among the rows source s sent this rank.
+  __device__ __forceinline__ int64_t out_row(bool em, int s, int64_t i, int L) const {
+    if (!em) return recv_base[s] + i;
+    const int32_t* f = first + s * (L + 1);
+    int lo = 0, hi = L;  // the last j with f[j] <= i (its group is not empty: f[j + 1] > i)
+    while (hi - lo > 1) {
+      const int mid = (lo + hi) / 2;
+      if (f[mid] <= i) lo = mid; else hi = mid;
+    }
+    return obase[s * L + lo] + (i - f[lo]);
+  }
+};
+
+// ---- dispatch --------------------------------------------------------------------------
+struct DispatchArgs {
+  uint8_t* base;
+  Layout lay;
+  int me, C, expert_major, alignment;
+  int64_t epoch;
+  uint64_t timeout_ns;
+  int64_t capacity;          // rows the output tensors hold (the same on every rank)
+  const uint8_t* x;          // [T, H] rows to send (x itself, or a symmetric staging copy)
+  const int32_t* idx;        // [T, K] int32 copy made by the routing
+  const float* w;            // [T, K]
+  const int32_t* send_ent;   // [P] t * S + slot, grouped by destination, in receiver order
+  const int32_t* counts;     // [W][1 + W + E] this dispatch's counts matrix
+  uint8_t* out_x;
+  int64_t* out_idx;          // [N, K] rank-major, [M] expert-major
+  float* out_w;
+  int32_t* out_rank;
+  int32_t* out_tok;
+  int32_t* out_slot;
+  int64_t* out_offsets;      // [L + 1] expert-major, else nullptr
+  ErrorWord* err;
+};
+
+// Metadata of one (token, slot) sent to rank d, computed by lanes < K (rank-major: the whole
+// top-k row; expert-major: lane 0, the slot itself).
+struct Meta {
+  int idx;
+  float w;
+};
+__device__ __forceinline__ Meta row_meta(const DispatchArgs& a, int t, int slot, int d, int lane) {
+  const int K = static_cast<int>(a.lay.topk), L = static_cast<int>(a.lay.local_experts());
+  Meta m{-1, 0.f};
+  if (!a.expert_major) {
+    if (lane < K) {
+      const int e = a.idx[int64_t(t) * K + lane];
+      if (e >= 0 && e / L == d) {
+        m.idx = e - d * L;
+        m.w = a.w[int64_t(t) * K + lane];
+      }
+    }
+  } else if (lane == 0) {
+    m.idx = a.idx[int64_t(t) * K + slot] - d * L;
+    m.w = a.w[int64_t(t) * K + slot];
+  }
+  return m;
+}
+
+__device__ __forceinline__ void write_out_meta(const DispatchArgs& a, int64_t o, int src_rank, int ent, Meta m,
+                                               int lane) {
+  const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots);
+  if (!a.expert_major) {
+    if (lane < K) {
+      a.out_idx[o * K + lane] = m.idx;
+      a.out_w[o * K + lane] = m.w;
+    }
+  } else if (lane == 0) {
+    a.out_idx[o] = m.idx;
+    a.out_w[o] = m.w;
+  }
+  if (lane == 0) {
+    a.out_rank[o] = src_rank;
+    a.out_tok[o] = ent / S;
+    a.out_slot[o] = ent % S;
+  }
+}
+
+__global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
+  const int W = static_cast<int>(a.lay.world_size), C = a.C, me = a.me;
+  const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots);
+  const int L = static_cast<int>(a.lay.local_experts());
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const bool sender = blockIdx.x < C, em = a.expert_major != 0;
+  const int c = sender ? blockIdx.x : blockIdx.x - C;
+  const int64_t rb = a.lay.row_bytes();
+  __shared__ Geometry geo;
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = failed();
+  __syncthreads();
+  if (dead) return;  // the counts exchange timed out: the snapshot is not this dispatch's
+  geo.build(a.counts, a.lay, me, em, a.alignment, a.capacity);
+  if (!geo.ok) return;  // bad ids or a receiver over capacity: every rank skips, every host raises
+  const int32_t *send_off = geo.send_off, *send_cnt = geo.send_cnt, *dst_base = geo.dst_base,
+                *recv_cnt = geo.recv_cnt, *recv_base = geo.recv_base;
+  uint64_t* tail = reinterpret_cast<uint64_t*>(a.base + a.lay.tail);
+
+  if (em) {  // group starts, and the padding rows of each group (zeros, ids and sources -1)
+    if (blockIdx.x == 0)
+      for (int j = threadIdx.x; j <= L; j += blockDim.x) a.out_offsets[j] = geo.goff[j];
+    for (int j = blockIdx.x; j < L; j += gridDim.x) {
+      for (int64_t r = geo.goff[j] + geo.gcnt[j] + warp; r < geo.goff[j + 1]; r += kWarps) {
+        int4* row = reinterpret_cast<int4*>(a.out_x + r * rb);
+        for (int v = lane; v < rb / 16; v += 32) row[v] = make_int4(0, 0, 0, 0);
+        if (lane == 0) {
+          a.out_idx[r] = -1;
+          a.out_w[r] = 0.f;
+          a.out_rank[r] = a.out_tok[r] = a.out_slot[r] = -1;
+        }
+      }
+    }
+  }
+
+  // Rows this rank keeps: x -> output directly, channel c's share. With peers the receiver
+  // block copies them while the first puts are in flight, so senders start putting at once;
+  // alone, both blocks split them.
+  {
+    const int64_t n = send_cnt[me], i0 = chan_begin(n, c, C), i1 = chan_begin(n, c + 1, C);
+    const int64_t mid = W == 1 ? (i0 + i1) / 2 : i0;  // the sender block's part ends here
+    const int64_t lo = sender ? i0 : mid, hi = sender ? mid : i1;
+    for (int64_t i = lo + warp; i < hi; i += kWarps) {
+      const int ent = a.send_ent[send_off[me] + i];
+      const int t = ent / S, slot = ent % S;
+      const int64_t o = geo.out_row(em, me, i, L);
+      warp_copy_row<true>(a.out_x + o * rb, a.x + int64_t(t) * rb, rb, lane);
+      write_out_meta(a, o, me, ent, row_meta(a, t, slot, me, lane), lane);
+    }
+  }
+
+  if (sender) {
+    // One warp group per peer (up to kMaxGroups): the rank itself gets none.
+    const int ngroups = max(1, min(W - 1, kMaxGroups)), wpg = kWarps / ngroups;
+    const int g = warp / wpg, wig = warp % wpg;
+    if (g >= ngroups) return;
+    uint8_t* rx = a.base + a.lay.recv_x;
+    int32_t* ridx = reinterpret_cast<int32_t*>(a.base + a.lay.recv_idx);
+    float* rw = reinterpret_cast<float*>(a.base + a.lay.recv_w);
+    int32_t* rsrc = reinterpret_cast<int32_t*>(a.base + a.lay.recv_src);
+    const int64_t chunk = int64_t(wpg) * kRowsPerWarp;
+    for (int k = g; k < W - 1; k += ngroups) {
+      const int d = (me + 1 + k) % W;  // next ranks first: receivers are not all hit at once
+      const int64_t n = send_cnt[d], i0 = chan_begin(n, c, C), i1 = chan_begin(n, c + 1, C);
+      int64_t c0 = i0;
+      do {
+        const int64_t c1 = min(i1, c0 + chunk);
+        for (int64_t i = c0 + wig; i < c1; i += wpg) {
+          const int ent = a.send_ent[send_off[d] + i];
+          const int t = ent / S, slot = ent % S;
+          const int64_t q = dst_base[d] + i;
+          nvshmemx_putmem_nbi_warp(rx + q * rb, a.x + int64_t(t) * rb, rb, d);
+          const Meta m = row_meta(a, t, slot, d, lane);
+          if (!a.expert_major) {
+            if (lane < K) {
+              nvshmem_int_p(ridx + q * K + lane, m.idx, d);
+              nvshmem_float_p(rw + q * K + lane, m.w, d);
+            }
+          } else if (lane == 0) {
+            nvshmem_int_p(ridx + q * K, m.idx, d);
+            nvshmem_float_p(rw + q * K, m.w, d);
+          }
+          if (lane == 0) nvshmem_int_p(rsrc + q, ent, d);
+        }
+        // Every put of the chunk (all warps of the group) is ordered before the signal.
+        named_barrier(1 + g, wpg * 32);
+        if (wig == 0 && lane == 0) {
+          nvshmem_fence();
+          nvshmemx_signal_op(tail + int64_t(c) * W + me, sig_value(a.epoch, c1 - i0), NVSHMEM_SIGNAL_SET, d);
+        }
+        c0 = c1;
+      } while (c0 < i1);
+    }
+    if (wig == 0 && lane == 0) nvshmem_quiet();
+    return;
+  }
+
+  // Receiver of channel c: stream delivered rows from the pool into the outputs.
+  __shared__ int64_t s_done[kMaxWorld];    // rows of each source copied so far (absolute index)
+  __shared__ int64_t s_from[kMaxWorld], s_to[kMaxWorld];
+  __shared__ int s_state;                  // 0: copy what arrived, 1: finished, 2: failed
+  const uint8_t* px = a.base + a.lay.recv_x;
+  const int32_t* pidx = reinterpret_cast<const int32_t*>(a.base + a.lay.recv_idx);
+  const float* pw = reinterpret_cast<const float*>(a.base + a.lay.recv_w);
+  const int32_t* psrc = reinterpret_cast<const int32_t*>(a.base + a.lay.recv_src);
+  for (int s = threadIdx.x; s < W; s += blockDim.x) s_done[s] = chan_begin(recv_cnt[s], c, C);
+  __syncthreads();
+  const uint64_t start = global_timer_ns();
+  while (true) {
+    if (threadIdx.x == 0) {
+      uint32_t spins = 0;
+      while (true) {
+        bool pending = false, fresh = false;
+        int late = -1;
+        for (int s = 0; s < W; ++s) {
+          s_from[s] = s_to[s] = 0;
+          if (s == me) continue;
+          const int64_t i0 = chan_begin(recv_cnt[s], c, C), i1 = chan_begin(recv_cnt[s], c + 1, C);
+          if (s_done[s] >= i1 && i1 > i0) continue;
+          const uint64_t v = static_cast<uint64_t>(ld_acquire_sys(reinterpret_cast<const int64_t*>(tail + int64_t(c) * W + s)));
+          if (v < sig_value(a.epoch, 0)) {  // this epoch's first signal not there yet
+            pending = true;
+            late = s;
+            continue;
+          }
+          const int64_t got = i0 + delivered(v, a.epoch, i1 - i0);
+          if (got > s_done[s]) {
+            s_from[s] = s_done[s];
+            s_to[s] = got;
+            s_done[s] = got;
+            fresh = true;
+          }
+          if (got < i1) {
+            pending = true;
+            late = s;
+          }
+        }
+        if (fresh) { s_state = 0; break; }
+        if (!pending) { s_state = 1; break; }
+        if ((++spins & 255) == 0 && global_timer_ns() - start > a.timeout_ns) {
+          report(a.err, kStageDispatchData, late, a.epoch);
+          s_state = 2;
+          break;
+        }
+      }
+    }
+    __syncthreads();
+    if (s_state != 0) break;
+    // Copy the fresh rows: flatten (source, row) and give one row per warp.
+    int64_t total = 0;
+    for (int s = 0; s < W; ++s) total += s_to[s] - s_from[s];
+    for (int64_t r = warp; r < total; r += kWarps) {
+      int s = 0;
+      int64_t rr = r;
+      while (rr >= s_to[s] - s_from[s]) { rr -= s_to[s] - s_from[s]; ++s; }
+      const int64_t q = recv_base[s] + s_from[s] + rr;
+      const int64_t o = geo.out_row(em, s, s_from[s] + rr, L);
+      warp_copy_row<false>(a.out_x + o * rb, px + q * rb, rb, lane);
+      const int ent = psrc[q];
+      Meta m{-1, 0.f};
+      if (!a.expert_major) {
+        if (lane < K) m = Meta{pidx[q * K + lane], pw[q * K + lane]};
+      } else if (lane == 0) {
+        m = Meta{pidx[q * K], pw[q * K]};
+      }
+      write_out_meta(a, o, s, ent, m, lane);
+    }
+    __syncthreads();
+  }
+}
+
+}  // namespace nv
+}  // namespace symmoe

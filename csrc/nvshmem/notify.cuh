@@ -1,0 +1,118 @@
+// DeepEP V1's notify on the NVSHMEM device API: the place pass of the routing, the send list,
+// the counts exchange by put-with-signal, and the flag barrier of SymmetricMemory.barrier.
+#pragma once
+#include <nvshmem.h>
+#include <nvshmemx.h>
+
+#include <cstdint>
+
+#include "../common/scan.cuh"
+#include "../kernels/route.cuh"
+#include "device.cuh"
+
+namespace symmoe {
+namespace nv {
+
+// ---- planning: routing, send list, counts exchange (DeepEP V1's layout + notify) ------
+// Whole block. This rank's counts row is in row `me` of its own matrix: put it into every
+// peer's matrix with put-with-signal on ready[me] (one thread per peer, so the row and its
+// signal travel in order over NVLink and IBGDA alike), then wait for every peer's row.
+__device__ void exchange_counts(uint8_t* base, const Layout& lay, int me, int64_t epoch, uint64_t timeout_ns,
+                                ErrorWord* err) {
+  const int W = static_cast<int>(lay.world_size);
+  const int64_t row_bytes = 4 * lay.counts_cols();
+  uint8_t* row = base + lay.counts + me * row_bytes;
+  uint64_t* ready = reinterpret_cast<uint64_t*>(base + lay.ready);
+  __syncthreads();
+  for (int p = threadIdx.x; p < W; p += blockDim.x) {
+    if (p == me) continue;
+    nvshmem_putmem_signal_nbi(row, row, row_bytes, ready + me, static_cast<uint64_t>(epoch), NVSHMEM_SIGNAL_SET, p);
+  }
+  for (int p = threadIdx.x; p < W; p += blockDim.x) {
+    if (p == me) continue;
+    if (!wait_signal(ready + p, static_cast<uint64_t>(epoch), timeout_ns, err, kStageDispatchCounts, p, epoch)) break;
+  }
+  if (threadIdx.x < W) nvshmem_quiet();
+  __syncthreads();
+}
+
+struct PlanArgs {
+  uint8_t* base;
+  Layout lay;
+  int me, expert_major;
+  int64_t epoch;
+  uint64_t timeout_ns;
+  int32_t* send_ent;     // [T * max(W, K)] this rank's rows in send order, each t * S + slot
+  int32_t* counts_snap;  // [W][1 + W + E] device copy of the exchanged matrix (this dispatch's own)
+  int32_t* counts_host;  // the same, host-mapped: the host's one wait
+  ErrorWord* err;
+};
+
+// Place pass of the routing (same grid as route_count_kernel), then each block scatters its
+// tokens into the send list: rank-major by destination, then token; expert-major by expert,
+// then token (so by destination too). The last block publishes the counts row and waits for
+// the peers' rows (stage dispatch.counts), then leaves the matrix in the snapshot and in
+// host-mapped memory. A rank with bad expert ids publishes tokens = -1: nobody moves data.
+template <typename Idx>
+__global__ void __launch_bounds__(kRouteThreads) plan_kernel(RoutingArgs<Idx> a, RouteScratch sc, PlanArgs p,
+                                                             unsigned int* done) {
+  const int C = a.columns(), W = a.W, K = a.K, S = static_cast<int>(p.lay.combine_slots);
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = failed();
+  __syncthreads();
+  if (dead) return;
+  const bool bad = a.bad.flag != nullptr && *a.bad.flag != 0;  // set by the count pass
+  int32_t* base = reinterpret_cast<int32_t*>(dyn_smem());     // [C] + [kRouteWarps][C]
+  if (!bad) {
+    chunk_base(sc, C, base);
+    __syncthreads();
+    route_place_chunk(a, base, base + C);
+    // start[c]: this rank's pairs in the columns of the same kind before c.
+    const int n = p.expert_major ? a.E : W, first_col = p.expert_major ? W : 0;
+    int32_t* start = base;
+    for (int c = threadIdx.x; c < n; c += blockDim.x) start[c] = __ldcg(sc.totals + first_col + c);
+    __syncthreads();
+    block_exclusive_scan(start, n, base + C);
+    const int64_t t0 = a.chunk_begin(blockIdx.x), t1 = a.chunk_begin(blockIdx.x + 1), PC = W + K;
+    if (!p.expert_major) {
+      for (int64_t i = t0 * W + threadIdx.x; i < t1 * W; i += blockDim.x) {
+        const int64_t t = i / W;
+        const int d = static_cast<int>(i % W);
+        if (a.in_rank[i]) p.send_ent[start[d] + a.pos[t * PC + d]] = static_cast<int32_t>(t * S + d);
+      }
+    } else {
+      for (int64_t i = t0 * K + threadIdx.x; i < t1 * K; i += blockDim.x) {
+        const int64_t t = i / K;
+        const int k = static_cast<int>(i % K), e = a.pub_idx[i];
+        if (e >= 0) p.send_ent[start[e] + a.pos[t * PC + W + k]] = static_cast<int32_t>(t * S + k);
+      }
+    }
+  }
+  if (!grid_last_block(done)) return;
+  if (bad && threadIdx.x == 0) *a.bad.flag = 0;  // every block has read it
+  const int64_t row = 1 + C;
+  int32_t* m = reinterpret_cast<int32_t*>(p.base + p.lay.counts);
+  for (int c = threadIdx.x; c < row; c += blockDim.x)
+    m[p.me * row + c] = c == 0 ? (bad ? -1 : a.T) : __ldcg(sc.totals + c - 1);
+  exchange_counts(p.base, p.lay, p.me, p.epoch, p.timeout_ns, p.err);
+  for (int64_t i = threadIdx.x; i < int64_t(W) * row; i += blockDim.x) {
+    const int32_t v = __ldcg(m + i);
+    p.counts_snap[i] = v;
+    p.counts_host[i] = v;
+  }
+}
+
+// Flag barrier over `barrier[W]` with signals (SymmetricMemory.barrier).
+__global__ void barrier_kernel(uint8_t* base, Layout lay, int me, int64_t epoch, uint64_t timeout_ns, ErrorWord* err,
+                               int stage) {
+  const int W = static_cast<int>(lay.world_size);
+  uint64_t* flags = reinterpret_cast<uint64_t*>(base + lay.barrier);
+  for (int p = threadIdx.x; p < W; p += blockDim.x)
+    nvshmemx_signal_op(flags + me, static_cast<uint64_t>(epoch), NVSHMEM_SIGNAL_SET, p);
+  for (int p = threadIdx.x; p < W; p += blockDim.x)
+    if (!wait_signal(flags + p, static_cast<uint64_t>(epoch), timeout_ns, err, stage, p, epoch)) break;
+  nvshmem_quiet();
+}
+
+}  // namespace nv
+}  // namespace symmoe
