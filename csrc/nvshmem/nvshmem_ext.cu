@@ -5,25 +5,25 @@
 // libnvshmem_device.a, so `init()` must run after nvshmem.core.init() (it only registers this
 // module's device state) and `finalize()` before nvshmem.core.finalize().
 //
-// Protocol (every step also documented in symmoe/protocol/nvshmem.py):
-//   counts   each rank puts its counts row into row `me` of every peer's counts matrix with
-//            put-with-signal (`ready[me]` = epoch); waits for every peer's ready flag.
-//   dispatch one kernel, 2*C blocks. Block c < C is the sender of channel c: for each
-//            destination d, warps of one group put the rows [c*n/C, (c+1)*n/C) of the n rows
-//            this rank sends to d into d's receive pool (non-blocking warp puts: NVLink stores
-//            in a node, IBGDA RDMA across nodes, same code), then fence and signal
-//            tail[c][me] at d with (epoch << 32 | rows delivered), so rows stream per chunk.
-//            Block C + c is the receiver of channel c: it waits on tail[c][s] (timeout) and
-//            copies delivered rows from the pool into the output tensors as they arrive. The
-//            rows a rank keeps for itself go straight from x to the output (no pool).
-//   combine  one kernel, 2*C blocks. Block c < C pushes the expert outputs of channel c back
-//            to their source ranks' combine slots (t * S + slot), signalling head[c][me];
-//            then every block waits for all head signals and reduces tokens in the fixed
-//            order (rank order for rank-major; k order with __fmul_rn/__fadd_rn for
-//            expert-major), reading the rank's own contributions straight from y.
+// The kernels (every step also documented in symmoe/protocol/nvshmem.py):
+//   notify.cuh   plan_kernel after the shared route_count_kernel: positions, the send list,
+//                the counts row to every peer by put-with-signal (`ready[me]` = epoch), the
+//                wait for every peer's row, the matrix in a device snapshot and pinned memory.
+//   dispatch.cuh one kernel, 2*C blocks. Block c < C is the sender of channel c: for each
+//                destination d, warps of one group put their rows into d's receive pool
+//                (non-blocking warp puts: NVLink stores in a node, IBGDA RDMA across nodes,
+//                same code), then fence and signal tail[c][me] at d with (epoch << 32 | rows
+//                delivered), so rows stream per chunk. Block C + c is the receiver of channel
+//                c: it waits on tail[c][s] (timeout) and copies delivered rows into the
+//                outputs. The rows a rank keeps go straight from x to the output.
+//   combine.cuh  one kernel, 2*C blocks. Block c < C puts channel c of the received rows back
+//                into their sources' combine slots (t * S + slot) and signals head[c][me] at
+//                every rank; then every block waits for all heads and reduces tokens in the
+//                fixed order (rank order for rank-major; k order with __fmul_rn/__fadd_rn for
+//                expert-major), reading the rank's own contributions straight from y.
 // Signals carry (epoch << 32 | count) and are compared with >=, so they never need a reset.
 // Every wait has a timeout: it records (stage, peer, epoch) in the host-mapped ErrorWord and
-// the kernel returns; the host raises StallError.
+// its device mirror, and the kernel returns; the host raises StallError.
 
 #include <cuda_runtime.h>
 #include <nvshmem.h>
