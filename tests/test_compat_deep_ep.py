@@ -169,6 +169,15 @@ def _ref(inputs, layout="rank", alignment=1):
                               [i.topk_weights for i in inputs], B.num_experts, layout, alignment)
 
 
+def _cases(rank, world_size, seed, layout="rank", alignment=1):
+    """One case per routing: (all ranks' inputs, this rank's, the reference dispatch, this
+    rank's expected receive, a label for failures)."""
+    for i, routing in enumerate(ROUTINGS):
+        inputs = _inputs(routing, world_size, seed + i)
+        ref = _ref(inputs, layout, alignment)
+        yield inputs, inputs[rank], ref, ref.recv[rank], f"rank {rank}/{world_size} routing={routing.kind}"
+
+
 def _ref_combine(ys, ref, inputs, layout="rank", recv_topk_weights=None, weights=None):
     return reference.combine(ys, ref, [i.topk_idx for i in inputs],
                              weights or [i.topk_weights for i in inputs], B.num_experts, layout, recv_topk_weights)
@@ -176,10 +185,7 @@ def _ref_combine(ys, ref, inputs, layout="rank", recv_topk_weights=None, weights
 
 def v1_forward_matches_reference_and_symmoe(rank, world_size, seed):
     deep_ep.set_default_config(CFG)
-    for i, routing in enumerate(ROUTINGS):
-        inputs = _inputs(routing, world_size, seed + i)
-        mine, ref = inputs[rank], _ref(inputs)
-        want, ctx = ref.recv[rank], f"rank {rank}/{world_size} routing={routing.kind}"
+    for inputs, mine, ref, want, ctx in _cases(rank, world_size, seed):
         recv_x, recv_idx, recv_w, per_expert, handle, combined_x = \
             moe_layer(mine.x, mine.topk_idx, mine.topk_weights, B.num_experts)
         assert_bitwise("recv_x", recv_x, want.x, ctx)
@@ -267,10 +273,7 @@ def v1_expert_alignment_and_num_worst_tokens(rank, world_size, seed):
 
 def v2_forward_matches_reference(rank, world_size, seed):
     deep_ep_v2.set_default_config(CFG)
-    for i, routing in enumerate(ROUTINGS):
-        inputs = _inputs(routing, world_size, seed + i)
-        mine, ref = inputs[rank], _ref(inputs)
-        want, ctx = ref.recv[rank], f"rank {rank}/{world_size} routing={routing.kind}"
+    for inputs, mine, ref, want, ctx in _cases(rank, world_size, seed):
         get_buffer_v2(dist.group.WORLD, B.max_tokens_per_rank, B.hidden, B.topk, B.num_experts)
         recv_x, recv_idx, recv_w, handle, event = dispatch_forward_v2(
             mine.x, mine.topk_idx, mine.topk_weights, B.num_experts, B.max_tokens_per_rank, expert_alignment=2)
@@ -293,10 +296,7 @@ def v2_expanded_layout_matches_reference(rank, world_size, seed):
     """do_expand=True is symmoe's expert-major layout; combine sums the slots, unweighted."""
     deep_ep_v2.set_default_config(CFG)
     a = B.expert_alignment
-    for i, routing in enumerate(ROUTINGS):
-        inputs = _inputs(routing, world_size, seed + i)
-        mine, ref = inputs[rank], _ref(inputs, "expert", a)
-        want, ctx = ref.recv[rank], f"rank {rank}/{world_size} routing={routing.kind}"
+    for i, (inputs, mine, ref, want, ctx) in enumerate(_cases(rank, world_size, seed, "expert", a)):
         get_buffer_v2(dist.group.WORLD, B.max_tokens_per_rank, B.hidden, B.topk, B.num_experts)
         recv_x, recv_idx, recv_w, handle, _ = dispatch_forward_v2(
             mine.x, mine.topk_idx, mine.topk_weights, B.num_experts, B.max_tokens_per_rank, expert_alignment=a,

@@ -59,6 +59,7 @@ __all__ = ["ElasticBuffer", "EPHandle", "EventOverlap", "EventHandle", "topk_idx
 _API = "deep_ep.ElasticBuffer"
 
 
+@dataclasses.dataclass(eq=False)
 class EPHandle:
     """DeepEP V2's ``EPHandle``, filled with DeepEP's values for a single scale-up domain:
 
@@ -78,34 +79,32 @@ class EPHandle:
     * ``dst_buffer_slot_idx``: DeepEP's buffer slots; a placeholder that raises if used
     """
 
-    def __init__(self, *, do_expand: bool, num_experts: int, expert_alignment: int, num_max_tokens_per_rank: int,
-                 num_sms: int, topk_idx: torch.Tensor, num_recv_tokens: int, num_expanded_tokens: int,
-                 num_recv_tokens_per_expert_list: list[int], psum_num_recv_tokens_per_scaleup_rank: torch.Tensor,
-                 psum_num_recv_tokens_per_expert: torch.Tensor, num_unaligned_recv_tokens_per_expert: torch.Tensor,
-                 recv_src_metadata: torch.Tensor, symmoe_handle: DispatchHandle, recv_topk_idx: torch.Tensor | None,
-                 padded: bool, owner: "ElasticBuffer") -> None:
-        self.do_expand = do_expand
-        self.num_experts = num_experts
-        self.expert_alignment = expert_alignment
-        self.num_max_tokens_per_rank = num_max_tokens_per_rank
-        self.num_sms = num_sms
-        self.topk_idx = topk_idx
-        self.num_recv_tokens = num_recv_tokens
-        self.num_expanded_tokens = num_expanded_tokens
-        self.num_recv_tokens_per_expert_list = num_recv_tokens_per_expert_list
-        self.psum_num_recv_tokens_per_scaleup_rank = psum_num_recv_tokens_per_scaleup_rank
-        self.psum_num_recv_tokens_per_expert = psum_num_recv_tokens_per_expert
-        self.num_unaligned_recv_tokens_per_expert = num_unaligned_recv_tokens_per_expert
-        self.recv_src_metadata = recv_src_metadata
-        self.dst_buffer_slot_idx = Unavailable("handle.dst_buffer_slot_idx", "it indexes DeepEP's own buffer slots")
-        self.token_metadata_at_forward = None
-        self.channel_linked_list = None
-        self.cached_recv_src_metadata_before_sort = None
-        self.symmoe = symmoe_handle
-        self._recv_topk_idx = recv_topk_idx  # rank-major, unpadded: which slots are local
-        self._padded = padded
+    do_expand: bool
+    num_experts: int
+    expert_alignment: int
+    num_max_tokens_per_rank: int
+    num_sms: int
+    topk_idx: torch.Tensor
+    num_recv_tokens: int
+    num_expanded_tokens: int
+    num_recv_tokens_per_expert_list: list[int]
+    psum_num_recv_tokens_per_scaleup_rank: torch.Tensor
+    psum_num_recv_tokens_per_expert: torch.Tensor
+    num_unaligned_recv_tokens_per_expert: torch.Tensor
+    recv_src_metadata: torch.Tensor
+    symmoe: DispatchHandle
+    _recv_topk_idx: torch.Tensor | None  # rank-major, unpadded: which slots are local
+    _padded: bool
+    owner: dataclasses.InitVar["ElasticBuffer"]
+    dst_buffer_slot_idx: Unavailable = dataclasses.field(init=False, default=Unavailable(
+        "handle.dst_buffer_slot_idx", "it indexes DeepEP's own buffer slots"))
+    token_metadata_at_forward: None = dataclasses.field(init=False, default=None)
+    channel_linked_list: None = dataclasses.field(init=False, default=None)
+    cached_recv_src_metadata_before_sort: None = dataclasses.field(init=False, default=None)
+    _unit_weights: DispatchHandle | None = dataclasses.field(init=False, default=None)
+
+    def __post_init__(self, owner: "ElasticBuffer") -> None:
         self._owner = weakref.ref(owner)
-        self._unit_weights: DispatchHandle | None = None
 
     @property
     def allocated_rows(self) -> int:
@@ -342,7 +341,7 @@ class ElasticBuffer:
             psum_num_recv_tokens_per_scaleup_rank=per_src.cumsum(0).to(torch.int32).to(dev),
             psum_num_recv_tokens_per_expert=psum_expert.to(torch.int32).to(dev),
             num_unaligned_recv_tokens_per_expert=unaligned.to(torch.int32).to(dev), recv_src_metadata=meta,
-            symmoe_handle=sh, recv_topk_idx=None if do_expand else recv_idx, padded=padded, owner=self)
+            symmoe=sh, _recv_topk_idx=None if do_expand else recv_idx, _padded=padded, owner=self)
 
     @staticmethod
     def _rank_metadata(sh: DispatchHandle, recv_idx: torch.Tensor, K: int, nmax: int) -> torch.Tensor:

@@ -61,6 +61,9 @@ _ELEM_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 # The place pass keeps (8 warps + 1) x (W + E) int32 tables in shared memory, the dispatch
 # kernel 2 x E of them (expert-major): the columns fit in 200 KiB and 64 KiB.
 MAX_COLUMNS = 4096
+# The pointers of the extension's route(), in its order.
+_ROUTE_PTRS = ("idx", "w", "scratch", "in_rank", "per_rank", "per_expert", "pub_idx", "pub_w", "pos", "send_ent",
+               "counts_snap", "counts_host", "bad_flag", "bad_info", "err", "done")
 
 
 def _include_dirs() -> list[str]:
@@ -158,14 +161,14 @@ class NvshmemPush(Protocol):
     def _local(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         return self.mem.view(self.offs[name], dtype, shape)
 
-    def _route(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, plan: bool, expert_major: bool,
-               epoch: int, ptrs: dict[str, int], stream: torch.cuda.Stream) -> None:
-        names = ("w", "in_rank", "per_rank", "per_expert", "pub_idx", "pub_w", "pos", "send_ent", "counts_snap",
-                 "counts_host", "bad_flag", "bad_info")
-        p = [topk_idx.data_ptr(), *(ptrs.get(n, 0) for n in names[:1]), self._route_scratch.data_ptr(),
-             *(ptrs.get(n, 0) for n in names[1:]), self.err.data_ptr(), self._done.data_ptr()]
+    def _route(self, topk_idx: torch.Tensor, plan: bool, expert_major: bool, epoch: int, ptrs: dict[str, int],
+               stream: torch.cuda.Stream) -> None:
+        """Routing kernels (``plan``: the whole dispatch planning); ``ptrs`` by name, absent = null."""
+        ptrs = {"idx": topk_idx.data_ptr(), "scratch": self._route_scratch.data_ptr(), "err": self.err.data_ptr(),
+                "done": self._done.data_ptr(), **ptrs}
         self.ext.route(self.mem.local.data_ptr(), self.args, self.me, topk_idx.dtype == torch.int64, topk_idx.shape[0],
-                       plan, int(expert_major), epoch, self.timeout_ns, p, stream.cuda_stream)
+                       plan, int(expert_major), epoch, self.timeout_ns, [ptrs.get(n, 0) for n in _ROUTE_PTRS],
+                       stream.cuda_stream)
 
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:
         raise_if_failed(self.mem, "dispatch")
@@ -173,7 +176,7 @@ class NvshmemPush(Protocol):
         per_rank = torch.empty(W, dtype=torch.int32, device=self.device)
         per_expert = torch.empty(E, dtype=torch.int32, device=self.device)
         in_rank = torch.empty((T, W), dtype=torch.bool, device=self.device)
-        self._route(topk_idx.contiguous(), None, False, False, 0,
+        self._route(topk_idx.contiguous(), False, False, 0,
                     {"in_rank": in_rank.data_ptr(), "per_rank": per_rank.data_ptr(), "per_expert": per_expert.data_ptr()},
                     torch.cuda.current_stream(self.device))
         return DispatchLayout(per_rank, per_expert, in_rank)
@@ -209,7 +212,7 @@ class NvshmemPush(Protocol):
         epoch = self._dispatches
         base = self.mem.local.data_ptr()
         pub_idx, pub_w = self._pub_idx.data_ptr(), self._pub_w.data_ptr()
-        self._route(topk_idx, topk_weights, True, em, epoch, {
+        self._route(topk_idx, True, em, epoch, {
             "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": pub_idx, "pub_w": pub_w,
             "pos": self._pos.data_ptr(), "send_ent": self._send_ent.data_ptr(),
             "counts_snap": counts_dev.data_ptr(), "counts_host": self._counts_host.data_ptr(),
