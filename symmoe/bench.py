@@ -47,7 +47,9 @@ def bench_config(protocol: str = "pull", num_sms: int = 132, **over: Any) -> Con
     return Config().replace(**d)
 
 
-def _time(fn: Callable[[], Any], warmup: int, repeats: int, sleep_cycles: int, sync: Callable[[], None]) -> list[float]:
+def _time(fn: Callable[[], Any], warmup: int, repeats: int, sleep_cycles: int, sync: Callable[[], None],
+          host: list[float] | None = None) -> list[float]:
+    """GPU seconds per call (events); ``host`` receives the host's wall seconds per call."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -58,10 +60,14 @@ def _time(fn: Callable[[], Any], warmup: int, repeats: int, sleep_cycles: int, s
         if sleep_cycles:
             torch.cuda._sleep(sleep_cycles)
         start.record()
+        t0 = time.perf_counter()
         fn()
+        t1 = time.perf_counter()
         end.record()
         end.synchronize()
         out.append(start.elapsed_time(end) * 1e-3)
+        if host is not None:
+            host.append(t1 - t0)
     return out
 
 
@@ -185,8 +191,10 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
                 recv, handle = state["d"]
                 proto.combine(recv.x, handle, None)
 
-            d = _time(dispatch, warmup, repeats, sleep, sync)
-            c = _time(combine, warmup, repeats, sleep, sync)
+            hd: list[float] = []
+            hc: list[float] = []
+            d = _time(dispatch, warmup, repeats, sleep, sync, hd)
+            c = _time(combine, warmup, repeats, sleep, sync, hc)
             recv, handle = state["d"]
             rows = recv.x.shape[0]
             real = int((recv.src_rank >= 0).sum())
@@ -200,14 +208,11 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
             res[layout] = {
                 "rows": rows, "real_rows": real, "kernels_us": kernels, "host_ops_us": host_ops,
                 "dispatch": _stats(d), "combine": _stats(c), "api_dispatch": _stats(api_d),
+                "dispatch_host": _stats(hd), "combine_host": _stats(hc),
                 "dispatch_bytes": (unique_src + rows) * rb, "combine_bytes": (real + T) * rb,
             }
         if world_size == 1 and opts["baselines"]:
             res["torch"] = _torch_baselines(x, idx, w, ys.get("rank"), ys.get("expert"), warmup, repeats, sleep)
-        sync()  # the roofline is measured while every other rank waits (not on a busy GPU)
-        if rank == 0:
-            res["copy_roofline_Bps"] = copy_roofline()
-        sync()
     return res
 
 
@@ -219,26 +224,35 @@ def run_gpu_bench(config: Config, world_size: int = 1, tokens: int = 0, warmup: 
             "baselines": baselines, "sleep_cycles": int(sleep_us * 1e-6 * 1.98e9)}
     env = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
-    if config.backend == "nvshmem" and world_size > torch.cuda.device_count():
-        # Several PEs on one GPU run as NVSHMEM's full multi-process-per-GPU mode only when
-        # their MPS thread percentages sum to <= 100.
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, 100 // world_size))
+    share = mps_share(world_size)
+    if share:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(share)
+    # The roofline of the whole device, before any rank runs (an MPS-limited rank would
+    # measure only its share).
+    roof = copy_roofline()
     if world_size == 1:
         os.environ.update(env)
         ranks = [_bench_rank(0, 1, config.to_dict(), opts)]
     else:
         ranks = launch.spawn(_bench_rank, world_size, args=(config.to_dict(), opts), env=env, timeout_s=600.0)
-    return summarize(config, world_size, ranks)
+    return summarize(config, world_size, ranks, roof, share)
 
 
-def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
-    roof = ranks[0]["copy_roofline_Bps"]
+def mps_share(world_size: int) -> int:
+    """The MPS active thread percentage every rank gets when several share one GPU, 0 if
+    each rank has its own. The same for every backend, so an A/B compares equal SM shares;
+    NVSHMEM needs it anyway (its multi-process-per-GPU mode wants the shares to sum to <= 100)."""
+    return max(1, 100 // world_size) if world_size > torch.cuda.device_count() else 0
+
+
+def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]], roof: float,
+              mps_percentage: int = 0) -> dict[str, Any]:
     out: dict[str, Any] = {
         "backend": config.backend, "protocol": config.effective_protocol, "world_size": world_size,
         "tokens_per_rank": ranks[0]["tokens"], "hidden": config.buffer.hidden, "topk": config.buffer.topk,
         "num_experts": config.buffer.num_experts, "dtype": config.buffer.dtype, "num_sms": config.kernel.num_sms,
         "routing": "uniform", "seed": ranks[0].get("seed", 0),
-        "copy_roofline_TBps": roof / 1e12, "layouts": {}, "ranks": ranks,
+        "copy_roofline_TBps": roof / 1e12, "mps_thread_percentage": mps_percentage, "layouts": {}, "ranks": ranks,
     }
     for layout in ("rank", "expert"):
         if layout not in ranks[0]:
@@ -248,7 +262,8 @@ def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]]) -> d
             t = max(r[layout][op]["median_us"] for r in ranks) * 1e-6
             nbytes = sum(r[layout][f"{op}_bytes"] for r in ranks)
             row[op] = {"median_us": t * 1e6, "bytes": nbytes, "TBps": nbytes / t / 1e12,
-                       "ratio_roofline": (nbytes / roof) / t}
+                       "ratio_roofline": (nbytes / roof) / t,
+                       "host_us": max(r[layout][f"{op}_host"]["median_us"] for r in ranks)}
             row[f"api_{op}_us"] = max(r[layout]["api_dispatch"]["median_us"] for r in ranks) if op == "dispatch" else None
             if "torch" in ranks[0]:
                 tt = ranks[0]["torch"][layout][op]["median_us"]
@@ -260,7 +275,7 @@ def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]]) -> d
 
 def table(results: list[dict[str, Any]]) -> str:
     lines = [f"{'backend':<8} {'proto':<5} {'W':>2} {'layout':<6} {'op':<8} {'us':>8} {'TB/s':>6} {'%roof':>6} "
-             f"{'torch us':>9} {'x torch':>7} {'kern us':>8}  kernels (rank 0, device µs per call)"]
+             f"{'torch us':>9} {'x torch':>7} {'kern us':>8} {'host us':>8}  kernels (rank 0, device µs per call)"]
     for r in results:
         for layout, row in r["layouts"].items():
             for op in ("dispatch", "combine"):
@@ -270,7 +285,8 @@ def table(results: list[dict[str, Any]]) -> str:
                 ks = r["ranks"][0][layout].get("kernels_us", {}).get(op, {})
                 kdesc = ", ".join(f"{k} {v:.0f}" for k, v in list(ks.items())[:4])
                 lines.append(f"{r['backend']:<8} {r['protocol']:<5} {r['world_size']:>2} {layout:<6} {op:<8} {o['median_us']:>8.1f} "
-                             f"{o['TBps']:>6.2f} {100 * o['ratio_roofline']:>5.1f}% {tu:>9} {sp:>7} {sum(ks.values()):>8.1f}  {kdesc}")
+                             f"{o['TBps']:>6.2f} {100 * o['ratio_roofline']:>5.1f}% {tu:>9} {sp:>7} {sum(ks.values()):>8.1f} "
+                             f"{o.get('host_us', float('nan')):>8.1f}  {kdesc}")
     if any(r["ranks"][0][lay].get("host_ops_us") for r in results for lay in r["layouts"]):
         lines.append("host, self time per call (rank 0, µs; the GPU idles while the host works after a sync):")
     for r in results:
@@ -282,7 +298,11 @@ def table(results: list[dict[str, Any]]) -> str:
                     lines.append(f"  {r['backend']:<8} {r['protocol']:<5} {r['world_size']:>2} {layout:<6} {op:<8} "
                                  f"total {sum(hs.values()):.0f}: {top}")
     roofs = sorted({round(r['copy_roofline_TBps'], 2) for r in results})
-    lines.append(f"copy roofline (read + write): {', '.join(map(str, roofs))} TB/s")
+    lines.append(f"copy roofline (read + write, whole device): {', '.join(map(str, roofs))} TB/s; "
+                 "host us: the host's wall time inside the call")
+    shares = sorted({(r["world_size"], r.get("mps_thread_percentage", 0)) for r in results if r.get("mps_thread_percentage")})
+    if shares:
+        lines.append("MPS share of every rank, all backends alike: " + ", ".join(f"W={w}: {p} %" for w, p in shares))
     return "\n".join(lines)
 
 

@@ -235,22 +235,21 @@ struct Ctx {
                       uintptr_t topk_w, int64_t T, uintptr_t selfmap, uintptr_t out, uintptr_t out_w, bool expert_major,
                       int64_t epoch, uintptr_t stream) {
     if (L.combine_slots > kMaxSlots) throw std::invalid_argument("combine: more than 64 slots per token (max(world, topk))");
-    SourceSide ss{P<const bool>(in_rank), P<const int64_t>(topk_idx), P<const float>(topk_w), T};
+    const CombineSources cs{P<const uint8_t>(y), P<const float>(rw), P<const int32_t>(selfmap),
+                            tp.local + L.combine_x, reinterpret_cast<const float*>(tp.local + L.combine_w),
+                            P<const bool>(in_rank), P<const int64_t>(topk_idx), P<const float>(topk_w), T,
+                            L.row_bytes(), int(L.world_size), int(L.topk), int(L.combine_slots),
+                            int(L.local_experts()), rank, expert_major};
     const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(T, int64_t(grid) * 16)));
     const Sync sy = sync(epoch, 4);
-    if (elem_size == 4) {
-      combine_reduce_kernel<Transport, float><<<blocks, kReduceThreads, 0, S(stream)>>>(
-          tp, L, P<const uint8_t>(y), P<const float>(rw), ss, P<const int32_t>(selfmap), P<float>(out), P<float>(out_w),
-          expert_major, sy);
-    } else if (is_bf16) {
+    if (elem_size == 4)
+      combine_reduce_kernel<Transport, float><<<blocks, kReduceThreads, 0, S(stream)>>>(tp, L, cs, P<float>(out), P<float>(out_w), sy);
+    else if (is_bf16)
       combine_reduce_kernel<Transport, __nv_bfloat16><<<blocks, kReduceThreads, 0, S(stream)>>>(
-          tp, L, P<const uint8_t>(y), P<const float>(rw), ss, P<const int32_t>(selfmap), P<__nv_bfloat16>(out),
-          P<float>(out_w), expert_major, sy);
-    } else {
+          tp, L, cs, P<__nv_bfloat16>(out), P<float>(out_w), sy);
+    else
       combine_reduce_kernel<Transport, __half><<<blocks, kReduceThreads, 0, S(stream)>>>(
-          tp, L, P<const uint8_t>(y), P<const float>(rw), ss, P<const int32_t>(selfmap), P<__half>(out), P<float>(out_w),
-          expert_major, sy);
-    }
+          tp, L, cs, P<__half>(out), P<float>(out_w), sy);
     check(cudaGetLastError(), "combine_reduce_kernel launch");
   }
 

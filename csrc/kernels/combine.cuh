@@ -5,9 +5,8 @@
 //                          source is this rank are not copied: their row index goes into
 //                          `selfmap` and the reduction reads them where they lie. Barrier
 //                          "combine.data".
-//   combine_reduce_kernel  sources add, per token, the slots in fixed order in fp32 -- rank
-//                          order for rank-major, k order with w * y rounded before the add for
-//                          expert-major (__fmul_rn/__fadd_rn: no FMA) -- and cast once. Barrier
+//   combine_reduce_kernel  sources reduce each token's slots in the fixed order
+//                          (common/reduce.cuh, shared with the NVSHMEM combine). Barrier
 //                          "combine.done" (peers may then store the next combine).
 #pragma once
 #include <cuda_bf16.h>
@@ -19,6 +18,7 @@
 #include "../common/elem.cuh"
 #include "../common/layout.cuh"
 #include "../common/mover.cuh"
+#include "../common/reduce.cuh"
 #include "dispatch.cuh"
 
 namespace symmoe {
@@ -78,124 +78,16 @@ __global__ void __launch_bounds__(1024) combine_send_kernel(Transport tp, Layout
     block_barrier(tp, me, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageCombineData);
 }
 
-struct SourceSide {  // the source side of a dispatch handle
-  const bool* in_rank;     // [T, W] (rank-major)
-  const int64_t* topk_idx; // [T, K] (expert-major)
-  const float* topk_w;     // [T, K] (expert-major)
-  int64_t tokens;
-};
-
-constexpr int kReduceThreads = 128;
-constexpr int kMaxSlots = 64;  // S = max(W, K) <= 64 (checked on the host)
-
 template <class Transport, typename T>
-__global__ void __launch_bounds__(kReduceThreads) combine_reduce_kernel(Transport tp, Layout L, const uint8_t* y,
-                                                                        const float* rw, SourceSide ss,
-                                                                        const int32_t* selfmap, T* out, float* out_w,
-                                                                        bool expert_major, Sync sy) {
-  constexpr int V = 16 / sizeof(T);  // elements per 16-byte vector
-  constexpr int U = 2;               // vectors per thread in flight (4 measured slower: 183 vs 157 us)
-  __shared__ const uint8_t* ptrs[kMaxSlots];
-  __shared__ const float* wptrs[kMaxSlots];
-  __shared__ float wts[kMaxSlots];
-  __shared__ int nslots;
+__global__ void __launch_bounds__(kReduceThreads) combine_reduce_kernel(Transport tp, Layout L, CombineSources cs,
+                                                                        T* out, float* out_w, Sync sy) {
   __shared__ bool dead;
-  const int W = int(L.world_size), K = int(L.topk), S = int(L.combine_slots), Le = int(L.local_experts());
-  const int me = sy.rank;
-  const int64_t rb = L.row_bytes(), nvec = rb / 16;
-  const int tid = threadIdx.x, lane = tid & 31;
-  const uint8_t* cx = tp.local + L.combine_x;
-  const float* cw = reinterpret_cast<const float*>(tp.local + L.combine_w);
-  if (tid == 0) dead = error_set(sy.err);
+  if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
-  if (!dead) {
-    for (int64_t t = blockIdx.x; t < ss.tokens; t += gridDim.x) {
-      if (tid < 32) {  // warp 0: the valid slots of token t, in order
-        int n = 0;
-        const int nc = expert_major ? K : W;
-        for (int base = 0; base < nc; base += 32) {
-          const int c = base + lane;
-          bool valid = false;
-          int owner = -1;
-          float wt = 0.f;
-          if (c < nc) {
-            if (expert_major) {
-              const int64_t e = ss.topk_idx[t * K + c];
-              valid = e >= 0;
-              owner = valid ? int(e / Le) : -1;
-              wt = ss.topk_w[t * K + c];
-            } else {
-              valid = ss.in_rank[t * W + c];
-              owner = c;
-            }
-          }
-          const uint32_t bal = __ballot_sync(0xffffffffu, valid);
-          if (valid) {
-            const int at = n + __popc(bal & lanemask_lt());
-            const int64_t slot = t * S + c;
-            if (owner == me) {
-              const int64_t row = selfmap[slot];
-              ptrs[at] = y + row * rb;
-              wptrs[at] = rw ? rw + row * K : nullptr;
-            } else {
-              ptrs[at] = cx + slot * rb;
-              wptrs[at] = cw + slot * K;
-            }
-            wts[at] = wt;
-          }
-          n += __popc(bal);
-        }
-        if (lane == 0) nslots = n;
-      }
-      __syncthreads();
-      const int n = nslots;
-      for (int64_t v0 = tid; v0 < nvec; v0 += int64_t(kReduceThreads) * U) {
-        float acc[U][V];
-#pragma unroll
-        for (int u = 0; u < U; ++u)
-#pragma unroll
-          for (int i = 0; i < V; ++i) acc[u][i] = 0.f;
-#pragma unroll 4
-        for (int j = 0; j < n; ++j) {  // unrolled: loads of several slots in flight, adds stay in order
-          const int4* src = reinterpret_cast<const int4*>(ptrs[j]);
-          int4 raw[U];
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-            const int64_t v = v0 + int64_t(u) * kReduceThreads;
-            raw[u] = v < nvec ? src[v] : make_int4(0, 0, 0, 0);
-          }
-          const float wj = wts[j];
-#pragma unroll
-          for (int u = 0; u < U; ++u) {
-            const T* e = reinterpret_cast<const T*>(&raw[u]);
-#pragma unroll
-            for (int i = 0; i < V; ++i) {
-              const float f = Elem<T>::to_f(e[i]);
-              acc[u][i] = expert_major ? __fadd_rn(acc[u][i], __fmul_rn(wj, f)) : __fadd_rn(acc[u][i], f);
-            }
-          }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int64_t v = v0 + int64_t(u) * kReduceThreads;
-          if (v >= nvec) continue;
-          int4 o;
-          T* oe = reinterpret_cast<T*>(&o);
-#pragma unroll
-          for (int i = 0; i < V; ++i) oe[i] = Elem<T>::from_f(acc[u][i]);
-          reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(out) + t * rb)[v] = o;
-        }
-      }
-      if (out_w != nullptr && tid < K) {
-        float a = 0.f;
-        for (int j = 0; j < n; ++j) a = __fadd_rn(a, wptrs[j][tid]);
-        out_w[t * K + tid] = a;
-      }
-      __syncthreads();
-    }
-  }
+  if (!dead) reduce_tokens<T>(cs, out, out_w);
   if (grid_last_block(sy.done) && !dead)
-    block_barrier(tp, me, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageCombineDone);
+    block_barrier(tp, sy.rank, int(L.world_size), L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host,
+                  kStageCombineDone);
 }
 
 }  // namespace symmoe

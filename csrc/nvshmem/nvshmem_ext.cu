@@ -16,11 +16,11 @@
 //                delivered), so rows stream per chunk. Block C + c is the receiver of channel
 //                c: it waits on tail[c][s] (timeout) and copies delivered rows into the
 //                outputs. The rows a rank keeps go straight from x to the output.
-//   combine.cuh  one kernel, 2*C blocks. Block c < C puts channel c of the received rows back
-//                into their sources' combine slots (t * S + slot) and signals head[c][me] at
-//                every rank; then every block waits for all heads and reduces tokens in the
-//                fixed order (rank order for rank-major; k order with __fmul_rn/__fadd_rn for
-//                expert-major), reading the rank's own contributions straight from y.
+//   combine.cuh  combine_send_kernel, C blocks: block c puts channel c of the received rows
+//                back into their sources' combine slots (t * S + slot), signals head[c][me]
+//                at every rank and waits for head[c][*] here. combine_reduce_kernel then
+//                reduces tokens in the fixed order with the reduction the CUDA protocols use
+//                (common/reduce.cuh), reading the rank's own contributions straight from y.
 // Signals carry (epoch << 32 | count) and are compared with >=, so they never need a reset.
 // Every wait has a timeout: it records (stage, peer, epoch) in the host-mapped ErrorWord and
 // its device mirror, and the kernel returns; the host raises StallError.
@@ -199,18 +199,17 @@ void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int 
   cuda_check(cudaGetLastError(), "dispatch_kernel launch");
 }
 
-// ptrs: y, rw, src_rank, src_tok, src_slot, selfmap, topk_idx, topk_w, out_x, out_w, err
+// ptrs: y, rw, src_rank, src_tok, src_slot, selfmap, in_rank, topk_idx, topk_w, out_x, out_w, err
 void launch_combine(int64_t base, const std::vector<int64_t>& lay, int me, int channels, int expert_major,
-                    int num_tokens, int64_t rows, int elem_kind, int64_t epoch, uint64_t timeout_ns,
+                    int num_tokens, int64_t rows, int elem_kind, int reduce_blocks, int64_t epoch, uint64_t timeout_ns,
                     const std::vector<int64_t>& p, int64_t stream) {
-  if (p.size() != 11) throw std::runtime_error("combine: expected 11 pointers");
+  if (p.size() != 12) throw std::runtime_error("combine: expected 12 pointers");
   CombineArgs a{};
   a.base = ptr<uint8_t>(base);
   a.lay = layout_from(lay);
+  if (a.lay.combine_slots > kMaxSlots) throw std::runtime_error("combine: more than 64 slots per token (max(world, topk))");
   a.me = me;
   a.C = num_channels(channels, static_cast<int>(a.lay.world_size));
-  a.expert_major = expert_major;
-  a.num_tokens = num_tokens;
   a.rows = rows;
   a.epoch = epoch;
   a.timeout_ns = timeout_ns;
@@ -220,20 +219,25 @@ void launch_combine(int64_t base, const std::vector<int64_t>& lay, int me, int c
   a.src_tok = ptr<const int32_t>(p[3]);
   a.src_slot = ptr<const int32_t>(p[4]);
   a.selfmap = ptr<int32_t>(p[5]);
-  a.topk_idx = ptr<const int64_t>(p[6]);
-  a.topk_w = ptr<const float>(p[7]);
-  a.out_x = ptr<uint8_t>(p[8]);
-  a.out_w = ptr<float>(p[9]);
-  a.err = ptr<ErrorWord>(p[10]);
+  a.err = ptr<ErrorWord>(p[11]);
+  const CombineSources cs{a.y, a.rw, a.selfmap, a.base + a.lay.combine_x,
+                          reinterpret_cast<const float*>(a.base + a.lay.combine_w), ptr<const bool>(p[6]),
+                          ptr<const int64_t>(p[7]), ptr<const float>(p[8]), num_tokens, a.lay.row_bytes(),
+                          static_cast<int>(a.lay.world_size), static_cast<int>(a.lay.topk),
+                          static_cast<int>(a.lay.combine_slots), static_cast<int>(a.lay.local_experts()), me,
+                          expert_major != 0};
   auto s = ptr<CUstream_st>(stream);
-  const int grid = 2 * a.C;
+  combine_send_kernel<<<a.C, kThreads, 0, s>>>(a);
+  cuda_check(cudaGetLastError(), "combine_send_kernel launch");
+  const int blocks = std::max(1, std::min(num_tokens, reduce_blocks));
+  float* out_w = ptr<float>(p[10]);
   switch (elem_kind) {
-    case 0: combine_kernel<__nv_bfloat16><<<grid, kThreads, 0, s>>>(a); break;
-    case 1: combine_kernel<__half><<<grid, kThreads, 0, s>>>(a); break;
-    case 2: combine_kernel<float><<<grid, kThreads, 0, s>>>(a); break;
+    case 0: combine_reduce_kernel<<<blocks, kReduceThreads, 0, s>>>(cs, ptr<__nv_bfloat16>(p[9]), out_w); break;
+    case 1: combine_reduce_kernel<<<blocks, kReduceThreads, 0, s>>>(cs, ptr<__half>(p[9]), out_w); break;
+    case 2: combine_reduce_kernel<<<blocks, kReduceThreads, 0, s>>>(cs, ptr<float>(p[9]), out_w); break;
     default: throw std::runtime_error("combine: elem_kind must be 0 (bf16), 1 (fp16) or 2 (fp32)");
   }
-  cuda_check(cudaGetLastError(), "combine_kernel launch");
+  cuda_check(cudaGetLastError(), "combine_reduce_kernel launch");
 }
 
 __global__ void pe_kernel(int* out) {

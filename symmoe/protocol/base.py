@@ -11,10 +11,19 @@ from abc import ABC, abstractmethod
 import torch
 
 from ..config import Config
+from ..errors import InputError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
+
+
+MAX_SLOTS = 64  # combine slots per token, max(world_size, topk): csrc/common/reduce.cuh (kMaxSlots)
+
+
+def check_combine_slots(layout: BufferLayout, protocols: str) -> None:
+    if layout.combine_slots > MAX_SLOTS:
+        raise InputError(f"max(world_size, topk) = {layout.combine_slots}; the {protocols} handle at most {MAX_SLOTS}")
 
 
 class Protocol(ABC):

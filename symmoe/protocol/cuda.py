@@ -49,11 +49,10 @@ from ..handle import DispatchHandle
 from ..layout import DTYPES, BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
-from .base import Protocol
+from .base import Protocol, check_combine_slots
 from .counts import bad_input_error, received_rows
 
 MAX_LOCAL_EXPERTS = 4096  # the data kernels keep per-expert tables in shared memory
-MAX_SLOTS = 64  # combine slots per token, max(world_size, topk)
 
 
 def _ptr(t: torch.Tensor | None) -> int:
@@ -70,8 +69,7 @@ class _CudaProtocol(Protocol):
         if layout.local_experts > MAX_LOCAL_EXPERTS:
             raise InputError(f"{layout.local_experts} experts per rank; the CUDA protocols handle at most "
                              f"{MAX_LOCAL_EXPERTS} (num_experts / world_size)")
-        if layout.combine_slots > MAX_SLOTS:
-            raise InputError(f"max(world_size, topk) = {layout.combine_slots}; the CUDA protocols handle at most {MAX_SLOTS}")
+        check_combine_slots(layout, "CUDA protocols")
         self.device = mem.device
         self.rank, self.world_size = mem.rank, mem.world_size
         self.timeout_s = config.kernel.timeout_s

@@ -25,15 +25,17 @@ dispatch
 combine
   5. after another combine only: the device barrier ``combine.done`` (peers may still be
      reducing from the slots this combine writes; a dispatch in between orders them already)
-  6. ``combine_kernel``: sender block c puts channel c of the received rows back into their
-     sources' combine slots ``t * S + slot`` (notes where its own rows lie in y) and signals
-     ``head[c][me]`` at every rank; every block waits for all heads (one polling warp), then
-     reduces its tokens in the fixed order in fp32 (stage ``combine.data``)
+  6. ``combine_send_kernel`` (C blocks): block c puts channel c of the received rows back
+     into their sources' combine slots ``t * S + slot`` (notes where its own rows lie in y),
+     signals ``head[c][me]`` at every rank and waits for ``head[c][*]`` here (one polling
+     warp; stage ``combine.data``)
+  7. ``combine_reduce_kernel``: the reduction the CUDA protocols use
+     (``csrc/common/reduce.cuh``), tokens in the fixed order in fp32
 
 No host wait follows a kernel: a wait that timed out is raised by the next call or by
 ``check()`` / ``Buffer.synchronize()``, as in the CUDA protocols. All 2C blocks of a kernel
-must be resident at once (combine blocks wait for the peers' senders), so C is capped by the
-SMs this process holds (``usable_sms``).
+must be resident at once (dispatch receivers and combine senders wait for the peers' senders),
+so C is capped by the SMs this process holds (``usable_sms``).
 
 The pool holds the worst case, so no ring-buffer flow control is needed: ``tail`` counts
 rows delivered per (channel, source) for dispatch, ``head`` marks a channel finished for
@@ -51,7 +53,7 @@ from .. import build
 from ..errors import InputError, StallError
 from ..handle import DispatchHandle
 from ..reference import DispatchLayout, RecvResult
-from .base import Protocol
+from .base import Protocol, check_combine_slots
 from .counts import bad_input_error, received_rows
 
 # Stage codes, as in csrc/common/layout.cuh (enum Stage).
@@ -122,16 +124,19 @@ class NvshmemPush(Protocol):
         if W + E > MAX_COLUMNS:
             raise InputError(f"world_size + num_experts = {W + E}; the nvshmem routing keeps per-column tables in "
                              f"shared memory and handles at most {MAX_COLUMNS}")
+        check_combine_slots(layout, "nvshmem protocol")
         self.ext = mem.runtime.extension()
         self.args = layout.kernel_args()
         self.offs = layout.offsets()
         mem.use_layout(self.args, self.offs["barrier"])
         k = config.kernel
-        # One sender and one receiver block per channel, and every combine block waits for the
+        # One sender and one receiver block per channel, and the combine senders wait for the
         # peers' senders: all 2 * C blocks must be resident at once, on the SMs this process
         # has (under MPS, its active thread percentage of them), or the ranks deadlock.
         self.channels = max(1, min(k.num_channels, layout.num_channels, k.num_sms // 2,
                                    usable_sms(mem.device) // 2))
+        # The reduction runs after the send kernel as its own grid: 16 blocks of 128 per SM.
+        self.reduce_blocks = 16 * min(k.num_sms, usable_sms(mem.device))
         self.timeout_ns = int(k.timeout_s * 1e9)
         self.err = mem.error_word()
         self.me, self.W = mem.rank, W
@@ -274,10 +279,11 @@ class NvshmemPush(Protocol):
         self._combines += 1
         ptrs = [src.data_ptr(), src_w.data_ptr() if src_w is not None else 0, handle.recv_src_rank.data_ptr(),
                 handle.recv_src_token.data_ptr(), handle.recv_src_slot.data_ptr(), self._selfmap.data_ptr(),
-                handle.topk_idx.data_ptr(), handle.topk_weights.data_ptr(), out_x.data_ptr(),
-                out_w.data_ptr() if out_w is not None else 0, self.err.data_ptr()]
+                handle.is_token_in_rank.data_ptr(), handle.topk_idx.data_ptr(), handle.topk_weights.data_ptr(),
+                out_x.data_ptr(), out_w.data_ptr() if out_w is not None else 0, self.err.data_ptr()]
         self.ext.combine(self.mem.local.data_ptr(), self.args, me, self.channels, int(handle.output_layout == "expert"),
-                         T, rows, _ELEM_KIND[y.dtype], self._combines, self.timeout_ns, ptrs, stream.cuda_stream)
+                         T, rows, _ELEM_KIND[y.dtype], self.reduce_blocks, self._combines, self.timeout_ns, ptrs,
+                         stream.cuda_stream)
         return out_x, out_w
 
 

@@ -1,0 +1,136 @@
+// The combine reduction every protocol shares: a token's contributions gathered in the fixed
+// order -- rank order for rank-major, k order for expert-major -- added in fp32 (w * y rounded
+// before the add, no FMA) and cast once. One block of kReduceThreads reduces one token at a
+// time; the caller's kernel decides when the slots are ready.
+#pragma once
+#include <cstdint>
+
+#include "elem.cuh"
+#include "ptx.cuh"
+
+namespace symmoe {
+
+constexpr int kReduceThreads = 128;
+constexpr int kMaxSlots = 64;  // S = max(W, K) <= 64 (checked on the host)
+
+// Where the contributions of this rank's tokens lie once the combine's data has arrived.
+struct CombineSources {
+  const uint8_t* y;         // [rows, H] expert outputs of this rank: the rows it kept itself
+  const float* rw;          // [rows, K] their weights to combine (rank-major) or nullptr
+  const int32_t* selfmap;   // [T * S] y row of each (token, slot) this rank kept
+  const uint8_t* cx;        // [T * S, H] combine slots the peers stored into
+  const float* cw;          // [T * S, K] their weights
+  const bool* in_rank;      // [T, W] (rank-major)
+  const int64_t* topk_idx;  // [T, K] as dispatched (expert-major)
+  const float* topk_w;      // [T, K] as dispatched (expert-major)
+  int64_t tokens, row_bytes;
+  int world, topk, slots, local_experts, me;
+  bool expert_major;
+};
+
+struct SlotList {  // shared memory: token t's contributions, in order
+  const uint8_t* src[kMaxSlots];
+  const float* wsrc[kMaxSlots];
+  float wt[kMaxSlots];
+  int n;
+};
+
+// One warp: token t's valid slots, in order, into `sl`.
+__device__ __forceinline__ void collect_slots(const CombineSources& cs, int64_t t, SlotList& sl, int lane) {
+  const int nc = cs.expert_major ? cs.topk : cs.world;
+  const int K = cs.topk, S = cs.slots;
+  int n = 0;
+  for (int base = 0; base < nc; base += 32) {
+    const int c = base + lane;
+    bool valid = false;
+    int owner = -1;
+    float wt = 0.f;
+    if (c < nc) {
+      if (cs.expert_major) {
+        const int64_t e = cs.topk_idx[t * K + c];
+        valid = e >= 0;
+        owner = valid ? int(e / cs.local_experts) : -1;
+        wt = cs.topk_w[t * K + c];
+      } else {
+        valid = cs.in_rank[t * cs.world + c];
+        owner = c;
+      }
+    }
+    const uint32_t bal = __ballot_sync(0xffffffffu, valid);
+    if (valid) {
+      const int at = n + __popc(bal & lanemask_lt());
+      const int64_t slot = t * S + c;
+      if (owner == cs.me) {
+        const int64_t row = cs.selfmap[slot];
+        sl.src[at] = cs.y + row * cs.row_bytes;
+        sl.wsrc[at] = cs.rw ? cs.rw + row * K : nullptr;
+      } else {
+        sl.src[at] = cs.cx + slot * cs.row_bytes;
+        sl.wsrc[at] = cs.cw + slot * K;
+      }
+      sl.wt[at] = wt;
+    }
+    n += __popc(bal);
+  }
+  if (lane == 0) sl.n = n;
+}
+
+// The block: out row t = sum of the slots in order; out_w row t likewise when asked.
+template <typename T>
+__device__ __forceinline__ void reduce_slots(const CombineSources& cs, const SlotList& sl, int64_t t, T* out,
+                                             float* out_w) {
+  constexpr int V = 16 / sizeof(T);  // elements per 16-byte vector
+  constexpr int U = 2;               // vectors per thread in flight (4 measured slower: 183 vs 157 us)
+  const int tid = threadIdx.x, n = sl.n;
+  const int64_t nvec = cs.row_bytes / 16;
+  const bool em = cs.expert_major;
+  for (int64_t v0 = tid; v0 < nvec; v0 += int64_t(kReduceThreads) * U) {
+    float acc[U][V];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+#pragma unroll
+      for (int i = 0; i < V; ++i) acc[u][i] = 0.f;
+#pragma unroll 4
+    for (int j = 0; j < n; ++j) {  // unrolled: loads of several slots in flight, adds stay in order
+      const int4* src = reinterpret_cast<const int4*>(sl.src[j]);
+      int4 raw[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t v = v0 + int64_t(u) * kReduceThreads;
+        raw[u] = v < nvec ? src[v] : make_int4(0, 0, 0, 0);
+      }
+      const float wj = sl.wt[j];
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        float f[V];
+        Vec<T>::load(raw[u], f);
+#pragma unroll
+        for (int i = 0; i < V; ++i) acc[u][i] = em ? __fadd_rn(acc[u][i], __fmul_rn(wj, f[i])) : __fadd_rn(acc[u][i], f[i]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t v = v0 + int64_t(u) * kReduceThreads;
+      if (v < nvec) reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(out) + t * cs.row_bytes)[v] = Vec<T>::store(acc[u]);
+    }
+  }
+  if (out_w != nullptr && tid < cs.topk) {
+    float a = 0.f;
+    for (int j = 0; j < n; ++j) a = __fadd_rn(a, sl.wsrc[j][tid]);
+    out_w[t * cs.topk + tid] = a;
+  }
+}
+
+// The block reduces tokens blockIdx.x, blockIdx.x + gridDim.x, ...
+template <typename T>
+__device__ __forceinline__ void reduce_tokens(const CombineSources& cs, T* out, float* out_w) {
+  __shared__ SlotList sl;
+  for (int64_t t = blockIdx.x; t < cs.tokens; t += gridDim.x) {
+    if (threadIdx.x < 32) collect_slots(cs, t, sl, threadIdx.x);
+    __syncthreads();
+    reduce_slots<T>(cs, sl, t, out, out_w);
+    __syncthreads();
+  }
+}
+
+}  // namespace symmoe
