@@ -20,6 +20,7 @@ struct CombineArgs {
   uint8_t* base;
   Layout lay;
   int me, C;
+  int direct;                // 1: plain stores to load/store-reachable peers; 0: puts to all
   int64_t rows;              // rows this rank received (padding included)
   int64_t epoch;
   uint64_t timeout_ns;
@@ -44,6 +45,11 @@ __global__ void __launch_bounds__(kThreads, 1) combine_send_kernel(CombineArgs a
   uint64_t* head = reinterpret_cast<uint64_t*>(a.base + a.lay.head);
   uint8_t* cx = a.base + a.lay.combine_x;
   float* cw = reinterpret_cast<float*>(a.base + a.lay.combine_w);
+  // Peers reachable by load/store get plain vector stores (as the dispatch senders do).
+  __shared__ uint8_t* s_peer[kMaxWorld];
+  for (int p = threadIdx.x; p < W; p += blockDim.x)
+    s_peer[p] = a.direct ? static_cast<uint8_t*>(nvshmem_ptr(a.base, p)) : nullptr;
+  __syncthreads();
   for (int64_t r = chan_begin(a.rows, c, C) + warp; r < chan_begin(a.rows, c + 1, C); r += kWarps) {
     const int s = a.src_rank[r];
     if (s < 0) continue;  // padding
@@ -52,12 +58,18 @@ __global__ void __launch_bounds__(kThreads, 1) combine_send_kernel(CombineArgs a
       if (lane == 0) a.selfmap[slot] = static_cast<int32_t>(r);
       continue;
     }
-    nvshmemx_putmem_nbi_warp(cx + slot * rb, a.y + r * rb, rb, s);
-    if (a.rw && lane < K) nvshmem_float_p(cw + slot * K + lane, a.rw[r * K + lane], s);
+    if (uint8_t* ps = s_peer[s]) {
+      warp_copy_row<true>(at_peer(ps, a.base, cx + slot * rb), a.y + r * rb, rb, lane);
+      if (a.rw && lane < K) at_peer(ps, a.base, cw)[slot * K + lane] = a.rw[r * K + lane];
+    } else {
+      nvshmemx_putmem_nbi_warp(cx + slot * rb, a.y + r * rb, rb, s);
+      if (a.rw && lane < K) nvshmem_float_p(cw + slot * K + lane, a.rw[r * K + lane], s);
+    }
   }
   __syncthreads();
   if (threadIdx.x == 0) {
-    nvshmem_fence();  // every put of the block before the signals
+    __threadfence_system();  // every store of the block before the signals
+    nvshmem_fence();         // every put of the block before the signals
     for (int p = 0; p < W; ++p)
       nvshmemx_signal_op(head + int64_t(c) * W + me, sig_value(a.epoch, 0), NVSHMEM_SIGNAL_SET, p);
     nvshmem_quiet();

@@ -1,5 +1,6 @@
 // Device pieces every NVSHMEM kernel uses: block shape, signal words (epoch << 32 | count),
-// the error record with its device mirror, waits with a timeout, and a warp row copy.
+// the error record with its device mirror, waits with a timeout, peer addresses for plain
+// stores, and a warp row copy.
 #pragma once
 #include <nvshmem.h>
 #include <nvshmemx.h>
@@ -70,6 +71,14 @@ __device__ bool wait_signal(const uint64_t* sig, uint64_t want, uint64_t timeout
     }
   }
   return true;
+}
+
+// `local` (an address in this PE's symmetric segment at `base`) as seen by the PE whose
+// segment nvshmem_ptr(base, pe) returned: plain stores reach it (NVLink, or the same GPU under
+// MPS). Where nvshmem_ptr returns nullptr the kernels use the put path (IBGDA) instead.
+template <typename T>
+__device__ __forceinline__ T* at_peer(uint8_t* peer_base, const uint8_t* base, T* local) {
+  return reinterpret_cast<T*>(peer_base + (reinterpret_cast<const uint8_t*>(local) - base));
 }
 
 // Warp copy of one row between local addresses; bytes % 16 == 0. kImmutable: the source does

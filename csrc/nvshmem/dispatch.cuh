@@ -133,6 +133,7 @@ struct DispatchArgs {
   int me, C, expert_major, alignment;
   int64_t epoch;
   uint64_t timeout_ns;
+  int direct;                // 1: plain stores to load/store-reachable peers; 0: puts to all
   int64_t capacity;          // rows the output tensors hold (the same on every rank)
   const uint8_t* x;          // [T, H] rows to send (x itself, or a symmetric staging copy)
   const int32_t* idx;        // [T, K] int32 copy made by the routing
@@ -255,7 +256,11 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
     const int64_t chunk = int64_t(wpg) * kRowsPerWarp;
     for (int k = g; k < W - 1; k += ngroups) {
       const int d = (me + 1 + k) % W;  // next ranks first: receivers are not all hit at once
+      // Load/store reachable: vector stores straight into d's pool (NVSHMEM's P2P warp put
+      // copies with two warp syncs around a one-vector loop); else the put path.
+      uint8_t* pd = a.direct ? static_cast<uint8_t*>(nvshmem_ptr(a.base, d)) : nullptr;
       const int64_t n = send_cnt[d], i0 = chan_begin(n, c, C), i1 = chan_begin(n, c + 1, C);
+      const int nk = a.expert_major ? 1 : K;  // metadata entries per row
       int64_t c0 = i0;
       do {
         const int64_t c1 = min(i1, c0 + chunk);
@@ -263,22 +268,27 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
           const int ent = a.send_ent[send_off[d] + i];
           const int t = ent / S, slot = ent % S;
           const int64_t q = dst_base[d] + i;
-          nvshmemx_putmem_nbi_warp(rx + q * rb, a.x + int64_t(t) * rb, rb, d);
           const Meta m = row_meta(a, t, slot, d, lane);
-          if (!a.expert_major) {
-            if (lane < K) {
+          if (pd) {
+            warp_copy_row<true>(at_peer(pd, a.base, rx + q * rb), a.x + int64_t(t) * rb, rb, lane);
+            if (lane < nk) {
+              at_peer(pd, a.base, ridx)[q * K + lane] = m.idx;
+              at_peer(pd, a.base, rw)[q * K + lane] = m.w;
+            }
+            if (lane == 0) at_peer(pd, a.base, rsrc)[q] = ent;
+          } else {
+            nvshmemx_putmem_nbi_warp(rx + q * rb, a.x + int64_t(t) * rb, rb, d);
+            if (lane < nk) {
               nvshmem_int_p(ridx + q * K + lane, m.idx, d);
               nvshmem_float_p(rw + q * K + lane, m.w, d);
             }
-          } else if (lane == 0) {
-            nvshmem_int_p(ridx + q * K, m.idx, d);
-            nvshmem_float_p(rw + q * K, m.w, d);
+            if (lane == 0) nvshmem_int_p(rsrc + q, ent, d);
           }
-          if (lane == 0) nvshmem_int_p(rsrc + q, ent, d);
         }
-        // Every put of the chunk (all warps of the group) is ordered before the signal.
+        // Every store and put of the chunk (all warps of the group) is ordered before the signal.
         named_barrier(1 + g, wpg * 32);
         if (wig == 0 && lane == 0) {
+          __threadfence_system();
           nvshmem_fence();
           nvshmemx_signal_op(tail + int64_t(c) * W + me, sig_value(a.epoch, c1 - i0), NVSHMEM_SIGNAL_SET, d);
         }

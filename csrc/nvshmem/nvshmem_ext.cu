@@ -167,7 +167,8 @@ void launch_barrier(int64_t base, const std::vector<int64_t>& lay, int me, int64
 
 // ptrs: x, idx, w, send_ent, counts, out_x, out_idx, out_w, out_rank, out_tok, out_slot, out_offsets, err
 void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int channels, int expert_major,
-                     int alignment, int64_t capacity, int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p,
+                     int direct, int alignment, int64_t capacity, int64_t epoch, uint64_t timeout_ns,
+                     const std::vector<int64_t>& p,
                      int64_t stream) {
   if (p.size() != 13) throw std::runtime_error("dispatch: expected 13 pointers");
   allow_smem();
@@ -177,6 +178,7 @@ void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int 
   a.me = me;
   a.C = num_channels(channels, static_cast<int>(a.lay.world_size));
   a.expert_major = expert_major;
+  a.direct = direct;
   a.alignment = alignment;
   a.capacity = capacity;
   a.epoch = epoch;
@@ -201,7 +203,7 @@ void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int 
 
 // ptrs: y, rw, src_rank, src_tok, src_slot, selfmap, in_rank, topk_idx, topk_w, out_x, out_w, err
 void launch_combine(int64_t base, const std::vector<int64_t>& lay, int me, int channels, int expert_major,
-                    int num_tokens, int64_t rows, int elem_kind, int reduce_blocks, int64_t epoch, uint64_t timeout_ns,
+                    int direct, int num_tokens, int64_t rows, int elem_kind, int reduce_blocks, int64_t epoch, uint64_t timeout_ns,
                     const std::vector<int64_t>& p, int64_t stream) {
   if (p.size() != 12) throw std::runtime_error("combine: expected 12 pointers");
   CombineArgs a{};
@@ -210,6 +212,7 @@ void launch_combine(int64_t base, const std::vector<int64_t>& lay, int me, int c
   if (a.lay.combine_slots > kMaxSlots) throw std::runtime_error("combine: more than 64 slots per token (max(world, topk))");
   a.me = me;
   a.C = num_channels(channels, static_cast<int>(a.lay.world_size));
+  a.direct = direct;
   a.rows = rows;
   a.epoch = epoch;
   a.timeout_ns = timeout_ns;

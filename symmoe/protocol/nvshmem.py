@@ -158,9 +158,12 @@ class NvshmemPush(Protocol):
         self._bad_info = torch.zeros(4, dtype=torch.int64, pin_memory=True)
         self._counts_host = torch.zeros((W, 1 + W + E), dtype=torch.int32, pin_memory=True)
         self._counts_event = torch.cuda.Event()
-        # Puts read their source from symmetric memory where a peer is not load/store
-        # reachable (IBGDA needs registered memory); SYMMOE_NVSHMEM_STAGE=1 forces it (tests).
-        self.stage_inputs = (not mem.all_peers_mapped) or os.environ.get("SYMMOE_NVSHMEM_STAGE") == "1"
+        # Peers reachable by load/store get plain stores; the others puts, which read their
+        # source from symmetric memory (IBGDA needs registered memory). SYMMOE_NVSHMEM_STAGE=1
+        # takes the put path for every peer (tests: the path of a multi-node job).
+        forced = os.environ.get("SYMMOE_NVSHMEM_STAGE") == "1"
+        self.direct = int(not forced)
+        self.stage_inputs = (not mem.all_peers_mapped) or forced
 
     # -- helpers ---------------------------------------------------------------------------
     def _local(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
@@ -223,7 +226,7 @@ class NvshmemPush(Protocol):
             "counts_snap": counts_dev.data_ptr(), "counts_host": self._counts_host.data_ptr(),
             "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream)
         self._counts_event.record(stream)
-        self.ext.dispatch(base, self.args, me, self.channels, int(em), alignment, cap, epoch, self.timeout_ns,
+        self.ext.dispatch(base, self.args, me, self.channels, int(em), self.direct, alignment, cap, epoch, self.timeout_ns,
                           [src.data_ptr(), pub_idx, pub_w, self._send_ent.data_ptr(), counts_dev.data_ptr(),
                            out_x.data_ptr(), out_idx.data_ptr(), out_w.data_ptr(), src_rank.data_ptr(),
                            src_token.data_ptr(), src_slot.data_ptr(), offsets.data_ptr() if em else 0,
@@ -282,7 +285,7 @@ class NvshmemPush(Protocol):
                 handle.is_token_in_rank.data_ptr(), handle.topk_idx.data_ptr(), handle.topk_weights.data_ptr(),
                 out_x.data_ptr(), out_w.data_ptr() if out_w is not None else 0, self.err.data_ptr()]
         self.ext.combine(self.mem.local.data_ptr(), self.args, me, self.channels, int(handle.output_layout == "expert"),
-                         T, rows, _ELEM_KIND[y.dtype], self.reduce_blocks, self._combines, self.timeout_ns, ptrs,
+                         self.direct, T, rows, _ELEM_KIND[y.dtype], self.reduce_blocks, self._combines, self.timeout_ns, ptrs,
                          stream.cuda_stream)
         return out_x, out_w
 
