@@ -25,10 +25,10 @@ dispatch
 combine
   5. after another combine only: the device barrier ``combine.done`` (peers may still be
      reducing from the slots this combine writes; a dispatch in between orders them already)
-  6. ``combine_send_kernel`` (C blocks): block c puts channel c of the received rows back
-     into their sources' combine slots ``t * S + slot`` (notes where its own rows lie in y),
-     signals ``head[c][me]`` at every rank and waits for ``head[c][*]`` here (one polling
-     warp; stage ``combine.data``)
+  6. ``combine_send_kernel``, one block per SM held (at most C): block c puts channel c of
+     the received rows back into their sources' combine slots ``t * S + slot`` (notes where
+     its own rows lie in y), signals ``head[c][me]`` at every rank and waits for
+     ``head[c][*]`` here (one polling warp; stage ``combine.data``)
   7. ``combine_reduce_kernel``: the reduction the CUDA protocols use
      (``csrc/common/reduce.cuh``), tokens in the fixed order in fp32
 
@@ -135,8 +135,12 @@ class NvshmemPush(Protocol):
         # has (under MPS, its active thread percentage of them), or the ranks deadlock.
         self.channels = max(1, min(k.num_channels, layout.num_channels, k.num_sms // 2,
                                    usable_sms(mem.device) // 2))
-        # The reduction runs after the send kernel as its own grid: 16 blocks of 128 per SM.
-        self.reduce_blocks = 16 * min(k.num_sms, usable_sms(mem.device))
+        # The combine's send kernel is alone on the GPU: one block (channel) per SM it holds,
+        # all resident at once (each waits for its channel from the peers). The reduction
+        # runs after it as its own grid: 16 blocks of 128 per SM.
+        sms = min(k.num_sms, usable_sms(mem.device))
+        self.combine_channels = max(1, min(layout.num_channels, sms))
+        self.reduce_blocks = 16 * sms
         self.timeout_ns = int(k.timeout_s * 1e9)
         self.err = mem.error_word()
         self.me, self.W = mem.rank, W
@@ -284,8 +288,8 @@ class NvshmemPush(Protocol):
                 handle.recv_src_token.data_ptr(), handle.recv_src_slot.data_ptr(), self._selfmap.data_ptr(),
                 handle.is_token_in_rank.data_ptr(), handle.topk_idx.data_ptr(), handle.topk_weights.data_ptr(),
                 out_x.data_ptr(), out_w.data_ptr() if out_w is not None else 0, self.err.data_ptr()]
-        self.ext.combine(self.mem.local.data_ptr(), self.args, me, self.channels, int(handle.output_layout == "expert"),
-                         self.direct, T, rows, _ELEM_KIND[y.dtype], self.reduce_blocks, self._combines, self.timeout_ns, ptrs,
+        self.ext.combine(self.mem.local.data_ptr(), self.args, me, self.combine_channels,
+                         int(handle.output_layout == "expert"), self.direct, T, rows, _ELEM_KIND[y.dtype], self.reduce_blocks, self._combines, self.timeout_ns, ptrs,
                          stream.cuda_stream)
         return out_x, out_w
 
