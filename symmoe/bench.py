@@ -14,6 +14,11 @@ Timing: before each timed call a ``torch.cuda._sleep`` kernel keeps the GPU busy
 host enqueues, so the events measure GPU time, not Python launch overhead (dispatch still
 includes its mid-call host wait for the counts: the data kernel is already queued then).
 ``api_*`` numbers time ``Buffer.dispatch``/``combine`` with their input validation.
+``host_us``: the host's wall time inside a call, timed in a second pass without the sleep.
+
+Several ranks on one GPU (MPS) all get the same active thread percentage, whatever the
+backend (``mps_share``); the roofline is measured by the launching process on the whole
+device before any rank starts.
 
 ``python -m symmoe.bench --world-sizes 1,4 --json out.json`` runs it from a shell.
 """
@@ -191,10 +196,15 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
                 recv, handle = state["d"]
                 proto.combine(recv.x, handle, None)
 
+            d = _time(dispatch, warmup, repeats, sleep, sync)
+            c = _time(combine, warmup, repeats, sleep, sync)
+            # The host's wall time per call, without the sleep kernel in front (with it, the
+            # dispatch's wait for the counts would include the sleep): for dispatch the launches,
+            # the wait for the routing kernels and the work after it; for combine the launches.
             hd: list[float] = []
             hc: list[float] = []
-            d = _time(dispatch, warmup, repeats, sleep, sync, hd)
-            c = _time(combine, warmup, repeats, sleep, sync, hc)
+            _time(dispatch, 1, repeats, 0, sync, hd)
+            _time(combine, 1, repeats, 0, sync, hc)
             recv, handle = state["d"]
             rows = recv.x.shape[0]
             real = int((recv.src_rank >= 0).sum())
@@ -299,7 +309,7 @@ def table(results: list[dict[str, Any]]) -> str:
                                  f"total {sum(hs.values()):.0f}: {top}")
     roofs = sorted({round(r['copy_roofline_TBps'], 2) for r in results})
     lines.append(f"copy roofline (read + write, whole device): {', '.join(map(str, roofs))} TB/s; "
-                 "host us: the host's wall time inside the call")
+                 "host us: the host's wall time inside the call, the GPU idle before it")
     shares = sorted({(r["world_size"], r.get("mps_thread_percentage", 0)) for r in results if r.get("mps_thread_percentage")})
     if shares:
         lines.append("MPS share of every rank, all backends alike: " + ", ".join(f"W={w}: {p} %" for w, p in shares))

@@ -1,0 +1,71 @@
+"""symmoe.bench's summary of the ranks' timings: the slowest rank sets the time, the bytes of
+every rank count, ratios are against the roofline of the whole device, and the table says
+which MPS share every rank had. CPU only (the timings are made up here)."""
+from __future__ import annotations
+
+import pytest
+
+from symmoe import bench
+
+ROW_BYTES = 7168 * 2
+
+
+def stats(us: float) -> dict:
+    return {"median_us": us, "p10_us": us * 0.9, "p90_us": us * 1.1, "n": 10}
+
+
+def layout_result(dispatch_us: float, combine_us: float, host_us: float, rows: int) -> dict:
+    return {"rows": rows, "real_rows": rows,
+            "kernels_us": {"dispatch": {"push_kernel": 0.8 * dispatch_us}, "combine": {"reduce": 0.9 * combine_us}},
+            "host_ops_us": {}, "dispatch": stats(dispatch_us), "combine": stats(combine_us),
+            "api_dispatch": stats(dispatch_us + 5), "dispatch_host": stats(host_us),
+            "combine_host": stats(host_us / 4), "dispatch_bytes": 2 * rows * ROW_BYTES,
+            "combine_bytes": 2 * rows * ROW_BYTES}
+
+
+def rank_result(dispatch_us: float, combine_us: float, host_us: float, rows: int) -> dict:
+    # As _bench_rank returns it: one entry per output layout.
+    return {"tokens": 4096, "seed": 0, "rank": layout_result(dispatch_us, combine_us, host_us, rows),
+            "expert": layout_result(2 * dispatch_us, 2 * combine_us, host_us, 4 * rows)}
+
+
+@pytest.fixture
+def two_ranks() -> dict:
+    ranks = [rank_result(300.0, 250.0, 80.0, 8000), rank_result(400.0, 200.0, 120.0, 8200)]
+    return bench.summarize(bench.bench_config("push", 66), 2, ranks, roof=4.0e12, mps_percentage=50)
+
+
+def test_the_slowest_rank_sets_the_time_and_every_rank_s_bytes_count(two_ranks):
+    d = two_ranks["layouts"]["rank"]["dispatch"]
+    assert d["median_us"] == pytest.approx(400.0)
+    assert d["bytes"] == 2 * (8000 + 8200) * ROW_BYTES
+    assert d["TBps"] == pytest.approx(d["bytes"] / 400e-6 / 1e12)
+    c = two_ranks["layouts"]["rank"]["combine"]
+    assert c["median_us"] == pytest.approx(250.0)  # rank 0 is the slower one here
+
+
+def test_ratio_is_against_the_whole_device_roofline_given(two_ranks):
+    d = two_ranks["layouts"]["expert"]["dispatch"]
+    assert two_ranks["copy_roofline_TBps"] == 4.0
+    assert d["ratio_roofline"] == pytest.approx(d["bytes"] / 4.0e12 / (d["median_us"] * 1e-6))
+
+
+def test_host_time_is_the_slowest_rank_s(two_ranks):
+    assert two_ranks["layouts"]["rank"]["dispatch"]["host_us"] == 120.0
+    assert two_ranks["layouts"]["rank"]["combine"]["host_us"] == 30.0
+
+
+def test_table_names_the_mps_share_and_has_no_plain_torch_column_without_baselines(two_ranks):
+    text = bench.table([two_ranks])
+    assert "MPS share of every rank, all backends alike: W=2: 50 %" in text
+    line = next(ln for ln in text.splitlines() if ln.split()[3:5] == ["rank", "dispatch"])
+    cols = line.split()
+    assert cols[:3] == ["torch", "push", "2"] and float(cols[5]) == 400.0 and cols[8] == "-"
+    assert float(cols[11]) == 120.0  # host us
+
+
+def test_one_process_per_gpu_gets_no_mps_limit(monkeypatch):
+    monkeypatch.setattr(bench.torch.cuda, "device_count", lambda: 2)
+    assert bench.mps_share(2) == 0
+    assert bench.mps_share(4) == 25
+    assert bench.mps_share(3) == 33
