@@ -25,7 +25,8 @@ dispatch
 combine
   5. after another combine only: the device barrier ``combine.done`` (peers may still be
      reducing from the slots this combine writes; a dispatch in between orders them already)
-  6. ``combine_send_kernel``, one block per SM held (at most C): block c puts channel c of
+  6. ``combine_send_kernel``, one block (channel) per SM held, at most ``kernel.num_channels``
+     (the ``head`` words): block c puts channel c of
      the received rows back into their sources' combine slots ``t * S + slot`` (notes where
      its own rows lie in y), signals ``head[c][me]`` at every rank and waits for
      ``head[c][*]`` here (one polling warp; stage ``combine.data``)
