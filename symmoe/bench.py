@@ -17,7 +17,7 @@ includes its mid-call host wait for the counts: the data kernel is already queue
 ``host_us``: the host's wall time inside a call, timed in a second pass without the sleep.
 
 Several ranks on one GPU (MPS) all get the same active thread percentage, whatever the
-backend (``mps_share``); the roofline is measured by the launching process on the whole
+backend (``launch.mps_share``); the roofline is measured by the launching process on the whole
 device before any rank starts.
 
 ``python -m symmoe.bench --world-sizes 1,4 --json out.json`` runs it from a shell.
@@ -182,7 +182,7 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
     warmup, repeats = opts["warmup"], opts["repeats"]
     sleep = opts["sleep_cycles"]
     sync = (lambda: dist.barrier()) if world_size > 1 else (lambda: None)
-    res: dict[str, Any] = {"rank": rank, "tokens": T, "seed": opts["seed"]}
+    res: dict[str, Any] = {"tokens": T, "seed": opts["seed"]}  # then one entry per output layout
     with Buffer(None, cfg) as buf:
         proto = buf._protocol
         ys = {}
@@ -234,7 +234,7 @@ def run_gpu_bench(config: Config, world_size: int = 1, tokens: int = 0, warmup: 
             "baselines": baselines, "sleep_cycles": int(sleep_us * 1e-6 * 1.98e9)}
     env = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
-    share = mps_share(world_size)
+    share = launch.mps_share(world_size)
     if share:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(share)
     # The roofline of the whole device, before any rank runs (an MPS-limited rank would
@@ -246,13 +246,6 @@ def run_gpu_bench(config: Config, world_size: int = 1, tokens: int = 0, warmup: 
     else:
         ranks = launch.spawn(_bench_rank, world_size, args=(config.to_dict(), opts), env=env, timeout_s=600.0)
     return summarize(config, world_size, ranks, roof, share)
-
-
-def mps_share(world_size: int) -> int:
-    """The MPS active thread percentage every rank gets when several share one GPU, 0 if
-    each rank has its own. The same for every backend, so an A/B compares equal SM shares;
-    NVSHMEM needs it anyway (its multi-process-per-GPU mode wants the shares to sum to <= 100)."""
-    return max(1, 100 // world_size) if world_size > torch.cuda.device_count() else 0
 
 
 def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]], roof: float,

@@ -49,6 +49,17 @@ def local_gpu(rank: int) -> torch.device:
     return dev
 
 
+def mps_share(world_size: int, gpus: int | None = None) -> int:
+    """The CUDA MPS active thread percentage each of ``world_size`` local ranks gets when they
+    share the visible GPUs (rank r on GPU r % gpus), 0 when each rank has a GPU of its own.
+    Every backend gets the same share, so an A/B run compares equal SM shares; NVSHMEM needs
+    it besides (its full multi-process-per-GPU mode wants one GPU's shares to sum to <= 100)."""
+    gpus = max(1, torch.cuda.device_count() if gpus is None else gpus)
+    if world_size <= gpus:
+        return 0
+    return max(1, 100 // -(-world_size // gpus))  # the busiest GPU's ranks split it evenly
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

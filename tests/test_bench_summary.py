@@ -1,11 +1,12 @@
 """symmoe.bench's summary of the ranks' timings: the slowest rank sets the time, the bytes of
 every rank count, ratios are against the roofline of the whole device, and the table says
-which MPS share every rank had. CPU only (the timings are made up here)."""
+which MPS share every rank had, the share ranks get when they split a GPU. CPU only (the
+timings are made up here)."""
 from __future__ import annotations
 
 import pytest
 
-from symmoe import bench
+from symmoe import bench, launch
 
 ROW_BYTES = 7168 * 2
 
@@ -64,8 +65,7 @@ def test_table_names_the_mps_share_and_has_no_plain_torch_column_without_baselin
     assert float(cols[11]) == 120.0  # host us
 
 
-def test_one_process_per_gpu_gets_no_mps_limit(monkeypatch):
-    monkeypatch.setattr(bench.torch.cuda, "device_count", lambda: 2)
-    assert bench.mps_share(2) == 0
-    assert bench.mps_share(4) == 25
-    assert bench.mps_share(3) == 33
+@pytest.mark.parametrize("world_size, gpus, share", [(1, 1, 0), (2, 2, 0), (4, 1, 25), (3, 1, 33), (8, 1, 12),
+                                                       (8, 2, 25), (3, 2, 50), (4, 0, 25)])
+def test_ranks_sharing_a_gpu_split_it_evenly_and_ranks_with_their_own_get_no_limit(world_size, gpus, share):
+    assert launch.mps_share(world_size, gpus=gpus) == share

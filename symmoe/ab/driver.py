@@ -130,8 +130,11 @@ def plan(spec_path: str, opts: Options) -> Plan:
 
     env: dict[str, str] = {}
     if not torchrun and spec.gpu_variants and W > max(torch.cuda.device_count(), 1):
+        share = launch.mps_share(W)
         env["TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES"] = "1"
-        notes.append(f"{W} ranks share {torch.cuda.device_count()} GPU(s) (start the CUDA MPS daemon for concurrent "
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(share)
+        notes.append(f"{W} ranks share {torch.cuda.device_count()} GPU(s), each with an MPS active thread "
+                     f"percentage of {share} whatever its backend (start the CUDA MPS daemon for concurrent "
                      f"kernels; nccl refuses two ranks on one GPU)")
     return Plan(spec, W, min(rpn, W), notes, fb, torchrun, env)
 

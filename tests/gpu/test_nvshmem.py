@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from symmoe.config import Config
-from symmoe.launch import spawn
+from symmoe.launch import mps_share, spawn
 from symmoe.testing import CHECK_ROUTINGS, check_dispatch_combine
 
 pytestmark = pytest.mark.gpu
@@ -37,7 +37,7 @@ def _config(**over: Any) -> dict[str, Any]:
 def _env(world_size: int, **extra: str) -> dict[str, str]:
     env = {"NVSHMEM_DISABLE_NVLS": "1", **extra}
     if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(max(1, 100 // world_size))
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps_share(world_size, gpus=1) or 100)
     return env
 
 
