@@ -131,6 +131,12 @@ class NvshmemMemory(SymmetricMemory):
     tma_pull = False
 
     @classmethod
+    def describe_transports(cls) -> str:
+        """For ``symmoe info``: how each class of peer is reached."""
+        return ("peers nvshmem_ptr maps (NVLink P2P, or the same GPU under MPS): vector stores, then NVSHMEM "
+                "signals; the others: NVSHMEM puts from symmetric staging copies + signals (IBGDA)")
+
+    @classmethod
     def unavailable_reason(cls) -> str | None:
         try:
             _import_nvshmem()
