@@ -62,7 +62,12 @@ for s in "${SECTIONS[@]}"; do
         2>&1 | tee "$LOG/bench.log"
       rc=${PIPESTATUS[0]}
       note "bench exit $rc"
-      [ "$rc" -ne 0 ] && status=1 ;;
+      [ "$rc" -ne 0 ] && status=1
+      # The issues' one-GPU targets, judged from the same JSON (symmoe.targets_one_gpu).
+      if [ -f "$LOG/bench.json" ] && python3 -m symmoe.targets_one_gpu --bench "$LOG/bench.json" \
+           --md "$LOG/targets_one_gpu.md" >"$LOG/targets_one_gpu.log" 2>&1; then
+        note "$(tail -1 "$LOG/targets_one_gpu.md")"
+      fi ;;
     nccl)  # nccl backend (world size 1): its build, GPU tests and benchmark (scripts/gpu_check_nccl.sh)
       bash scripts/gpu_check_nccl.sh "$LOG"
       rc=$?
@@ -87,5 +92,5 @@ for s in "${SECTIONS[@]}"; do
   esac
 done
 
-finish_run bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json
+finish_run bench.json targets_one_gpu.md nccl_bench.json ab_mega/results.json ab_pushpull/results.json
 exit $status

@@ -1,0 +1,165 @@
+"""The one-GPU target table of the backend issues (torch, nvshmem, nccl), from one
+``python -m symmoe.bench --json`` file.
+
+``python -m symmoe.targets_one_gpu --bench bench.json --md targets.md --json targets.json``
+writes a Markdown table and a JSON with the same numbers; the Markdown also goes to stdout.
+Every number comes from the bench file; only the targets are constants here.
+
+Targets at world size 1, DeepSeek-V3 shape (the issues' text):
+
+* torch: rank-major dispatch and combine >= 85 % of the copy roofline; expert-major dispatch
+  >= 2x the plain-torch version measured in the same run;
+* nvshmem, nccl: dispatch and combine >= 85 % of the copy roofline (both layouts here).
+
+Definitions: ratio to roofline = (bytes that must move / copy roofline of the same run) /
+whole-call median (``python -m symmoe.bench``'s own ``ratio_roofline``). For context the
+table also sets the same bytes against the device time of the call's kernels, all of them
+and the data kernels alone (routing kernels -- names with ``route`` or ``plan`` -- left out):
+what the call would reach if the host added nothing, and if the routing came for free
+(world size 1 only: the kernel times are rank 0's).
+Several ranks on one GPU: aggregate bytes per second over the roofline, and the ratio to the
+torch backend's push protocol at the same world size in the same file.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from typing import Any
+
+from .targets import TargetsError, _Doc, load_json
+
+TARGET_RATIO = 0.85
+TARGET_SPEEDUP = 2.0  # expert-major dispatch of the torch backend vs plain torch
+OPS = ("dispatch", "combine")
+ROUTING = ("route", "plan")  # kernel names that compute the routing, not move rows
+
+# (backend, layout, op) -> ("ratio", 0.85) or ("speedup", 2.0); absent: no target.
+TARGETS: dict[tuple[str, str, str], tuple[str, float]] = {
+    ("torch", "rank", "dispatch"): ("ratio", TARGET_RATIO),
+    ("torch", "rank", "combine"): ("ratio", TARGET_RATIO),
+    ("torch", "expert", "dispatch"): ("speedup", TARGET_SPEEDUP),
+    **{(b, lay, op): ("ratio", TARGET_RATIO) for b in ("nvshmem", "nccl") for lay in ("rank", "expert") for op in OPS},
+}
+
+
+def _kernel_us(kernels: dict[str, float]) -> tuple[float, float]:
+    """(all kernels, data kernels only) device µs per call."""
+    total = sum(kernels.values())
+    data = sum(v for k, v in kernels.items() if not any(r in k for r in ROUTING))
+    return total, data
+
+
+def compute(bench: dict[str, Any], path: str = "bench.json", command: str = "") -> dict[str, Any]:
+    """The table (JSON-able dict) from a parsed bench document."""
+    d = _Doc(bench, "bench", path)
+    results = d.get("results")
+    if not isinstance(results, list) or not results:
+        raise TargetsError(f"bench file {path}: 'results' holds no runs")
+    torch_push = {}  # world size -> layout -> op -> median µs, for the ratio of W > 1 rows
+    for i, r in enumerate(results):
+        if d.get("backend", r, f"results.{i}.") == "torch" and d.get("protocol", r, f"results.{i}.") == "push":
+            torch_push[int(d.num("world_size", r, f"results.{i}."))] = d.get("layouts", r, f"results.{i}.")
+    rows = []
+    for i, r in enumerate(results):
+        pre = f"results.{i}."
+        backend, protocol = d.get("backend", r, pre), d.get("protocol", r, pre)
+        W = int(d.num("world_size", r, pre))
+        roof = d.num("copy_roofline_TBps", r, pre) * 1e12
+        rank0 = d.get("ranks.0", r, pre)
+        for layout, lrow in d.get("layouts", r, pre).items():
+            for op in OPS:
+                o = d.get(op, lrow, f"{pre}layouts.{layout}.")
+                us = d.num("median_us", o, f"{pre}layouts.{layout}.{op}.")
+                nbytes = d.num("bytes", o, f"{pre}layouts.{layout}.{op}.")
+                # Kernel times are rank 0's: set against one rank's bytes only at world size 1.
+                kern, data = _kernel_us(rank0.get(layout, {}).get("kernels_us", {}).get(op, {})) if W == 1 else (0, 0)
+                ideal = nbytes / roof * 1e6  # µs at the roofline
+                kind, goal = TARGETS.get((backend, layout, op), (None, None)) if W == 1 else (None, None)
+                ratio = ideal / us
+                speedup = o.get("speedup_vs_torch")
+                value = ratio if kind == "ratio" else speedup if kind == "speedup" else None
+                tp = torch_push.get(W, {}).get(layout, {}).get(op, {}).get("median_us")
+                rows.append({
+                    "backend": backend, "protocol": protocol, "world_size": W, "layout": layout, "op": op,
+                    "median_us": us, "bytes": nbytes, "TBps": nbytes / (us * 1e-6) / 1e12, "ratio_roofline": ratio,
+                    "kernels_us": kern or None, "ratio_kernels": ideal / kern if kern else None,
+                    "data_kernels_us": data or None, "ratio_data_kernels": ideal / data if data else None,
+                    "speedup_vs_plain_torch": speedup,
+                    "vs_torch_push": (tp / us) if (W > 1 and tp and (backend, protocol) != ("torch", "push")) else None,
+                    "mps_thread_percentage": r.get("mps_thread_percentage"),
+                    "target": None if kind is None else {"kind": kind, "goal": goal, "value": value,
+                                                         "met": value is not None and value >= goal},
+                })
+    return {"schema": "symmoe.targets_one_gpu/1", "command": command,
+            "input": {"path": path, "commit": bench.get("commit"), "date": bench.get("date"),
+                      "device": bench.get("device"), "command": bench.get("command")},
+            "target_ratio": TARGET_RATIO, "target_speedup": TARGET_SPEEDUP, "rows": rows}
+
+
+def _f(x: float | None, fmt: str, suffix: str = "") -> str:
+    return "—" if x is None else format(x, fmt) + suffix
+
+
+def markdown(res: dict[str, Any]) -> str:
+    inp = res["input"]
+    lines = [f"# symmoe one-GPU targets: {inp['device']}, commit {inp['commit']}", "",
+             f"- bench: `{inp['path']}`, {inp['date']}, command `{inp['command']}`"]
+    if res.get("command"):
+        lines.append(f"- this table: `{res['command']}`")
+    lines += [f"- targets at world size 1: whole call >= {res['target_ratio']:.2f} of the copy roofline "
+              f"(torch: rank-major; nvshmem, nccl: both layouts), torch expert-major dispatch >= "
+              f"{res['target_speedup']:g}x plain torch",
+              "- kernels / data kernels: the same bytes against the device time of all the call's kernels, and of "
+              "the kernels that move rows (routing left out): context, not the target",
+              "",
+              "| backend | proto | W | layout | op | µs | TB/s | ratio to roofline | kernels: ratio | data kernels: "
+              "ratio | x plain torch | x torch push (same W) | target |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in res["rows"]:
+        t = r["target"]
+        if t is None:
+            verdict = "—"
+        else:
+            shown = f"{t['value']:.2f}" + ("x" if t["kind"] == "speedup" else "")
+            goal = f"{t['goal']:g}x" if t["kind"] == "speedup" else f"{t['goal']:.2f}"
+            verdict = f"{'met' if t['met'] else 'not met'} ({shown} vs {goal})"
+        W = f"{r['world_size']}" + (f" ({r['mps_thread_percentage']} % MPS)" if r.get("mps_thread_percentage") else "")
+        lines.append(f"| {r['backend']} | {r['protocol']} | {W} | {r['layout']} | {r['op']} | {r['median_us']:.1f} | "
+                     f"{r['TBps']:.2f} | {r['ratio_roofline']:.2f} | {_f(r['ratio_kernels'], '.2f')} | "
+                     f"{_f(r['ratio_data_kernels'], '.2f')} | {_f(r['speedup_vs_plain_torch'], '.2f', 'x')} | "
+                     f"{_f(r['vs_torch_push'], '.2f', 'x')} | {verdict} |")
+    with_target = [r for r in res["rows"] if r["target"]]
+    met = [r for r in with_target if r["target"]["met"]]
+    names = "; ".join(f"{r['backend']}/{r['protocol']} {r['layout']} {r['op']}" for r in met)
+    lines += ["", f"Targets met: {len(met)} of {len(with_target)} rows" + (f" ({names})" if met else "") + "."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m symmoe.targets_one_gpu", description=__doc__.split("\n")[0])
+    p.add_argument("--bench", required=True, help="python -m symmoe.bench --json output")
+    p.add_argument("--md", default=None, help="write the Markdown here")
+    p.add_argument("--json", default=None, help="write the JSON here")
+    argv = list(argv) if argv is not None else sys.argv[1:]
+    a = p.parse_args(argv)
+    try:
+        res = compute(load_json(a.bench, "bench"), a.bench,
+                      command=" ".join(["python -m symmoe.targets_one_gpu", shlex.join(argv)]))
+    except TargetsError as e:
+        print(f"python -m symmoe.targets_one_gpu: error: {e}", file=sys.stderr)
+        return 2
+    md = markdown(res)
+    if a.md:
+        with open(a.md, "w") as f:
+            f.write(md)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    print(md, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
