@@ -413,12 +413,16 @@ def main(argv: list[str] | None = None) -> int:
     except TargetsError as e:
         print(f"python -m symmoe.targets: error: {e}", file=sys.stderr)
         return 2
-    md = markdown(res)
-    if a.md:
-        with open(a.md, "w") as f:
+    return emit(markdown(res), res, a.md, a.json)
+
+
+def emit(md: str, res: dict[str, Any], md_path: str | None, json_path: str | None) -> int:
+    """Write the Markdown and the JSON where asked, print the Markdown; exit status 0."""
+    if md_path:
+        with open(md_path, "w") as f:
             f.write(md)
-    if a.json:
-        with open(a.json, "w") as f:
+    if json_path:
+        with open(json_path, "w") as f:
             json.dump(res, f, indent=1)
     print(md, end="")
     return 0

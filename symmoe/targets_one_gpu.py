@@ -23,12 +23,11 @@ torch backend's push protocol at the same world size in the same file.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import sys
 from typing import Any
 
-from .targets import TargetsError, _Doc, load_json
+from .targets import TargetsError, _Doc, emit, load_json
 
 TARGET_RATIO = 0.85
 TARGET_SPEEDUP = 2.0  # expert-major dispatch of the torch backend vs plain torch
@@ -150,15 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     except TargetsError as e:
         print(f"python -m symmoe.targets_one_gpu: error: {e}", file=sys.stderr)
         return 2
-    md = markdown(res)
-    if a.md:
-        with open(a.md, "w") as f:
-            f.write(md)
-    if a.json:
-        with open(a.json, "w") as f:
-            json.dump(res, f, indent=1)
-    print(md, end="")
-    return 0
+    return emit(markdown(res), res, a.md, a.json)
 
 
 if __name__ == "__main__":
