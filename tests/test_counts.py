@@ -1,14 +1,15 @@
 """What every rank reads off the exchanged counts matrix after the one host wait of a GPU
 dispatch (symmoe.protocol.counts, shared by the CUDA and NVSHMEM protocols): the rows each
 receiver gets and the per-expert counts must be the reference's, over-capacity and bad ids
-raise with the same decision on every rank."""
+raise with the same decision on every rank, and the results are views of the worst-case
+outputs with a handle that keeps its own copy of the matrix."""
 import pytest
 import torch
 
 from symmoe import reference
 from symmoe.config import Config
 from symmoe.errors import CapacityError, InputError
-from symmoe.protocol.counts import bad_input_error, received_rows
+from symmoe.protocol.counts import bad_input_error, dispatch_result, received_rows
 from symmoe.testing import CHECK_ROUTINGS, _tokens_per_rank
 from symmoe.workload import make_inputs
 
@@ -60,3 +61,57 @@ def test_bad_ids_name_the_id_on_the_bad_rank_and_the_bad_rank_elsewhere():
     assert "row 5 names expert 7 twice" in str(dup)
     for e in (own, other, dup):
         assert "moved nothing on any rank (ranks with bad input: [1])" in str(e)
+
+
+def _worst_case_outputs(lay, layout: str) -> dict:
+    """Outputs as a GPU dispatch allocates them (worst case), filled with distinct values."""
+    cap, K, L = lay.recv_rows, lay.topk, lay.local_experts
+    shape = (cap, K) if layout == "rank" else (cap,)
+    g = torch.Generator().manual_seed(1)
+    return {"x": torch.randn((cap, lay.hidden), generator=g).bfloat16(),
+            "idx": torch.randint(0, lay.num_experts, shape, generator=g), "w": torch.rand(shape, generator=g),
+            "src_rank": torch.randint(0, 4, (cap,), generator=g, dtype=torch.int32),
+            "src_token": torch.randint(0, 24, (cap,), generator=g, dtype=torch.int32),
+            "src_slot": torch.randint(0, 4, (cap,), generator=g, dtype=torch.int32),
+            "expert_offsets": torch.arange(L + 1) if layout == "expert" else None}
+
+
+@pytest.mark.parametrize("layout", ["rank", "expert"])
+def test_dispatch_result_views_this_ranks_rows_and_keeps_its_own_copy_of_the_matrix(layout):
+    lay, inputs, counts = _case(2, CHECK_ROUTINGS[0], seed=7)
+    ref = reference.dispatch([i.x for i in inputs], [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
+                             lay.num_experts, layout, 4)
+    out = _worst_case_outputs(lay, layout)
+    mine = inputs[1]
+    in_rank = torch.ones((mine.x.shape[0], 2), dtype=torch.bool)
+    recv, handle = dispatch_result(lay, counts, 1, layout, 4, lambda: pytest.fail("read only for bad ids"), out,
+                                   mine.topk_idx.int(), mine.topk_weights, in_rank, buffer_id=99)
+    rows = ref.recv[1].x.shape[0]
+    assert 0 < rows < out["x"].shape[0]
+    assert recv.x.shape[0] == rows and recv.x.data_ptr() == out["x"].data_ptr()  # a view, no copy
+    assert torch.equal(recv.topk_idx, out["idx"][:rows]) and torch.equal(recv.src_token, out["src_token"][:rows])
+    assert recv.num_recv_tokens_per_expert.tolist() == ref.recv[1].num_recv_tokens_per_expert.tolist()
+    assert recv.expert_offsets is out["expert_offsets"]
+    assert handle.num_recv_rows == rows and handle.num_tokens == mine.x.shape[0] and handle.buffer_id == 99
+    assert handle.topk_idx.dtype == torch.int64 and torch.equal(handle.topk_idx, mine.topk_idx)
+    assert torch.equal(handle.recv_src_slot, out["src_slot"][:rows])
+    published = counts.copy()
+    counts[:] = -7  # the mapped memory is rewritten by the next dispatch
+    assert handle.counts.numpy().tolist() == published.tolist()
+
+
+def test_dispatch_result_raises_for_bad_ids_and_over_capacity_on_every_rank():
+    from symmoe.workload import Routing
+    lay, inputs, counts = _case(2, Routing("uniform"), seed=8)
+    out = _worst_case_outputs(lay, "rank")
+    bad = counts.copy()
+    bad[0, 0] = -1
+    for r in range(2):
+        with pytest.raises(InputError, match=r"ranks with bad input: \[0\]"):
+            dispatch_result(lay, bad, r, "rank", 4, lambda: (1, 2, 0, 99), out, inputs[r].topk_idx,
+                            inputs[r].topk_weights, torch.ones((inputs[r].x.shape[0], 2), dtype=torch.bool), 0)
+    lay, inputs, counts = _case(2, Routing("one_expert", expert=0), seed=5, **{"buffer.recv_capacity": 20})
+    for r in range(2):
+        with pytest.raises(CapacityError, match="recv_capacity"):
+            dispatch_result(lay, counts, r, "rank", 4, lambda: (0, 0, 0, 0), out, inputs[r].topk_idx,
+                            inputs[r].topk_weights, torch.ones((inputs[r].x.shape[0], 2), dtype=torch.bool), 0)

@@ -1,16 +1,21 @@
 """What every rank reads off the exchanged counts matrix after the one host wait of a
-dispatch (CUDA and NVSHMEM protocols alike).
+dispatch (CUDA and NVSHMEM protocols alike), and the results it builds from it.
 
 ``counts[s] = (tokens of s, tokens s sends each rank, pairs s sends each expert)``; a rank
 whose routing kernel rejected its expert ids publishes tokens = -1 and no kernel moves data.
 """
 from __future__ import annotations
 
+from typing import Callable, Sequence
+
 import numpy as np
+import torch
 
 from .. import validate
 from ..errors import InputError
+from ..handle import DispatchHandle
 from ..layout import BufferLayout
+from ..reference import RecvResult
 
 
 def received_rows(lay: BufferLayout, counts: np.ndarray, rank: int, output_layout: str,
@@ -39,3 +44,27 @@ def bad_input_error(lay: BufferLayout, counts: np.ndarray, rank: int, info: "tup
     else:
         msg = f"rank {bad[0]} passed an invalid topk_idx (see its error)"
     return InputError(f"{msg}; this dispatch moved nothing on any rank (ranks with bad input: {bad})")
+
+
+def dispatch_result(lay: BufferLayout, counts: np.ndarray, rank: int, output_layout: str, alignment: int,
+                    bad_info: Callable[[], Sequence[int]], out: dict[str, torch.Tensor | None], topk_idx: torch.Tensor,
+                    topk_weights: torch.Tensor, in_rank: torch.Tensor,
+                    buffer_id: int) -> tuple[RecvResult, DispatchHandle]:
+    """The end of a GPU dispatch, after its one host wait: the matrix read once, the errors
+    every rank raises together, and views of this rank's ``rows`` rows of the worst-case
+    outputs ``out`` (x, idx, w, src_rank, src_token, src_slot, expert_offsets)."""
+    counts = counts.copy()  # the mapped memory changes with the next dispatch
+    if (counts[:, 0] < 0).any():
+        raise bad_input_error(lay, counts, rank, bad_info())
+    totals, per_expert = received_rows(lay, counts, rank, output_layout, alignment)
+    rows = int(totals[rank])
+    recv = RecvResult(
+        x=out["x"][:rows], topk_idx=out["idx"][:rows], topk_weights=out["w"][:rows],
+        num_recv_tokens_per_expert=torch.from_numpy(per_expert),  # host tensor: reading it costs no sync
+        src_rank=out["src_rank"][:rows], src_token=out["src_token"][:rows], expert_offsets=out["expert_offsets"])
+    handle = DispatchHandle(
+        output_layout=output_layout, num_tokens=topk_idx.shape[0], topk_idx=topk_idx.long(),
+        topk_weights=topk_weights, is_token_in_rank=in_rank, counts=torch.from_numpy(counts), num_recv_rows=rows,
+        recv_src_rank=recv.src_rank, recv_src_token=recv.src_token, recv_src_slot=out["src_slot"][:rows],
+        expert_offsets=out["expert_offsets"], buffer_id=buffer_id)
+    return recv, handle

@@ -50,7 +50,7 @@ from ..layout import DTYPES, BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots
-from .counts import bad_input_error, received_rows
+from .counts import dispatch_result
 
 MAX_LOCAL_EXPERTS = 4096  # the data kernels keep per-expert tables in shared memory
 
@@ -213,22 +213,9 @@ class _CudaProtocol(Protocol):
 
         self._counts_event.synchronize()  # the data kernel keeps the GPU busy meanwhile
         self.check()
-        counts = self._counts_np.copy()
-        if (counts[:, 0] < 0).any():
-            raise bad_input_error(lay, counts, me, (ctypes.c_int64 * 4).from_address(self._bad_info[0]))
-        totals, per_expert = received_rows(lay, counts, me, output_layout, alignment)
-        rows = int(totals[me])
-        recv = RecvResult(
-            x=out["x"][:rows], topk_idx=out["idx"][:rows], topk_weights=out["w"][:rows],
-            num_recv_tokens_per_expert=torch.from_numpy(per_expert),  # host tensor: reading it costs no sync
-            src_rank=out["src_rank"][:rows], src_token=out["src_token"][:rows],
-            expert_offsets=out["expert_offsets"])
-        handle = DispatchHandle(
-            output_layout=output_layout, num_tokens=T, topk_idx=topk_idx.long(), topk_weights=topk_weights,
-            is_token_in_rank=in_rank, counts=torch.from_numpy(counts), num_recv_rows=rows, recv_src_rank=recv.src_rank,
-            recv_src_token=recv.src_token, recv_src_slot=out["src_slot"][:rows],
-            expert_offsets=out["expert_offsets"], buffer_id=self.buffer_id)
-        return recv, handle
+        return dispatch_result(lay, self._counts_np, me, output_layout, alignment,
+                               lambda: tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0])), out, topk_idx,
+                               topk_weights, in_rank, self.buffer_id)
 
     # -- combine ---------------------------------------------------------------------------
     def combine(self, y: torch.Tensor, handle: DispatchHandle,

@@ -52,10 +52,9 @@ import torch
 
 from .. import build
 from ..errors import InputError, StallError
-from ..handle import DispatchHandle
-from ..reference import DispatchLayout, RecvResult
+from ..reference import DispatchLayout
 from .base import Protocol, check_combine_slots
-from .counts import bad_input_error, received_rows
+from .counts import dispatch_result
 
 # Stage codes, as in csrc/common/layout.cuh (enum Stage).
 STAGES = {"dispatch.counts": 1, "dispatch.data": 2, "combine.data": 4, "combine.done": 5, "barrier": 6}
@@ -239,19 +238,10 @@ class NvshmemPush(Protocol):
 
         self._counts_event.synchronize()  # the one host wait; the data kernel runs meanwhile
         raise_if_failed(self.mem, "dispatch.counts")
-        counts = self._counts_host.numpy().copy()
-        if (counts[:, 0] < 0).any():
-            raise bad_input_error(lay, counts, me, self._bad_info.tolist())
-        totals, per_expert = received_rows(lay, counts, me, output_layout, alignment)
-        rows = int(totals[me])
-        recv = RecvResult(out_x[:rows], out_idx[:rows], out_w[:rows], torch.from_numpy(per_expert), src_rank[:rows],
-                          src_token[:rows], offsets)
-        handle = DispatchHandle(
-            output_layout=output_layout, num_tokens=T, topk_idx=topk_idx.long(), topk_weights=topk_weights,
-            is_token_in_rank=in_rank, counts=torch.from_numpy(counts), num_recv_rows=rows, recv_src_rank=recv.src_rank,
-            recv_src_token=recv.src_token, recv_src_slot=src_slot[:rows], expert_offsets=offsets,
-            buffer_id=self.buffer_id)
-        return recv, handle
+        out = {"x": out_x, "idx": out_idx, "w": out_w, "src_rank": src_rank, "src_token": src_token,
+               "src_slot": src_slot, "expert_offsets": offsets}
+        return dispatch_result(lay, self._counts_host.numpy(), me, output_layout, alignment, self._bad_info.tolist,
+                               out, topk_idx, topk_weights, in_rank, self.buffer_id)
 
     def check(self, synchronize: bool = False) -> None:
         """Raise StallError if a device wait of an earlier call expired."""
