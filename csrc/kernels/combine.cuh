@@ -9,13 +9,9 @@
 //                          (common/reduce.cuh, shared with the NVSHMEM combine). Barrier
 //                          "combine.done" (peers may then store the next combine).
 #pragma once
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-
 #include <cstdint>
 
 #include "../common/barrier.cuh"
-#include "../common/elem.cuh"
 #include "../common/layout.cuh"
 #include "../common/mover.cuh"
 #include "../common/reduce.cuh"

@@ -2,8 +2,6 @@
 // signals, then the reduction in the fixed order (common/reduce.cuh, shared with the CUDA
 // protocols).
 #pragma once
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <nvshmem.h>
 #include <nvshmemx.h>
 

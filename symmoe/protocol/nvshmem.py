@@ -230,7 +230,8 @@ class NvshmemPush(Protocol):
             "counts_snap": counts_dev.data_ptr(), "counts_host": self._counts_host.data_ptr(),
             "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream)
         self._counts_event.record(stream)
-        self.ext.dispatch(base, self.args, me, self.channels, int(em), self.direct, alignment, cap, epoch, self.timeout_ns,
+        self.ext.dispatch(base, self.args, me, self.channels, int(em), self.direct, alignment, cap, epoch,
+                          self.timeout_ns,
                           [src.data_ptr(), pub_idx, pub_w, self._send_ent.data_ptr(), counts_dev.data_ptr(),
                            out_x.data_ptr(), out_idx.data_ptr(), out_w.data_ptr(), src_rank.data_ptr(),
                            src_token.data_ptr(), src_slot.data_ptr(), offsets.data_ptr() if em else 0,
@@ -280,8 +281,8 @@ class NvshmemPush(Protocol):
                 handle.is_token_in_rank.data_ptr(), handle.topk_idx.data_ptr(), handle.topk_weights.data_ptr(),
                 out_x.data_ptr(), out_w.data_ptr() if out_w is not None else 0, self.err.data_ptr()]
         self.ext.combine(self.mem.local.data_ptr(), self.args, me, self.combine_channels,
-                         int(handle.output_layout == "expert"), self.direct, T, rows, _ELEM_KIND[y.dtype], self.reduce_blocks, self._combines, self.timeout_ns, ptrs,
-                         stream.cuda_stream)
+                         int(handle.output_layout == "expert"), self.direct, T, rows, _ELEM_KIND[y.dtype],
+                         self.reduce_blocks, self._combines, self.timeout_ns, ptrs, stream.cuda_stream)
         return out_x, out_w
 
 
