@@ -126,3 +126,14 @@ def test_shared_memory_is_released_when_a_rank_raises():
         spawn(raise_after_alloc, 2, args=(small_config().to_dict(),))
     leaked = {f for f in set(os.listdir("/dev/shm")) - before if f.startswith("symmoe-")}
     assert not leaked
+
+
+def test_more_combine_slots_than_the_gpu_reduction_holds_is_refused_naming_both():
+    from symmoe.config import Config
+    from symmoe.errors import InputError
+    from symmoe.protocol.base import MAX_SLOTS, check_combine_slots
+
+    cfg = Config().replace(**{"buffer.num_experts": 130})  # topk <= 32: only the world size gets there
+    with pytest.raises(InputError, match=r"max\(world_size, topk\) = 65; at most 64 with the nvshmem protocol"):
+        check_combine_slots(cfg.layout(65), "nvshmem protocol")
+    check_combine_slots(Config().replace(**{"buffer.num_experts": 128}).layout(MAX_SLOTS), "nvshmem protocol")

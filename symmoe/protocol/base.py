@@ -23,7 +23,7 @@ MAX_SLOTS = 64  # combine slots per token, max(world_size, topk): csrc/common/re
 
 def check_combine_slots(layout: BufferLayout, protocols: str) -> None:
     if layout.combine_slots > MAX_SLOTS:
-        raise InputError(f"max(world_size, topk) = {layout.combine_slots}; the {protocols} handle at most {MAX_SLOTS}")
+        raise InputError(f"max(world_size, topk) = {layout.combine_slots}; at most {MAX_SLOTS} with the {protocols}")
 
 
 class Protocol(ABC):
