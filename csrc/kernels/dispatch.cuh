@@ -10,8 +10,8 @@
 //                   zero padding; barrier "dispatch.done" (sources may overwrite their inputs).
 //   push_kernel     senders store rows into the receivers' recv pools (their own rows straight
 //                   into the outputs); barrier "dispatch.data".
-//   unpack_kernel   receivers copy what peers pushed from the pool into the outputs (reading a
-//                   private snapshot of the counts matrix).
+//   unpack_kernel   receivers copy what peers pushed from the pool into the outputs, one copy
+//                   per slot for expert-major (reading a private snapshot of the counts matrix).
 //
 // Row order is the reference's: rank-major by (source, token); expert-major by (local expert,
 // source, token) with each group padded to `alignment` rows of zeros.
@@ -234,8 +234,10 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
 }
 
 // ---------------------------------------------------------------------------------------
-// recv pool rows hold int32 ids/weights ([R, K]; expert-major uses column 0) and
-// recv_src = t * S + slot; the source rank follows from the row (plan tables).
+// The recv pool is rank-major in both layouts: one row per (source, token), the source's
+// block at its rank-major offset. Per row: recv_src = t * S (+ this rank, rank-major) and K
+// int32 / f32 entries: rank-major the local expert ids and weights of the row's slots (-1 / 0
+// for other ranks' slots); expert-major each slot's row in the output (-1: not this rank's).
 template <class Transport>
 __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, const uint8_t* x, Outputs o,
                                                     bool expert_major, int alignment, MoveCfg mc, Sync sy) {
@@ -306,24 +308,41 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
           if (lane == i) dst_x = d;
         }
       } else {
+        // Own slots: one local copy per (token, slot), straight into the output. Peers: one
+        // row per destination rank into its pool (rank-major position), with the output row
+        // of each of its slots; the receiver fans it out locally (unpack), so a row crosses
+        // the link once however many of the receiver's experts it goes to.
         uint8_t* d = nullptr;
+        int64_t out_row = -1;  // this slot's expert-major row in its owner's output
         if (own >= 0) {
           const int j = e - own * Le;
-          int64_t row = pl.goff[int64_t(own) * (Le + 1) + j] + ppos[t * PC + W + lane];
-          for (int q = 0; q < me; ++q) row += count_at(counts, L, q, 1 + W + e);
-          if (own == me) {
-            o.idx[row] = j;
-            o.w[row] = wt;
-            o.src_rank[row] = me;
-            o.src_token[row] = int32_t(t);
-            o.src_slot[row] = lane;
-            d = o.x + row * rb;
-          } else {
-            reinterpret_cast<int32_t*>(tp.map(own, L.recv_idx))[row * K] = j;
-            reinterpret_cast<float*>(tp.map(own, L.recv_w))[row * K] = wt;
-            reinterpret_cast<int32_t*>(tp.map(own, L.recv_src))[row] = int32_t(t * S + lane);
-            d = tp.map(own, L.recv_x) + row * rb;
+          out_row = pl.goff[int64_t(own) * (Le + 1) + j] + ppos[t * PC + W + lane];
+          for (int q = 0; q < me; ++q) out_row += count_at(counts, L, q, 1 + W + e);
+        }
+        if (own == me) {
+          o.idx[out_row] = e - me * Le;
+          o.w[out_row] = wt;
+          o.src_rank[out_row] = me;
+          o.src_token[out_row] = int32_t(t);
+          o.src_slot[out_row] = lane;
+          d = o.x + out_row * rb;
+        }
+        bool first = own >= 0 && own != me;
+        for (int kk = 0; kk < K; ++kk) {
+          const int okk = __shfl_sync(0xffffffffu, own, kk);
+          if (kk < lane && okk == own) first = false;
+        }
+        const uint32_t firsts = __ballot_sync(0xffffffffu, first);
+        for (int i = 0; i < __popc(firsts); ++i) {
+          const int fl = __fns(firsts, 0, i + 1);
+          const int q = __shfl_sync(0xffffffffu, own, fl);
+          const int64_t prow = pl.rbase[q] + ppos[t * PC + q];
+          if (lane < K) {
+            reinterpret_cast<int32_t*>(tp.map(q, L.recv_idx))[prow * K + lane] = own == q ? int32_t(out_row) : -1;
+            reinterpret_cast<float*>(tp.map(q, L.recv_w))[prow * K + lane] = own == q ? wt : 0.f;
           }
+          if (lane == 0) reinterpret_cast<int32_t*>(tp.map(q, L.recv_src))[prow] = int32_t(t * S);
+          if (lane == fl) d = tp.map(q, L.recv_x) + prow * rb;
         }
         const uint32_t has = __ballot_sync(0xffffffffu, d != nullptr);
         n = __popc(has);
@@ -346,7 +365,8 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
 }
 
 // ---------------------------------------------------------------------------------------
-// Local: copy the rows peers pushed into this rank's pool to the outputs; padding rows.
+// Local: copy the rows peers pushed into this rank's pool to the outputs (expert-major: one
+// copy per slot, so each row crossed the link once); padding rows.
 template <class Transport>
 __global__ void __launch_bounds__(1024) unpack_kernel(Transport tp, Layout L, const int32_t* counts, Outputs o,
                                                       bool expert_major, int alignment, ErrorWord* err, int rank) {
@@ -375,46 +395,50 @@ __global__ void __launch_bounds__(1024) unpack_kernel(Transport tp, Layout L, co
   const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.recv_idx);
   const float* pw = reinterpret_cast<const float*>(tp.local + L.recv_w);
   const int32_t* psrc = reinterpret_cast<const int32_t*>(tp.local + L.recv_src);
+  const int64_t pool_rows = pl.rbase[W];
   const int64_t gw = int64_t(blockIdx.x) * warps + warp, nwt = int64_t(gridDim.x) * warps;
-  for (int64_t row = gw; row < rows; row += nwt) {
-    int s;
-    if (!expert_major) {
-      s = 0;
-      while (s + 1 < W && pl.rbase[s + 1] <= row) ++s;
-    } else {
-      int lo = 0, hi = Le - 1;  // group j: goff[j] <= row < goff[j + 1]
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (pl.goff[mid] <= row) lo = mid; else hi = mid - 1;
-      }
-      const int j = lo;
-      int64_t rel = row - pl.goff[j];
-      if (rel >= pl.gcnt[j]) continue;  // padding: filled above
-      s = 0;
-      for (; s < W; ++s) {
-        const int64_t c = count_at(counts, L, s, 1 + W + int64_t(r) * Le + j);
-        if (rel < c) break;
-        rel -= c;
-      }
-    }
-    if (s == r || s >= W) continue;  // own rows were written straight into the outputs
+  for (int64_t row = gw; row < pool_rows; row += nwt) {
+    int s = 0;
+    while (s + 1 < W && pl.rbase[s + 1] <= row) ++s;
+    if (s == r) continue;  // own rows were written straight into the outputs
     const int4* sx = reinterpret_cast<const int4*>(px + row * rb);
-    int4* dx = reinterpret_cast<int4*>(o.x + row * rb);
-    for (int64_t i = lane; i < rb / 16; i += 32) dx[i] = sx[i];
     const int32_t src = psrc[row];
     if (!expert_major) {
+      int4* dx = reinterpret_cast<int4*>(o.x + row * rb);
+      for (int64_t i = lane; i < rb / 16; i += 32) dx[i] = sx[i];
       if (lane < K) {
         o.idx[row * K + lane] = pidx[row * K + lane];
         o.w[row * K + lane] = pw[row * K + lane];
       }
-    } else if (lane == 0) {
-      o.idx[row] = pidx[row * K];
-      o.w[row] = pw[row * K];
+      if (lane == 0) {
+        o.src_rank[row] = s;
+        o.src_token[row] = src / S;
+        o.src_slot[row] = src % S;
+      }
+      continue;
     }
-    if (lane == 0) {
-      o.src_rank[row] = s;
-      o.src_token[row] = src / S;
-      o.src_slot[row] = src % S;
+    // Expert-major: one pool row, one output row per slot that names a local expert.
+    int64_t dst = lane < K ? pidx[row * K + lane] : -1;
+    if (dst >= rows) dst = -1;  // only with corrupt inputs; never write out of bounds
+    if (dst >= 0) {
+      int lo = 0, hi = Le - 1;  // the group holding dst: goff[j] <= dst < goff[j + 1]
+      while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if (pl.goff[mid] <= dst) lo = mid; else hi = mid - 1;
+      }
+      o.idx[dst] = lo;
+      o.w[dst] = pw[row * K + lane];
+      o.src_rank[dst] = s;
+      o.src_token[dst] = src / S;
+      o.src_slot[dst] = lane;
+    }
+    const uint32_t has = __ballot_sync(0xffffffffu, dst >= 0);
+    const int n = __popc(has);
+    dst = __shfl_sync(0xffffffffu, dst, lane < n ? int(__fns(has, 0, lane + 1)) : 0);
+    for (int64_t i = lane; i < rb / 16; i += 32) {
+      const int4 v = sx[i];
+      for (int m = 0; m < n; ++m)
+        reinterpret_cast<int4*>(o.x + __shfl_sync(0xffffffffu, dst, m) * rb)[i] = v;
     }
   }
 }
