@@ -48,28 +48,20 @@ __global__ void __launch_bounds__(kThreads, 1) combine_send_kernel(CombineArgs a
   for (int p = threadIdx.x; p < W; p += blockDim.x)
     s_peer[p] = a.direct ? static_cast<uint8_t*>(nvshmem_ptr(a.base, p)) : nullptr;
   __syncthreads();
-  // Each warp reads the metadata of 32 rows at once, one row per lane: a row this rank kept
-  // costs one selfmap store, and only the others are copied, one warp-wide copy at a time.
-  const int64_t r0 = chan_begin(a.rows, c, C), r1 = chan_begin(a.rows, c + 1, C);
-  for (int64_t first = r0 + int64_t(warp) * 32; first < r1; first += int64_t(kWarps) * 32) {
-    const int64_t i = first + lane;
-    const int s = i < r1 ? a.src_rank[i] : -1;
-    const bool ok = s >= 0 && s < W;  // else padding, or past the channel's end
-    const int64_t slot = ok ? int64_t(a.src_tok[i]) * S + a.src_slot[i] : 0;
-    if (ok && s == me) a.selfmap[slot] = static_cast<int32_t>(i);
-    uint32_t remote = __ballot_sync(0xffffffffu, ok && s != me);
-    while (remote) {
-      const int l = __ffs(remote) - 1;
-      remote &= remote - 1;
-      const int64_t r = first + l, rslot = __shfl_sync(0xffffffffu, slot, l);
-      const int rs = __shfl_sync(0xffffffffu, s, l);
-      if (uint8_t* ps = s_peer[rs]) {
-        warp_copy_row<true>(at_peer(ps, a.base, cx + rslot * rb), a.y + r * rb, rb, lane);
-        if (a.rw && lane < K) at_peer(ps, a.base, cw)[rslot * K + lane] = a.rw[r * K + lane];
-      } else {
-        nvshmemx_putmem_nbi_warp(cx + rslot * rb, a.y + r * rb, rb, rs);
-        if (a.rw && lane < K) nvshmem_float_p(cw + rslot * K + lane, a.rw[r * K + lane], rs);
-      }
+  for (int64_t r = chan_begin(a.rows, c, C) + warp; r < chan_begin(a.rows, c + 1, C); r += kWarps) {
+    const int s = a.src_rank[r];
+    if (s < 0) continue;  // padding
+    const int64_t slot = int64_t(a.src_tok[r]) * S + a.src_slot[r];
+    if (s == me) {
+      if (lane == 0) a.selfmap[slot] = static_cast<int32_t>(r);
+      continue;
+    }
+    if (uint8_t* ps = s_peer[s]) {
+      warp_copy_row<true>(at_peer(ps, a.base, cx + slot * rb), a.y + r * rb, rb, lane);
+      if (a.rw && lane < K) at_peer(ps, a.base, cw)[slot * K + lane] = a.rw[r * K + lane];
+    } else {
+      nvshmemx_putmem_nbi_warp(cx + slot * rb, a.y + r * rb, rb, s);
+      if (a.rw && lane < K) nvshmem_float_p(cw + slot * K + lane, a.rw[r * K + lane], s);
     }
   }
   __syncthreads();
