@@ -19,6 +19,7 @@
 #include <cstdint>
 
 #include "../common/barrier.cuh"
+#include "../common/fanout.cuh"
 #include "../common/layout.cuh"
 #include "../common/mover.cuh"
 #include "plan.cuh"
@@ -401,9 +402,9 @@ __global__ void __launch_bounds__(1024) unpack_kernel(Transport tp, Layout L, co
     int s = 0;
     while (s + 1 < W && pl.rbase[s + 1] <= row) ++s;
     if (s == r) continue;  // own rows were written straight into the outputs
-    const int4* sx = reinterpret_cast<const int4*>(px + row * rb);
     const int32_t src = psrc[row];
     if (!expert_major) {
+      const int4* sx = reinterpret_cast<const int4*>(px + row * rb);
       int4* dx = reinterpret_cast<int4*>(o.x + row * rb);
       for (int64_t i = lane; i < rb / 16; i += 32) dx[i] = sx[i];
       if (lane < K) {
@@ -435,11 +436,7 @@ __global__ void __launch_bounds__(1024) unpack_kernel(Transport tp, Layout L, co
     const uint32_t has = __ballot_sync(0xffffffffu, dst >= 0);
     const int n = __popc(has);
     dst = __shfl_sync(0xffffffffu, dst, lane < n ? int(__fns(has, 0, lane + 1)) : 0);
-    for (int64_t i = lane; i < rb / 16; i += 32) {
-      const int4 v = sx[i];
-      for (int m = 0; m < n; ++m)
-        reinterpret_cast<int4*>(o.x + __shfl_sync(0xffffffffu, dst, m) * rb)[i] = v;
-    }
+    warp_fanout_row(o.x + max(dst, int64_t(0)) * rb, n, px + row * rb, rb, lane);
   }
 }
 

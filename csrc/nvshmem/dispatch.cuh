@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "../common/fanout.cuh"
 #include "../common/scan.cuh"
 #include "device.cuh"
 
@@ -14,90 +15,64 @@ namespace nv {
 
 // ---- dispatch geometry -----------------------------------------------------------------
 // Every offset of one dispatch, built by each block in shared memory from the counts matrix
-// (identical on every rank). n(s, d): rows s sends d. The pool of d is source-major, each
-// source's rows in its send-list order; the output is rank-major (source, token) or
-// expert-major (local expert, source, token) with each group padded to `alignment`.
+// (identical on every rank). Both layouts send one row per (token, destination rank): n(s, d)
+// rows from s to d, d's pool source-major, each source's rows by token. The output is
+// rank-major (source, token) or expert-major (local expert, source, token) with each group
+// padded to `alignment`; expert-major, the receiver copies a pool row once per slot that names
+// one of its experts, to the output row the sender computed (ebase + the slot's position).
 struct Geometry {
   int32_t send_off[kMaxWorld], send_cnt[kMaxWorld], dst_base[kMaxWorld], recv_cnt[kMaxWorld], recv_base[kMaxWorld];
   int32_t rows_of[kMaxWorld];  // output rows of each receiver (padded, expert-major)
   int32_t tmp[33];
   int ok;                      // every rank's ids valid and every receiver within capacity
   // expert-major only, in dynamic shared memory:
-  int32_t* first;  // [W][L + 1] each source's rows for this rank, prefix over local experts
-  int32_t* obase;  // [W][L] output row of source s's first row of expert j
-  int32_t* goff;   // [L + 1] padded group starts
+  int32_t* ebase;  // [E] output row, at receiver e / L, of this rank's first pair of expert e
+  int32_t* goff;   // [L + 1] padded group starts of this rank's output
   int32_t* gcnt;   // [L] unpadded rows per local expert
 
   static int64_t dyn_bytes(const Layout& lay) {
-    const int64_t W = lay.world_size, L = lay.local_experts();
-    return 4 * (W * (L + 1) + W * L + (L + 1) + L);
+    const int64_t E = lay.num_experts, L = lay.local_experts();
+    return 4 * (E + (L + 1) + L);
   }
 
   __device__ void build(const int32_t* counts, const Layout& lay, int me, bool em, int alignment, int64_t cap) {
     const int W = static_cast<int>(lay.world_size), E = static_cast<int>(lay.num_experts), L = E / W;
     const int64_t cols = lay.counts_cols();
     auto cnt = [&](int s, int64_t col) { return __ldg(counts + s * cols + col); };
-    auto n = [&](int s, int d) {
-      if (!em) return cnt(s, 1 + d);
-      int32_t v = 0;
-      for (int j = 0; j < L; ++j) v += cnt(s, 1 + W + int64_t(d) * L + j);
-      return v;
-    };
     if (em) {
-      uint8_t* dyn = dyn_smem();
-      first = reinterpret_cast<int32_t*>(dyn);
-      obase = first + W * (L + 1);
-      goff = obase + W * L;
+      ebase = reinterpret_cast<int32_t*>(dyn_smem());
+      goff = ebase + E;
       gcnt = goff + L + 1;
     }
     if (threadIdx.x == 0) ok = 1;
     for (int d = threadIdx.x; d < W; d += blockDim.x) {
-      send_cnt[d] = n(me, d);
-      recv_cnt[d] = n(d, me);
-      int32_t b = 0;
-      for (int s = 0; s < me; ++s) b += n(s, d);
-      dst_base[d] = b;
-      rows_of[d] = 0;
-    }
-    __syncthreads();
-    if (!em) {
-      for (int d = threadIdx.x; d < W; d += blockDim.x) {
-        int32_t r = 0;
-        for (int s = 0; s < W; ++s) r += cnt(s, 1 + d);
-        rows_of[d] = r;
+      send_cnt[d] = cnt(me, 1 + d);
+      recv_cnt[d] = cnt(d, 1 + me);
+      int32_t b = 0, r = 0;
+      for (int s = 0; s < W; ++s) {
+        if (s < me) b += cnt(s, 1 + d);
+        r += cnt(s, 1 + d);
       }
-    } else {
+      dst_base[d] = b;
+      rows_of[d] = r;
+    }
+    if (em) {
       for (int e = threadIdx.x; e < E; e += blockDim.x) {
         int32_t g = 0;
         for (int s = 0; s < W; ++s) g += cnt(s, 1 + W + e);
-        atomicAdd(&rows_of[e / L], (g + alignment - 1) / alignment * alignment);
-      }
-      for (int j = threadIdx.x; j < L; j += blockDim.x) {
-        int32_t g = 0;
-        for (int s = 0; s < W; ++s) g += cnt(s, 1 + W + int64_t(me) * L + j);
-        gcnt[j] = g;
-        goff[j] = (g + alignment - 1) / alignment * alignment;
+        ebase[e] = (g + alignment - 1) / alignment * alignment;
+        if (e / L == me) gcnt[e - me * L] = g;
       }
       __syncthreads();
-      const int32_t total = block_exclusive_scan(goff, L, tmp);
-      if (threadIdx.x == 0) goff[L] = total;
-      for (int s = threadIdx.x; s < W; s += blockDim.x) {
-        int32_t* f = first + s * (L + 1);
-        int32_t run = 0;
-        for (int j = 0; j < L; ++j) {
-          f[j] = run;
-          run += cnt(s, 1 + W + int64_t(me) * L + j);
-        }
-        f[L] = run;
+      for (int d = 0; d < W; ++d) {  // each receiver's padded group starts
+        const int32_t total = block_exclusive_scan(ebase + d * L, L, tmp);
+        if (threadIdx.x == 0) rows_of[d] = total;
       }
       __syncthreads();
-      for (int j = threadIdx.x; j < L; j += blockDim.x) {
-        int32_t run = goff[j];
-        for (int s = 0; s < W; ++s) {
-          obase[s * L + j] = run;
-          run += cnt(s, 1 + W + int64_t(me) * L + j);
-        }
-      }
+      for (int j = threadIdx.x; j <= L; j += blockDim.x) goff[j] = j < L ? ebase[me * L + j] : rows_of[me];
+      __syncthreads();
+      for (int e = threadIdx.x; e < E; e += blockDim.x)
+        for (int s = 0; s < me; ++s) ebase[e] += cnt(s, 1 + W + e);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -113,16 +88,14 @@ struct Geometry {
     __syncthreads();
   }
 
-  // Output row of row i (0-based) among the rows source s sent this rank.
-  __device__ __forceinline__ int64_t out_row(bool em, int s, int64_t i, int L) const {
-    if (!em) return recv_base[s] + i;
-    const int32_t* f = first + s * (L + 1);
-    int lo = 0, hi = L;  // the last j with f[j] <= i (its group is not empty: f[j + 1] > i)
-    while (hi - lo > 1) {
-      const int mid = (lo + hi) / 2;
-      if (f[mid] <= i) lo = mid; else hi = mid;
+  // Expert-major: the local expert whose group holds output row o (goff[j] <= o < goff[j + 1]).
+  __device__ __forceinline__ int group_of(int64_t o, int L) const {
+    int lo = 0, hi = L - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (goff[mid] <= o) lo = mid; else hi = mid - 1;
     }
-    return obase[s * L + lo] + (i - f[lo]);
+    return lo;
   }
 };
 
@@ -138,7 +111,8 @@ struct DispatchArgs {
   const uint8_t* x;          // [T, H] rows to send (x itself, or a symmetric staging copy)
   const int32_t* idx;        // [T, K] int32 copy made by the routing
   const float* w;            // [T, K]
-  const int32_t* send_ent;   // [P] t * S + slot, grouped by destination, in receiver order
+  const int32_t* send_ent;   // [P] t * S + destination, grouped by destination, then token
+  const int32_t* pos;        // [T, W + K] the routing's positions (expert-major: of each slot)
   const int32_t* counts;     // [W][1 + W + E] this dispatch's counts matrix
   uint8_t* out_x;
   int64_t* out_idx;          // [N, K] rank-major, [M] expert-major
@@ -150,47 +124,60 @@ struct DispatchArgs {
   ErrorWord* err;
 };
 
-// Metadata of one (token, slot) sent to rank d, computed by lanes < K (rank-major: the whole
-// top-k row; expert-major: lane 0, the slot itself).
+// What a row sent to rank d carries for each of its K slots (lanes < K): rank-major the
+// local expert id and the weight, expert-major the slot's output row at d and the weight;
+// -1 / 0 for slots of other ranks.
 struct Meta {
   int idx;
   float w;
 };
-__device__ __forceinline__ Meta row_meta(const DispatchArgs& a, int t, int slot, int d, int lane) {
+__device__ __forceinline__ Meta row_meta(const DispatchArgs& a, const Geometry& geo, int t, int d, int lane) {
   const int K = static_cast<int>(a.lay.topk), L = static_cast<int>(a.lay.local_experts());
+  const int64_t PC = a.lay.world_size + K;
   Meta m{-1, 0.f};
-  if (!a.expert_major) {
-    if (lane < K) {
-      const int e = a.idx[int64_t(t) * K + lane];
-      if (e >= 0 && e / L == d) {
-        m.idx = e - d * L;
-        m.w = a.w[int64_t(t) * K + lane];
-      }
+  if (lane < K) {
+    const int e = a.idx[int64_t(t) * K + lane];
+    if (e >= 0 && e / L == d) {
+      m.idx = a.expert_major ? geo.ebase[e] + a.pos[t * PC + a.lay.world_size + lane] : e - d * L;
+      m.w = a.w[int64_t(t) * K + lane];
     }
-  } else if (lane == 0) {
-    m.idx = a.idx[int64_t(t) * K + slot] - d * L;
-    m.w = a.w[int64_t(t) * K + slot];
   }
   return m;
 }
 
-__device__ __forceinline__ void write_out_meta(const DispatchArgs& a, int64_t o, int src_rank, int ent, Meta m,
-                                               int lane) {
+// One row reaches this rank's outputs (from x for its own rows, else from the pool): rank-major
+// to row `rank_row`, expert-major to the row of every slot that names a local expert.
+template <bool kImmutable>
+__device__ __forceinline__ void deliver_row(const DispatchArgs& a, const Geometry& geo, const uint8_t* src,
+                                            int64_t rank_row, int src_rank, int ent, Meta m, int lane) {
   const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots);
+  const int64_t rb = a.lay.row_bytes();
   if (!a.expert_major) {
+    warp_copy_row<kImmutable>(a.out_x + rank_row * rb, src, rb, lane);
     if (lane < K) {
-      a.out_idx[o * K + lane] = m.idx;
-      a.out_w[o * K + lane] = m.w;
+      a.out_idx[rank_row * K + lane] = m.idx;
+      a.out_w[rank_row * K + lane] = m.w;
     }
-  } else if (lane == 0) {
-    a.out_idx[o] = m.idx;
-    a.out_w[o] = m.w;
+    if (lane == 0) {
+      a.out_rank[rank_row] = src_rank;
+      a.out_tok[rank_row] = ent / S;
+      a.out_slot[rank_row] = ent % S;
+    }
+    return;
   }
-  if (lane == 0) {
+  int64_t o = m.idx;
+  if (o >= geo.rows_of[a.me]) o = -1;  // only with corrupt inputs; never write out of bounds
+  if (o >= 0) {
+    a.out_idx[o] = geo.group_of(o, static_cast<int>(a.lay.local_experts()));
+    a.out_w[o] = m.w;
     a.out_rank[o] = src_rank;
     a.out_tok[o] = ent / S;
-    a.out_slot[o] = ent % S;
+    a.out_slot[o] = lane;
   }
+  const uint32_t has = __ballot_sync(0xffffffffu, o >= 0);
+  const int n = __popc(has);
+  o = __shfl_sync(0xffffffffu, o, n > lane ? static_cast<int>(__fns(has, 0, lane + 1)) : 0);
+  warp_fanout_row(a.out_x + max(o, int64_t(0)) * rb, n, src, rb, lane);
 }
 
 __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
@@ -236,11 +223,8 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
     const int64_t mid = W == 1 ? (i0 + i1) / 2 : i0;  // the sender block's part ends here
     const int64_t lo = sender ? i0 : mid, hi = sender ? mid : i1;
     for (int64_t i = lo + warp; i < hi; i += kWarps) {
-      const int ent = a.send_ent[send_off[me] + i];
-      const int t = ent / S, slot = ent % S;
-      const int64_t o = geo.out_row(em, me, i, L);
-      warp_copy_row<true>(a.out_x + o * rb, a.x + int64_t(t) * rb, rb, lane);
-      write_out_meta(a, o, me, ent, row_meta(a, t, slot, me, lane), lane);
+      const int ent = a.send_ent[send_off[me] + i], t = ent / S;
+      deliver_row<true>(a, geo, a.x + int64_t(t) * rb, recv_base[me] + i, me, ent, row_meta(a, geo, t, me, lane), lane);
     }
   }
 
@@ -260,25 +244,23 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
       // copies with two warp syncs around a one-vector loop); else the put path.
       uint8_t* pd = a.direct ? static_cast<uint8_t*>(nvshmem_ptr(a.base, d)) : nullptr;
       const int64_t n = send_cnt[d], i0 = chan_begin(n, c, C), i1 = chan_begin(n, c + 1, C);
-      const int nk = a.expert_major ? 1 : K;  // metadata entries per row
       int64_t c0 = i0;
       do {
         const int64_t c1 = min(i1, c0 + chunk);
         for (int64_t i = c0 + wig; i < c1; i += wpg) {
-          const int ent = a.send_ent[send_off[d] + i];
-          const int t = ent / S, slot = ent % S;
+          const int ent = a.send_ent[send_off[d] + i], t = ent / S;
           const int64_t q = dst_base[d] + i;
-          const Meta m = row_meta(a, t, slot, d, lane);
+          const Meta m = row_meta(a, geo, t, d, lane);
           if (pd) {
             warp_copy_row<true>(at_peer(pd, a.base, rx + q * rb), a.x + int64_t(t) * rb, rb, lane);
-            if (lane < nk) {
+            if (lane < K) {
               at_peer(pd, a.base, ridx)[q * K + lane] = m.idx;
               at_peer(pd, a.base, rw)[q * K + lane] = m.w;
             }
             if (lane == 0) at_peer(pd, a.base, rsrc)[q] = ent;
           } else {
             nvshmemx_putmem_nbi_warp(rx + q * rb, a.x + int64_t(t) * rb, rb, d);
-            if (lane < nk) {
+            if (lane < K) {
               nvshmem_int_p(ridx + q * K + lane, m.idx, d);
               nvshmem_float_p(rw + q * K + lane, m.w, d);
             }
@@ -358,16 +340,8 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
       int64_t rr = r;
       while (rr >= s_to[s] - s_from[s]) { rr -= s_to[s] - s_from[s]; ++s; }
       const int64_t q = recv_base[s] + s_from[s] + rr;
-      const int64_t o = geo.out_row(em, s, s_from[s] + rr, L);
-      warp_copy_row<false>(a.out_x + o * rb, px + q * rb, rb, lane);
-      const int ent = psrc[q];
-      Meta m{-1, 0.f};
-      if (!a.expert_major) {
-        if (lane < K) m = Meta{pidx[q * K + lane], pw[q * K + lane]};
-      } else if (lane == 0) {
-        m = Meta{pidx[q * K], pw[q * K]};
-      }
-      write_out_meta(a, o, s, ent, m, lane);
+      const Meta m = lane < K ? Meta{pidx[q * K + lane], pw[q * K + lane]} : Meta{-1, 0.f};
+      deliver_row<false>(a, geo, px + q * rb, q, s, psrc[q], m, lane);
     }
     __syncthreads();
   }

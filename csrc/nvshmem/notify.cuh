@@ -39,18 +39,17 @@ __device__ void exchange_counts(uint8_t* base, const Layout& lay, int me, int64_
 struct PlanArgs {
   uint8_t* base;
   Layout lay;
-  int me, expert_major;
+  int me;
   int64_t epoch;
   uint64_t timeout_ns;
-  int32_t* send_ent;     // [T * max(W, K)] this rank's rows in send order, each t * S + slot
+  int32_t* send_ent;     // [T * W] this rank's rows in send order, each t * S + destination
   int32_t* counts_snap;  // [W][1 + W + E] device copy of the exchanged matrix (this dispatch's own)
   int32_t* counts_host;  // the same, host-mapped: the host's one wait
   ErrorWord* err;
 };
 
 // Place pass of the routing (same grid as route_count_kernel), then each block scatters its
-// tokens into the send list: rank-major by destination, then token; expert-major by expert,
-// then token (so by destination too). The last block publishes the counts row and waits for
+// tokens into the send list, by destination, then token. The last block publishes the counts row and waits for
 // the peers' rows (stage dispatch.counts), then leaves the matrix in the snapshot and in
 // host-mapped memory. A rank with bad expert ids publishes tokens = -1: nobody moves data.
 template <typename Idx>
@@ -67,25 +66,17 @@ __global__ void __launch_bounds__(kRouteThreads) plan_kernel(RoutingArgs<Idx> a,
     chunk_base(sc, C, base);
     __syncthreads();
     route_place_chunk(a, base, base + C);
-    // start[c]: this rank's pairs in the columns of the same kind before c.
-    const int n = p.expert_major ? a.E : W, first_col = p.expert_major ? W : 0;
+    // start[d]: this rank's rows for ranks before d. Rank-major for both output layouts: a
+    // row crosses to each destination rank once (expert-major outputs are filled there).
     int32_t* start = base;
-    for (int c = threadIdx.x; c < n; c += blockDim.x) start[c] = __ldcg(sc.totals + first_col + c);
+    for (int d = threadIdx.x; d < W; d += blockDim.x) start[d] = __ldcg(sc.totals + d);
     __syncthreads();
-    block_exclusive_scan(start, n, base + C);
+    block_exclusive_scan(start, W, base + C);
     const int64_t t0 = a.chunk_begin(blockIdx.x), t1 = a.chunk_begin(blockIdx.x + 1), PC = W + K;
-    if (!p.expert_major) {
-      for (int64_t i = t0 * W + threadIdx.x; i < t1 * W; i += blockDim.x) {
-        const int64_t t = i / W;
-        const int d = static_cast<int>(i % W);
-        if (a.in_rank[i]) p.send_ent[start[d] + a.pos[t * PC + d]] = static_cast<int32_t>(t * S + d);
-      }
-    } else {
-      for (int64_t i = t0 * K + threadIdx.x; i < t1 * K; i += blockDim.x) {
-        const int64_t t = i / K;
-        const int k = static_cast<int>(i % K), e = a.pub_idx[i];
-        if (e >= 0) p.send_ent[start[e] + a.pos[t * PC + W + k]] = static_cast<int32_t>(t * S + k);
-      }
+    for (int64_t i = t0 * W + threadIdx.x; i < t1 * W; i += blockDim.x) {
+      const int64_t t = i / W;
+      const int d = static_cast<int>(i % W);
+      if (a.in_rank[i]) p.send_ent[start[d] + a.pos[t * PC + d]] = static_cast<int32_t>(t * S + d);
     }
   }
   if (!grid_last_block(done)) return;

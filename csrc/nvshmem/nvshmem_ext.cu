@@ -126,7 +126,7 @@ void allow_smem() {
 // ptrs: idx, w, scratch, in_rank, per_rank, per_expert, pub_idx, pub_w, pos, send_ent,
 //       counts_snap, counts_host, bad_flag, bad_info, err, done
 template <typename Idx>
-void route(const Layout& l, int64_t base, int me, int64_t T, bool plan, int expert_major, int64_t epoch,
+void route(const Layout& l, int64_t base, int me, int64_t T, bool plan, int64_t epoch,
            uint64_t timeout_ns, const std::vector<int64_t>& p, cudaStream_t st) {
   allow_smem();
   const int C = static_cast<int>(l.world_size + l.num_experts);
@@ -142,19 +142,19 @@ void route(const Layout& l, int64_t base, int me, int64_t T, bool plan, int expe
                                                                   error_mirror(), done);
   cuda_check(cudaGetLastError(), "route_count_kernel launch");
   if (!plan) return;
-  PlanArgs pa{ptr<uint8_t>(base), l, me, expert_major, epoch, timeout_ns, ptr<int32_t>(p[9]), ptr<int32_t>(p[10]),
+  PlanArgs pa{ptr<uint8_t>(base), l, me, epoch, timeout_ns, ptr<int32_t>(p[9]), ptr<int32_t>(p[10]),
               ptr<int32_t>(p[11]), err};
   plan_kernel<Idx><<<B, kRouteThreads, size_t(kRouteWarps + 1) * C * 4, st>>>(a, sc, pa, done);
   cuda_check(cudaGetLastError(), "plan_kernel launch");
 }
 
 void launch_route(int64_t base, const std::vector<int64_t>& lay, int me, bool idx64, int64_t T, bool plan,
-                  int expert_major, int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int64_t stream) {
+                  int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int64_t stream) {
   if (p.size() != 16) throw std::runtime_error("route: expected 16 pointers");
   Layout l = layout_from(lay);
   auto st = ptr<CUstream_st>(stream);
-  if (idx64) route<int64_t>(l, base, me, T, plan, expert_major, epoch, timeout_ns, p, st);
-  else route<int32_t>(l, base, me, T, plan, expert_major, epoch, timeout_ns, p, st);
+  if (idx64) route<int64_t>(l, base, me, T, plan, epoch, timeout_ns, p, st);
+  else route<int32_t>(l, base, me, T, plan, epoch, timeout_ns, p, st);
 }
 
 void launch_barrier(int64_t base, const std::vector<int64_t>& lay, int me, int64_t epoch, uint64_t timeout_ns,
@@ -165,12 +165,12 @@ void launch_barrier(int64_t base, const std::vector<int64_t>& lay, int me, int64
   cuda_check(cudaGetLastError(), "barrier_kernel launch");
 }
 
-// ptrs: x, idx, w, send_ent, counts, out_x, out_idx, out_w, out_rank, out_tok, out_slot, out_offsets, err
+// ptrs: x, idx, w, send_ent, pos, counts, out_x, out_idx, out_w, out_rank, out_tok, out_slot, out_offsets, err
 void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int channels, int expert_major,
                      int direct, int alignment, int64_t capacity, int64_t epoch, uint64_t timeout_ns,
                      const std::vector<int64_t>& p,
                      int64_t stream) {
-  if (p.size() != 13) throw std::runtime_error("dispatch: expected 13 pointers");
+  if (p.size() != 14) throw std::runtime_error("dispatch: expected 14 pointers");
   allow_smem();
   DispatchArgs a{};
   a.base = ptr<uint8_t>(base);
@@ -187,15 +187,16 @@ void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int 
   a.idx = ptr<const int32_t>(p[1]);
   a.w = ptr<const float>(p[2]);
   a.send_ent = ptr<const int32_t>(p[3]);
-  a.counts = ptr<const int32_t>(p[4]);
-  a.out_x = ptr<uint8_t>(p[5]);
-  a.out_idx = ptr<int64_t>(p[6]);
-  a.out_w = ptr<float>(p[7]);
-  a.out_rank = ptr<int32_t>(p[8]);
-  a.out_tok = ptr<int32_t>(p[9]);
-  a.out_slot = ptr<int32_t>(p[10]);
-  a.out_offsets = ptr<int64_t>(p[11]);
-  a.err = ptr<ErrorWord>(p[12]);
+  a.pos = ptr<const int32_t>(p[4]);
+  a.counts = ptr<const int32_t>(p[5]);
+  a.out_x = ptr<uint8_t>(p[6]);
+  a.out_idx = ptr<int64_t>(p[7]);
+  a.out_w = ptr<float>(p[8]);
+  a.out_rank = ptr<int32_t>(p[9]);
+  a.out_tok = ptr<int32_t>(p[10]);
+  a.out_slot = ptr<int32_t>(p[11]);
+  a.out_offsets = ptr<int64_t>(p[12]);
+  a.err = ptr<ErrorWord>(p[13]);
   const size_t smem = expert_major ? size_t(Geometry::dyn_bytes(a.lay)) : 0;
   dispatch_kernel<<<2 * a.C, kThreads, smem, ptr<CUstream_st>(stream)>>>(a);
   cuda_check(cudaGetLastError(), "dispatch_kernel launch");

@@ -10,14 +10,15 @@ dispatch
   1. ``route_count_kernel`` (shared with the CUDA protocols, ``csrc/kernels/route.cuh``):
      routing counts per chunk of tokens, is_token_in_rank, int32 ids, expert ids checked.
   2. ``plan_kernel``: each pair's position in its column, the send list (by destination,
-     then the receiver's order); the last block puts this rank's counts row into every peer
+     then token: one row per (token, destination rank) in both layouts); the last block puts this rank's counts row into every peer
      with put-with-signal on ``ready`` and waits for theirs (stage ``dispatch.counts``), then
      leaves the matrix in a device snapshot (this dispatch's own) and in host-mapped memory.
   3. ``dispatch_kernel``, launched right behind into outputs sized for the worst case: every
      block derives the offsets from the snapshot; C channels, each one sender block (warp
      puts of rows + metadata into the receivers' pools, ``tail[c][me]`` signalled per chunk)
      and one receiver block (copies the rows a rank keeps straight from x, then waits on
-     ``tail[c][s]`` and streams delivered rows into the outputs) (stage ``dispatch.data``).
+     ``tail[c][s]`` and streams delivered rows into the outputs; expert-major, one copy per
+     slot that names a local expert, at the row its sender computed) (stage ``dispatch.data``).
      Bad ids anywhere or a receiver over capacity: no block moves anything.
   4. the host waits for the counts (the one host wait, as DeepEP's normal mode; the data
      kernel runs meanwhile), raises InputError / CapacityError on every rank together, and
@@ -150,7 +151,7 @@ class NvshmemPush(Protocol):
         self._last_op = ""  # "dispatch" | "combine": a combine right after a combine needs a barrier
         self._route_scratch = torch.empty(self.ext.route_scratch_ints(self.args), dtype=torch.int32, device=dev)
         self._done = torch.zeros(1, dtype=torch.int32, device=dev)  # grid completion counter of the routing
-        self._send_ent = torch.empty(max(1, T * max(W, K)), dtype=torch.int32, device=dev)
+        self._send_ent = torch.empty(max(1, T * W), dtype=torch.int32, device=dev)
         self._selfmap = torch.empty(max(1, T * S), dtype=torch.int32, device=dev)
         # Routing outputs only this rank reads: plain device memory, not the symmetric heap.
         self._pub_idx = torch.empty(max(1, T * K), dtype=torch.int32, device=dev)
@@ -173,13 +174,13 @@ class NvshmemPush(Protocol):
     def _local(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         return self.mem.view(self.offs[name], dtype, shape)
 
-    def _route(self, topk_idx: torch.Tensor, plan: bool, expert_major: bool, epoch: int, ptrs: dict[str, int],
+    def _route(self, topk_idx: torch.Tensor, plan: bool, epoch: int, ptrs: dict[str, int],
                stream: torch.cuda.Stream) -> None:
         """Routing kernels (``plan``: the whole dispatch planning); ``ptrs`` by name, absent = null."""
         ptrs = {"idx": topk_idx.data_ptr(), "scratch": self._route_scratch.data_ptr(), "err": self.err.data_ptr(),
                 "done": self._done.data_ptr(), **ptrs}
         self.ext.route(self.mem.local.data_ptr(), self.args, self.me, topk_idx.dtype == torch.int64, topk_idx.shape[0],
-                       plan, int(expert_major), epoch, self.timeout_ns, [ptrs.get(n, 0) for n in _ROUTE_PTRS],
+                       plan, epoch, self.timeout_ns, [ptrs.get(n, 0) for n in _ROUTE_PTRS],
                        stream.cuda_stream)
 
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:
@@ -188,7 +189,7 @@ class NvshmemPush(Protocol):
         per_rank = torch.empty(W, dtype=torch.int32, device=self.device)
         per_expert = torch.empty(E, dtype=torch.int32, device=self.device)
         in_rank = torch.empty((T, W), dtype=torch.bool, device=self.device)
-        self._route(topk_idx.contiguous(), False, False, 0,
+        self._route(topk_idx.contiguous(), False, 0,
                     {"in_rank": in_rank.data_ptr(), "per_rank": per_rank.data_ptr(), "per_expert": per_expert.data_ptr()},
                     torch.cuda.current_stream(self.device))
         return DispatchLayout(per_rank, per_expert, in_rank)
@@ -224,7 +225,7 @@ class NvshmemPush(Protocol):
         epoch = self._dispatches
         base = self.mem.local.data_ptr()
         pub_idx, pub_w = self._pub_idx.data_ptr(), self._pub_w.data_ptr()
-        self._route(topk_idx, True, em, epoch, {
+        self._route(topk_idx, True, epoch, {
             "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": pub_idx, "pub_w": pub_w,
             "pos": self._pos.data_ptr(), "send_ent": self._send_ent.data_ptr(),
             "counts_snap": counts_dev.data_ptr(), "counts_host": self._counts_host.data_ptr(),
@@ -232,7 +233,8 @@ class NvshmemPush(Protocol):
         self._counts_event.record(stream)
         self.ext.dispatch(base, self.args, me, self.channels, int(em), self.direct, alignment, cap, epoch,
                           self.timeout_ns,
-                          [src.data_ptr(), pub_idx, pub_w, self._send_ent.data_ptr(), counts_dev.data_ptr(),
+                          [src.data_ptr(), pub_idx, pub_w, self._send_ent.data_ptr(), self._pos.data_ptr(),
+                           counts_dev.data_ptr(),
                            out_x.data_ptr(), out_idx.data_ptr(), out_w.data_ptr(), src_rank.data_ptr(),
                            src_token.data_ptr(), src_slot.data_ptr(), offsets.data_ptr() if em else 0,
                            self.err.data_ptr()], stream.cuda_stream)
