@@ -12,7 +12,10 @@ holds the same fields, in the same order, as a struct the kernels take by value
              | pos int32 [T, W + K]: the sender's row of each (token, rank) among the tokens it
              sends that rank, then of each (token, slot) among its tokens of that expert; with
              the counts matrix this gives every row's destination (the CUDA kernels use it)
-    recv     x [R, H] | topk_idx int32 [R, K] | topk_weights f32 [R, K] | src_token int32 [R]
+    recv     x [R, H] | idx int32 [R, K] | weights f32 [R, K] | src int32 [R]: rank-major in both
+             output layouts, one row per (source, token); per slot the local expert id
+             (rank-major output) or the slot's row in the expert-major output, and the weight
+             (-1 / 0 for slots of other ranks): receivers copy a row once per slot of theirs
     combine  x [T * S, H] | topk_weights f32 [T * S, K], S = max(W, K): one slot per
              (token, destination rank) for rank-major, per (token, k) for expert-major
 

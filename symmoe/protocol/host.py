@@ -8,8 +8,10 @@ dispatch
      ``rank`` of every peer's ``counts`` matrix; pull also publishes x/topk in ``input``
   2. barrier "dispatch.counts" -- now every rank holds the whole matrix, so every rank
      can check every receiver's capacity and all raise together if one overflows
-  3. push: senders store rows, topk and ``recv_src`` into the receivers' ``recv`` pools at
-     offsets that are prefix sums of the matrix; barrier "dispatch.data"
+  3. push: senders store rows, per-slot metadata and ``recv_src`` into the receivers' ``recv``
+     pools at offsets that are prefix sums of the matrix, one row per (token, destination
+     rank) in both layouts; barrier "dispatch.data"; receivers copy their pool into the
+     outputs (expert-major: once per slot, to the output row the slot carries)
      pull: receivers read each source's published ``topk_idx`` and copy the rows meant
      for them; barrier "dispatch.done" (sources may then overwrite ``input``)
 combine
@@ -57,34 +59,33 @@ class _HostProtocol(Protocol):
         lay = self.layout
         W, L = lay.world_size, lay.local_experts
         per_rank = counts[:, 1:1 + W].long()  # [src, dst]
-        per_expert = counts[:, 1 + W:].long().view(W, W, L)  # [src, dst, local expert]
+        # The pool is rank-major in both layouts: src's first row at dst.
+        plan = {"pool_start": per_rank.cumsum(0) - per_rank, "pool_rows": per_rank.sum(0)}
         if output_layout == "rank":
-            totals = per_rank.sum(0)  # rows each receiver gets
-            start = per_rank.cumsum(0) - per_rank  # [src, dst] first row of src at dst
-            plan = {"totals": totals, "start": start}
+            plan["totals"] = plan["pool_rows"]
         else:
+            per_expert = counts[:, 1 + W:].long().view(W, W, L)  # [src, dst, local expert]
             group = per_expert.sum(0)  # [dst, L]
             padded = (group + alignment - 1) // alignment * alignment
             group_start = padded.cumsum(1) - padded  # [dst, L]
             start = group_start.unsqueeze(0) + (per_expert.cumsum(0) - per_expert)  # [src, dst, L]
-            plan = {"totals": padded.sum(1), "start": start, "group": group, "group_start": group_start}
+            plan.update(totals=padded.sum(1), start=start, group=group, group_start=group_start)
         lay.check_capacity(plan["totals"].tolist(), output_layout)
         return plan
 
-    def _send_list(self, topk_idx: torch.Tensor, dst: int, output_layout: str) -> list[tuple]:
-        """What this rank (as a source) sends to ``dst``, in receiver order.
-
-        rank-major: one entry (tokens, slot=None); expert-major: one (tokens, slots) per local expert."""
+    def _slot_rows(self, local: torch.Tensor, mine: torch.Tensor, start: torch.Tensor, dst: int) -> torch.Tensor:
+        """Expert-major output row at ``dst`` of each slot in ``mine`` (-1 elsewhere): its
+        expert's ``start`` plus the pairs of that expert in earlier tokens of this source."""
         L = self.layout.local_experts
-        idx = topk_idx.long()
-        if output_layout == "rank":
-            tokens = ((idx >= 0) & (idx // L == dst)).any(1).nonzero().flatten()
-            return [(tokens, None)]
-        out = []
-        for j in range(L):
-            t, k = (idx == dst * L + j).nonzero(as_tuple=True)
-            out.append((t, k))
-        return out
+        ti, k = mine.nonzero(as_tuple=True)  # token order, then slot
+        j = local[ti, k] - dst * L
+        order = torch.argsort(j * local.shape[0] + ti, stable=True)  # by expert, then token
+        per_j = torch.bincount(j, minlength=L)
+        pos = torch.empty_like(ti)
+        pos[order] = torch.arange(ti.numel()) - (per_j.cumsum(0) - per_j)[j[order]]
+        rows = torch.full(local.shape, -1, dtype=torch.long)
+        rows[ti, k] = start[j] + pos
+        return rows
 
     # -- dispatch --------------------------------------------------------------------------
     def dispatch(self, x, topk_idx, topk_weights, output_layout, alignment):
@@ -120,69 +121,59 @@ class _HostProtocol(Protocol):
         self._region("in_w", torch.float32, (T, K)).copy_(topk_weights)
 
     def _move(self, x, topk_idx, topk_weights, *, src, dst, plan, output_layout, target) -> None:
-        """Copy source ``src``'s rows for ``dst`` into ``dst``'s pool; ``target`` is the rank
-        whose memory this rank writes (``dst`` for push; itself for pull)."""
+        """Copy source ``src``'s rows for ``dst`` into ``dst``'s pool, one per token that has a
+        slot there, by token; ``target`` is the rank whose memory this rank writes (``dst``
+        for push; itself for pull). Per slot the row carries the local expert id (rank-major)
+        or the slot's output row (expert-major), and the weight; -1 / 0 for other ranks' slots."""
         lay = self.layout
         R, H, K, L, S = lay.recv_rows, lay.hidden, lay.topk, lay.local_experts, lay.combine_slots
-        rx = self._region("recv_x", x.dtype, (R, H), rank=target)
-        ri = self._region("recv_idx", torch.int32, (R, K), rank=target)
-        rw = self._region("recv_w", torch.float32, (R, K), rank=target)
-        rs = self._region("recv_src", torch.int32, (R,), rank=target)
         idx = topk_idx.long()
-        for j, (tokens, slots) in enumerate(self._send_list(topk_idx, dst, output_layout)):
-            n = tokens.numel()
-            if n == 0:
-                continue
-            if output_layout == "rank":
-                base = int(plan["start"][src, dst])
-                local = idx[tokens]
-                mine = (local >= 0) & (local // L == dst)
-                ri[base:base + n] = torch.where(mine, local - dst * L, -1).to(torch.int32)
-                rw[base:base + n] = torch.where(mine, topk_weights[tokens].float(), 0.0)
-                rs[base:base + n] = (tokens * S + dst).to(torch.int32)
-            else:
-                base = int(plan["start"][src, dst, j])
-                ri[base:base + n, 0] = j
-                rw[base:base + n, 0] = topk_weights[tokens, slots].float()
-                rs[base:base + n] = (tokens * S + slots).to(torch.int32)
-            rx[base:base + n] = x[tokens]
+        tokens = ((idx >= 0) & (idx // L == dst)).any(1).nonzero().flatten()
+        n = tokens.numel()
+        if n == 0:
+            return
+        base = int(plan["pool_start"][src, dst])
+        local = idx[tokens]
+        mine = (local >= 0) & (local // L == dst)
+        meta = local - dst * L if output_layout == "rank" else self._slot_rows(local, mine, plan["start"][src, dst], dst)
+        self._region("recv_idx", torch.int32, (R, K), rank=target)[base:base + n] = torch.where(mine, meta, -1).to(torch.int32)
+        self._region("recv_w", torch.float32, (R, K), rank=target)[base:base + n] = torch.where(
+            mine, topk_weights[tokens].float(), 0.0)
+        self._region("recv_src", torch.int32, (R,), rank=target)[base:base + n] = (tokens * S + dst).to(torch.int32)
+        self._region("recv_x", x.dtype, (R, H), rank=target)[base:base + n] = x[tokens]
 
     def _collect(self, dtype, routing, counts, plan, topk_idx, topk_weights, output_layout, alignment):
-        """Copy this rank's pool into fresh output tensors (the pool is reused next call)."""
+        """Copy this rank's pool into fresh output tensors (the pool is reused next call);
+        expert-major, each pool row once per slot, to the row the slot carries."""
         lay, me = self.layout, self.mem.rank
         W, H, K, L, S = lay.world_size, lay.hidden, lay.topk, lay.local_experts, lay.combine_slots
-        rows = int(plan["totals"][me])
-        rx = self._region("recv_x", dtype, (lay.recv_rows, H))
-        ri = self._region("recv_idx", torch.int32, (lay.recv_rows, K))
-        rw = self._region("recv_w", torch.float32, (lay.recv_rows, K))
-        rs = self._region("recv_src", torch.int32, (lay.recv_rows,))
-        src_rank = torch.full((rows,), -1, dtype=torch.int32)
+        rows, pool = int(plan["totals"][me]), int(plan["pool_rows"][me])
+        rx = self._region("recv_x", dtype, (lay.recv_rows, H))[:pool]
+        ri = self._region("recv_idx", torch.int32, (lay.recv_rows, K))[:pool].long()
+        rw = self._region("recv_w", torch.float32, (lay.recv_rows, K))[:pool]
+        rs = self._region("recv_src", torch.int32, (lay.recv_rows,))[:pool].long()
+        pool_rank = torch.repeat_interleave(torch.arange(W, dtype=torch.int32), counts[:, 1 + me].long())
         if output_layout == "rank":
-            per_src = counts[:, 1 + me].long()
-            src_rank = torch.repeat_interleave(torch.arange(W, dtype=torch.int32), per_src)
-            out_x = rx[:rows].clone()
-            out_idx = ri[:rows].long()
-            out_w = rw[:rows].clone()
-            src = rs[:rows].clone()
+            out_x, out_idx, out_w = rx.clone(), ri, rw.clone()
+            src_rank, src_token, src_slot = pool_rank, (rs // S).to(torch.int32), (rs % S).to(torch.int32)
             per_expert = torch.bincount(out_idx[out_idx >= 0], minlength=L).to(torch.int32)
             offsets = None
         else:
             group, gstart = plan["group"][me], plan["group_start"][me]
-            valid = torch.zeros(rows, dtype=torch.bool)
-            for j in range(L):
-                a = int(gstart[j])
-                valid[a:a + int(group[j])] = True
-                for s in range(W):
-                    b = int(plan["start"][s, me, j])
-                    src_rank[b:b + int(counts[s, 1 + W + me * L + j])] = s
-            out_x = torch.where(valid.unsqueeze(1), rx[:rows], torch.zeros((), dtype=dtype))
-            out_idx = torch.where(valid, ri[:rows, 0].long(), -1)
-            out_w = torch.where(valid, rw[:rows, 0], 0.0)
-            src = torch.where(valid, rs[:rows], -1)
+            prow, k = (ri >= 0).nonzero(as_tuple=True)
+            dest = ri[prow, k]
+            out_x = torch.zeros((rows, H), dtype=dtype)
+            out_x[dest] = rx[prow]
+            out_idx = torch.full((rows,), -1, dtype=torch.long)
+            out_idx[dest] = torch.searchsorted(gstart, dest, right=True) - 1
+            out_w = torch.zeros(rows, dtype=torch.float32)
+            out_w[dest] = rw[prow, k]
+            src_rank, src_token, src_slot = (torch.full((rows,), -1, dtype=torch.int32) for _ in range(3))
+            src_rank[dest] = pool_rank[prow]
+            src_token[dest] = (rs[prow] // S).to(torch.int32)
+            src_slot[dest] = k.to(torch.int32)
             per_expert = group.to(torch.int32)
             offsets = torch.cat([gstart, gstart.new_tensor([rows])]).long()
-        src_token = torch.where(src >= 0, src // S, -1).to(torch.int32)
-        src_slot = torch.where(src >= 0, src % S, -1).to(torch.int32)
         recv = RecvResult(out_x, out_idx, out_w, per_expert, src_rank, src_token, offsets)
         handle = DispatchHandle(
             output_layout=output_layout, num_tokens=topk_idx.shape[0], topk_idx=topk_idx.long(),
