@@ -10,8 +10,10 @@
 #   PYTEST_ARGS='-k pull' scripts/gpu_check.sh test      extra pytest arguments
 #   A test still running after $FAULT_S seconds (default 240) dumps every thread's stack
 #   into the log (pytest's faulthandler), so a hang leaves a trace, not silence. A pytest
-#   section still running after $TEST_LIMIT_S seconds (default 420) gets SIGINT, so the
-#   summary and logs still come back inside the device tool's 10-minute limit.
+#   section still running after $TEST_LIMIT_S seconds (default 420) gets SIGINT, and SIGKILL
+#   30 s later (timeout signals its whole process group, the spawned ranks included: a rank
+#   spinning inside a library call never sees SIGINT, and would keep the log pipe open), so
+#   the summary and logs still come back inside the device tool's 10-minute limit.
 #   SYMMOE_COMMIT=$(git rev-parse HEAD)   the commit recorded in every JSON (the device copy's .git may be stale)
 #   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_WORLD_SIZES=1,4 BENCH_PROTOCOLS=pull,push BENCH_REPEATS=30   bench choices
 #   BENCH_SET='kernel.num_channels=32 kernel.num_sms=64'   config values for every bench run
@@ -47,7 +49,7 @@ for s in "${SECTIONS[@]}"; do
       sel=(tests/gpu/test_torch_backend.py)
       [ "$s" = test-quick ] && sel+=(-k "not 7168")
       eval "extra=(${PYTEST_ARGS:-})"  # keeps quoted -k expressions whole
-      timeout -s INT ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} "${sel[@]}" "${extra[@]}" 2>&1 | tee "$LOG/pytest.log"
+      timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} "${sel[@]}" "${extra[@]}" 2>&1 | tee "$LOG/pytest.log"
       rc=${PIPESTATUS[0]}
       note "pytest (torch backend): $(tail -1 "$LOG/pytest.log")"
       reap_ranks
@@ -78,7 +80,7 @@ for s in "${SECTIONS[@]}"; do
         note "nvshmem build FAILED"; tail -50 "$LOG/nvshmem_build.log"; status=1; continue
       fi
       eval "extra=(${PYTEST_ARGS:-})"
-      timeout -s INT ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_nvshmem.py "${extra[@]}" 2>&1 | tee "$LOG/nvshmem_tests.log"
+      timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_nvshmem.py "${extra[@]}" 2>&1 | tee "$LOG/nvshmem_tests.log"
       rc=${PIPESTATUS[0]}
       note "pytest (nvshmem): $(tail -1 "$LOG/nvshmem_tests.log")"
       reap_ranks

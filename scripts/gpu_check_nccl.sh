@@ -17,7 +17,7 @@ import symmoe.backends.nccl as n
 for name in ("symmoe_cuda", n.SPEC.name):
     t = time.time(); build.build(name); print(f"built {name} in {time.time() - t:.1f} s")
 PY
-python3 -m pytest -q -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_nccl.py tests/test_nccl_build.py 2>&1 \
+timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_nccl.py tests/test_nccl_build.py 2>&1 \
   | tee "$out/nccl_tests.log" || rc=1
 SYMMOE_BENCH_COMMAND=${SYMMOE_BENCH_COMMAND:-"scripts/gpu_check_nccl.sh"} \
   python3 scripts/bench_nccl.py --out "$out/nccl_bench.json" 2>&1 | tee "$out/nccl_bench.log" || rc=1

@@ -23,9 +23,10 @@ source scripts/gpu_env.sh
 N=$(nvidia-smi -L | wc -l)
 note "$N GPU(s): world size $N, one process per GPU"
 nvidia-smi topo -m >"$LOG/topology.txt" 2>&1
-# Each torchrun step gets SIGINT after $STEP_LIMIT_S seconds, so the logs still come back.
+# Each torchrun step gets SIGINT after $STEP_LIMIT_S seconds (SIGKILL to all its processes 30 s
+# later), so the logs still come back.
 run() {
-  timeout -s INT "${STEP_LIMIT_S:-1200}" \
+  timeout -s INT -k 30 "${STEP_LIMIT_S:-1200}" \
     python3 -m torch.distributed.run --nproc-per-node "$N" --master-port $((20000 + RANDOM % 20000)) "$@"
 }
 CHECK_SHAPE=(--set buffer.max_tokens_per_rank=512 --set kernel.timeout_s=60)
