@@ -245,17 +245,21 @@ def run_gpu_bench(config: Config, world_size: int = 1, tokens: int = 0, warmup: 
         ranks = [_bench_rank(0, 1, config.to_dict(), opts)]
     else:
         ranks = launch.spawn(_bench_rank, world_size, args=(config.to_dict(), opts), env=env, timeout_s=600.0)
-    return summarize(config, world_size, ranks, roof, share)
+    return summarize(config, world_size, ranks, roof, share, gpus=min(world_size, torch.cuda.device_count()))
 
 
 def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]], roof: float,
-              mps_percentage: int = 0) -> dict[str, Any]:
+              mps_percentage: int = 0, gpus: int = 1) -> dict[str, Any]:
+    """The run's result: per layout and op the slowest rank's median and every rank's bytes.
+    ``gpus``: how many devices the ranks ran on (rank r on GPU r % gpus); the roofline is one
+    device's, so ratios of a run over several GPUs are per device summed, not a share."""
     out: dict[str, Any] = {
         "backend": config.backend, "protocol": config.effective_protocol, "world_size": world_size,
         "tokens_per_rank": ranks[0]["tokens"], "hidden": config.buffer.hidden, "topk": config.buffer.topk,
         "num_experts": config.buffer.num_experts, "dtype": config.buffer.dtype, "num_sms": config.kernel.num_sms,
         "routing": "uniform", "seed": ranks[0].get("seed", 0),
-        "copy_roofline_TBps": roof / 1e12, "mps_thread_percentage": mps_percentage, "layouts": {}, "ranks": ranks,
+        "copy_roofline_TBps": roof / 1e12, "mps_thread_percentage": mps_percentage, "gpus": gpus,
+        "layouts": {}, "ranks": ranks,
     }
     for layout in ("rank", "expert"):
         if layout not in ranks[0]:

@@ -88,6 +88,7 @@ def compute(bench: dict[str, Any], path: str = "bench.json", command: str = "") 
                     "speedup_vs_plain_torch": speedup,
                     "vs_torch_push": (tp / us) if (W > 1 and tp and (backend, protocol) != ("torch", "push")) else None,
                     "mps_thread_percentage": r.get("mps_thread_percentage"),
+                    "gpus": int(r.get("gpus", 1)),  # files before session 6: one GPU
                     "target": None if kind is None else {"kind": kind, "goal": goal, "value": value,
                                                          "met": value is not None and value >= goal},
                 })
@@ -124,7 +125,8 @@ def markdown(res: dict[str, Any]) -> str:
             shown = f"{t['value']:.2f}" + ("x" if t["kind"] == "speedup" else "")
             goal = f"{t['goal']:g}x" if t["kind"] == "speedup" else f"{t['goal']:.2f}"
             verdict = f"{'met' if t['met'] else 'not met'} ({shown} vs {goal})"
-        W = f"{r['world_size']}" + (f" ({r['mps_thread_percentage']} % MPS)" if r.get("mps_thread_percentage") else "")
+        W = (f"{r['world_size']}" + (f" on {r['gpus']} GPUs" if r.get("gpus", 1) > 1 else "")
+             + (f" ({r['mps_thread_percentage']} % MPS)" if r.get("mps_thread_percentage") else ""))
         lines.append(f"| {r['backend']} | {r['protocol']} | {W} | {r['layout']} | {r['op']} | {r['median_us']:.1f} | "
                      f"{r['TBps']:.2f} | {r['ratio_roofline']:.2f} | {_f(r['ratio_kernels'], '.2f')} | "
                      f"{_f(r['ratio_data_kernels'], '.2f')} | {_f(r['speedup_vs_plain_torch'], '.2f', 'x')} | "

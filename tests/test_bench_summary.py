@@ -69,3 +69,9 @@ def test_table_names_the_mps_share_and_has_no_plain_torch_column_without_baselin
                                                        (8, 2, 25), (3, 2, 50), (4, 0, 25)])
 def test_ranks_sharing_a_gpu_split_it_evenly_and_ranks_with_their_own_get_no_limit(world_size, gpus, share):
     assert launch.mps_share(world_size, gpus=gpus) == share
+
+
+def test_the_result_records_how_many_gpus_the_ranks_ran_on(two_ranks):
+    assert two_ranks["gpus"] == 1  # the default: every rank on one device
+    ranks = [rank_result(300.0, 250.0, 80.0, 8000), rank_result(400.0, 200.0, 120.0, 8200)]
+    assert bench.summarize(bench.bench_config("push", 66), 2, ranks, roof=4.0e12, gpus=2)["gpus"] == 2

@@ -94,3 +94,12 @@ def test_command_line_writes_markdown_and_json(tmp_path):
     assert md.read_text().startswith("# symmoe one-GPU targets: NVIDIA H200, commit 0a02b39")
     assert json.loads(js.read_text())["schema"] == "symmoe.targets_one_gpu/1"
     assert t1.main(["--bench", str(tmp_path / "absent.json")]) == 2
+
+
+def test_a_run_over_several_gpus_says_so_in_its_rows(bench):
+    spread = copy.deepcopy(bench)
+    run_of(spread, "nvshmem", 4)["gpus"] = 2
+    res = t1.compute(spread, BENCH)
+    assert row(res, "nvshmem", 4, "rank", "combine")["gpus"] == 2
+    assert row(res, "torch", 4, "rank", "combine")["gpus"] == 1  # files before the field: one GPU
+    assert "| nvshmem | push | 4 on 2 GPUs (25 % MPS) |" in t1.markdown(res)
