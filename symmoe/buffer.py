@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from . import backends, protocol, validate
 from .config import Config, check_world_size, diff, load
-from .errors import ConfigMismatch
+from .errors import CapacityError, ConfigMismatch
 from .event import EventOverlap
 from .handle import DispatchHandle
 from .layout import DTYPES
@@ -103,6 +103,17 @@ class Buffer:
         recv, handle = self._protocol.dispatch(x, topk_idx, topk_weights, output_layout, alignment)
         return (recv.x, recv.topk_idx, recv.topk_weights, recv.num_recv_tokens_per_expert.tolist(), handle,
                 EventOverlap.record(self.device))
+
+    def input_view(self, num_tokens: int) -> torch.Tensor:
+        """x [num_tokens, hidden] inside this rank's symmetric buffer. Dispatching it publishes
+        nothing: pull's peers read the rows where they lie (the Mega MoE way: the layer before
+        writes its output here), and no protocol copies it first. Its contents belong to the
+        caller until the next dispatch, which may read them until its queued work ends: write
+        the next x on the same stream (or after ``synchronize()``)."""
+        if not 0 <= num_tokens <= self.layout.max_tokens:
+            raise CapacityError(f"input_view({num_tokens}): the input region holds 0 to "
+                                f"max_tokens_per_rank={self.layout.max_tokens} tokens")
+        return self._protocol.input_view(num_tokens, self.dtype)
 
     def combine(self, x: torch.Tensor, handle: DispatchHandle, topk_weights: torch.Tensor | None = None, *,
                 previous_event: EventOverlap | None = None):

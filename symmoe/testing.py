@@ -55,10 +55,11 @@ def _tokens_per_rank(world_size: int, max_tokens: int, seed: int) -> list[int]:
 
 def check_dispatch_combine(rank: int, world_size: int, config: dict[str, Any], seed: int,
                            routings: tuple[Routing, ...] = CHECK_ROUTINGS, layouts: tuple[str, ...] = ("rank", "expert"),
-                           device: str = "cpu", repeats: int = 1, combines: int = 1) -> int:
+                           device: str = "cpu", repeats: int = 1, combines: int = 1, x_in_buffer: bool = False) -> int:
     """Run dispatch + combine for each routing and layout; raise on any bitwise difference.
     ``combines`` > 1: that many combines in a row on one handle, each with other expert
-    outputs (a backward pass reuses a handle). Returns the number of (routing, layout) cases."""
+    outputs (a backward pass reuses a handle). ``x_in_buffer``: x is built in
+    ``Buffer.input_view`` and dispatched from there. Returns the number of (routing, layout) cases."""
     cfg: Config = from_dict(config)
     b = cfg.buffer
     dtype = DTYPES[b.dtype]
@@ -75,23 +76,27 @@ def check_dispatch_combine(rank: int, world_size: int, config: dict[str, Any], s
                                          seed=case_seed)
                     ctx = (f"rank {rank}/{world_size} {cfg.backend}/{buf.protocol} routing={routing.kind} "
                            f"layout={layout} seed={case_seed}")
-                    _check_one(buf, inputs, rank, world_size, cfg, layout, dev, ctx, case_seed, combines)
+                    _check_one(buf, inputs, rank, world_size, cfg, layout, dev, ctx, case_seed, combines, x_in_buffer)
                     checked += 1
     return checked
 
 
 def _check_one(buf: Buffer, inputs, rank: int, world_size: int, cfg: Config, layout: str, dev: torch.device,
-               ctx: str, seed: int, combines: int = 1) -> None:
+               ctx: str, seed: int, combines: int = 1, x_in_buffer: bool = False) -> None:
     b = cfg.buffer
     align = b.expert_alignment
     mine = inputs[rank]
     ref = reference.dispatch([i.x for i in inputs], [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
                              b.num_experts, layout, align)
     want = ref.recv[rank]
-    rx, ri, rw, per_expert, handle, event = buf.dispatch(mine.x.to(dev), mine.topk_idx.to(dev),
-                                                         mine.topk_weights.to(dev), output_layout=layout,
-                                                         expert_alignment=align)
+    x = mine.x.to(dev)
+    if x_in_buffer:
+        x = buf.input_view(x.shape[0]).copy_(x)
+    rx, ri, rw, per_expert, handle, event = buf.dispatch(x, mine.topk_idx.to(dev), mine.topk_weights.to(dev),
+                                                         output_layout=layout, expert_alignment=align)
     event.synchronize()
+    if x_in_buffer:
+        assert_bitwise("x in the input view after its dispatch", x, mine.x, ctx)
     assert_bitwise("recv_x", rx, want.x, ctx)
     assert_bitwise("recv_topk_idx", ri, want.topk_idx, ctx)
     assert_bitwise("recv_topk_weights", rw, want.topk_weights, ctx)

@@ -34,3 +34,29 @@ def test_several_combines_on_one_handle_each_match_reference(protocol, seed):
     cfg = small_config(protocol=protocol)
     assert spawn(check_dispatch_combine, 4, args=(cfg.to_dict(), seed + 6, CHECK_ROUTINGS[:3], ("rank", "expert"),
                                                   "cpu", 1, 3)) == [6] * 4
+
+
+@pytest.mark.parametrize("protocol", ["push", "pull"])
+def test_x_built_in_the_input_view_is_dispatched_where_it_lies(protocol, seed):
+    """The Mega MoE way: the layer before writes x into the symmetric buffer; dispatch
+    publishes nothing and still returns the reference's rows, leaving x as it was."""
+    cfg = small_config(protocol=protocol)
+    assert spawn(check_dispatch_combine, 4, args=(cfg.to_dict(), seed + 8, CHECK_ROUTINGS, ("rank", "expert"), "cpu",
+                                                  1, 1, True)) == [len(CHECK_ROUTINGS) * 2] * 4
+
+
+def test_input_view_is_x_shaped_in_the_buffer_and_refuses_more_than_max_tokens():
+    from symmoe import Buffer
+    from symmoe.errors import CapacityError
+
+    cfg = small_config()
+    with Buffer(None, cfg) as buf:
+        T = cfg.buffer.max_tokens_per_rank
+        v = buf.input_view(T)
+        assert v.shape == (T, cfg.buffer.hidden) and v.dtype == buf.dtype and v.is_contiguous()
+        assert v.data_ptr() == buf.memory.local.data_ptr() + buf.layout.offsets()["in_x"]
+        assert buf.input_view(0).shape == (0, cfg.buffer.hidden)
+        for bad in (T + 1, -1):
+            with pytest.raises(CapacityError, match=rf"input_view\({bad}\): the input region holds 0 to "
+                                                    rf"max_tokens_per_rank={T} tokens"):
+                buf.input_view(bad)

@@ -49,6 +49,14 @@ class Protocol(ABC):
                 recv_topk_weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Collective. Returns (combined_x [T, H], combined_topk_weights [T, K] or None)."""
 
+    def input_view(self, num_tokens: int, dtype: torch.dtype) -> torch.Tensor:
+        """This rank's ``input`` region as x [num_tokens, hidden] (Buffer.input_view)."""
+        return self.mem.view(self.layout.offsets()["in_x"], dtype, (num_tokens, self.layout.hidden))
+
+    def _in_input_region(self, x: torch.Tensor) -> bool:
+        """x is the input region itself (built there by the caller): nothing to publish."""
+        return x.data_ptr() == self.mem.local.data_ptr() + self.layout.offsets()["in_x"]
+
     def check(self, synchronize: bool = False) -> None:
         """Raise StallError if a device wait of an earlier call expired (after waiting for the
         stream when ``synchronize``). Host protocols finish inside each call: nothing to check."""

@@ -26,7 +26,7 @@ Zero-copy paths:
     where it lies (``selfmap`` records their rows). At world size 1 nothing is copied into
     the buffer at all.
   * with peers, pull must publish ``x`` in the ``input`` region; a caller that builds x in
-    ``input_view(num_tokens)`` (e.g. as the output of the previous layer) skips that copy.
+    ``Buffer.input_view(num_tokens)`` (e.g. as the output of the previous layer) skips that copy.
 
 Errors: every device wait has the configured timeout; on expiry the kernel records the
 stage and the missing peer in host-mapped memory and finishes. ``check()`` turns that into
@@ -120,14 +120,6 @@ class _CudaProtocol(Protocol):
     def _region(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         return self.mem.view(self._offs[name], dtype, shape)
 
-    def input_view(self, num_tokens: int, dtype: torch.dtype | None = None) -> torch.Tensor:
-        """The ``input`` region as an x tensor [num_tokens, hidden]: x built here is published
-        without a copy (pull with peers)."""
-        if not 0 <= num_tokens <= self.layout.max_tokens:
-            raise CapacityError(f"{num_tokens} tokens; the input region holds max_tokens_per_rank={self.layout.max_tokens}")
-        dtype = dtype or DTYPES[self.config.buffer.dtype]
-        return self._region("in_x", dtype, (num_tokens, self.layout.hidden))
-
     def check(self, synchronize: bool = False) -> None:
         """Raise StallError if a device wait of an earlier call expired."""
         if synchronize:
@@ -194,7 +186,7 @@ class _CudaProtocol(Protocol):
         sp = stream.cuda_stream
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.float().contiguous()
-        if self.name == "pull" and W > 1 and T and x.data_ptr() != self._base + self._offs["in_x"]:
+        if self.name == "pull" and W > 1 and T and not self._in_input_region(x):
             self.input_view(T, x.dtype).copy_(x)  # peers read it; own rows are read from x
         # Allocate everything first: the launches below then follow each other closely.
         cap = self._capacity(output_layout)

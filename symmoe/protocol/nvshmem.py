@@ -217,7 +217,7 @@ class NvshmemPush(Protocol):
         in_rank = torch.empty((T, W), dtype=torch.bool, device=dev)
         counts_dev = torch.empty((W, 1 + W + lay.num_experts), dtype=torch.int32, device=dev)
         src = x
-        if self.stage_inputs and T:
+        if self.stage_inputs and T and not self._in_input_region(x):
             src = self._local("in_x", x.dtype, (T, H))
             src.copy_(x)
         self._dispatches += 1

@@ -29,12 +29,12 @@ def gpu_config(**over) -> dict:
 
 
 def _run(world_size: int, cfg: dict, seed: int, routings=CHECK_ROUTINGS, layouts=("rank", "expert"), repeats=1,
-         combines=1):
+         combines=1, x_in_buffer=False):
+    args = (cfg, seed, routings, layouts, "cuda", repeats, combines, x_in_buffer)
     if world_size == 1:
         os.environ.update(ENV)
-        return [check_dispatch_combine(0, 1, cfg, seed, routings, layouts, "cuda", repeats, combines)]
-    return spawn(check_dispatch_combine, world_size, args=(cfg, seed, routings, layouts, "cuda", repeats, combines),
-                 env=ENV, timeout_s=300.0)
+        return [check_dispatch_combine(0, 1, *args)]
+    return spawn(check_dispatch_combine, world_size, args=args, env=ENV, timeout_s=300.0)
 
 
 @pytest.mark.parametrize("protocol", ["pull", "push"])
@@ -56,6 +56,12 @@ def test_repeated_calls_and_big_pieces():
     cfg = gpu_config(protocol="pull", **{"buffer.dtype": "float32", "buffer.hidden": 16384,
                                         "buffer.max_tokens_per_rank": 24, "buffer.topk": 4, "buffer.num_experts": 16})
     assert _run(4, cfg, 9, CHECK_ROUTINGS[:2], repeats=3) == [12] * 4
+
+
+@pytest.mark.parametrize("protocol", ["pull", "push"])
+def test_x_built_in_the_input_view_is_dispatched_where_it_lies(protocol):
+    """Buffer.input_view: pull's peers read x in place (no publish copy); x is left as it was."""
+    assert _run(2, gpu_config(protocol=protocol), 96, x_in_buffer=True) == [len(CHECK_ROUTINGS) * 2] * 2
 
 
 @pytest.mark.parametrize("protocol", ["pull", "push"])
