@@ -17,6 +17,7 @@
 #   SYMMOE_COMMIT=$(git rev-parse HEAD)   the commit recorded in every JSON (the device copy's .git may be stale)
 #   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_WORLD_SIZES=1,4 BENCH_PROTOCOLS=pull,push BENCH_REPEATS=30   bench choices
 #   BENCH_SET='kernel.num_channels=32 kernel.num_sms=64'   config values for every bench run
+#   BENCH_X_IN_BUFFER=no|yes|both   x built in Buffer.input_view (no publish copy); both: each run twice
 # Later backends add their own sections in the case statement below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -60,7 +61,8 @@ for s in "${SECTIONS[@]}"; do
       [ "$s" = bench-quick ] && { ws=1; rep=10; }
       export SYMMOE_BENCH_COMMAND="scripts/gpu_check.sh $s"
       sets=(); for kv in ${BENCH_SET:-}; do sets+=(--set "$kv"); done
-      python3 -m symmoe.bench --backends $backends --world-sizes $ws --protocols $protos --repeats $rep "${sets[@]}" --json "$LOG/bench.json" \
+      python3 -m symmoe.bench --backends $backends --world-sizes $ws --protocols $protos --repeats $rep "${sets[@]}" \
+        --x-in-buffer "${BENCH_X_IN_BUFFER:-no}" --json "$LOG/bench.json" \
         2>&1 | tee "$LOG/bench.log"
       rc=${PIPESTATUS[0]}
       note "bench exit $rc"

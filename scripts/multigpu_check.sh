@@ -13,6 +13,8 @@
 #   scripts/multigpu_check.sh [step ...]      default: check ab baselines bench
 #   SYMMOE_COMMIT=$(git rev-parse HEAD)       the commit recorded in the JSON files
 #   STEP_LIMIT_S=1200                         each torchrun step is interrupted after this
+#   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_PROTOCOLS=pull,push BENCH_REPEATS=20
+#   BENCH_X_IN_BUFFER=no|yes|both             bench with x built in Buffer.input_view (no publish copy)
 # $OUT receives at most 8 files: summary.txt, logs.tar.gz and the JSON / Markdown results.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,7 +48,8 @@ for s in "${STEPS[@]}"; do
       rc=${PIPESTATUS[0]}; note "baselines (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     bench)
       export SYMMOE_BENCH_COMMAND="scripts/multigpu_check.sh bench"
-      python3 -m symmoe.bench --backends torch,nvshmem,nccl --protocols pull,push --world-sizes "$N" \
+      python3 -m symmoe.bench --backends "${BENCH_BACKENDS:-torch,nvshmem,nccl}" --protocols "${BENCH_PROTOCOLS:-pull,push}" \
+        --world-sizes "$N" --x-in-buffer "${BENCH_X_IN_BUFFER:-no}" \
         --repeats "${BENCH_REPEATS:-20}" --json "$LOG/bench.json" 2>&1 | tee "$LOG/bench.log"
       rc=${PIPESTATUS[0]}; note "bench (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     *) echo "unknown step '$s'"; status=2 ;;

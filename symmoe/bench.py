@@ -182,9 +182,11 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
     warmup, repeats = opts["warmup"], opts["repeats"]
     sleep = opts["sleep_cycles"]
     sync = (lambda: dist.barrier()) if world_size > 1 else (lambda: None)
-    res: dict[str, Any] = {"tokens": T, "seed": opts["seed"]}  # then one entry per output layout
+    res: dict[str, Any] = {"tokens": T, "seed": opts["seed"], "x_in_buffer": opts["x_in_buffer"]}  # + per layout
     with Buffer(None, cfg) as buf:
         proto = buf._protocol
+        if opts["x_in_buffer"]:  # built where the layer before would write it: nothing to publish
+            x = buf.input_view(T).copy_(x)
         ys = {}
         for layout in opts["layouts"]:
             state: dict[str, Any] = {}
@@ -228,10 +230,11 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
 
 def run_gpu_bench(config: Config, world_size: int = 1, tokens: int = 0, warmup: int = 5, repeats: int = 30,
                   layouts: tuple[str, ...] = ("rank", "expert"), seed: int = 0, baselines: bool = True,
-                  sleep_us: float = 200.0) -> dict[str, Any]:
-    """Time ``config`` (a GPU backend) at ``world_size`` local ranks; returns a JSON-able dict."""
+                  sleep_us: float = 200.0, x_in_buffer: bool = False) -> dict[str, Any]:
+    """Time ``config`` (a GPU backend) at ``world_size`` local ranks; returns a JSON-able dict.
+    ``x_in_buffer``: x lives in ``Buffer.input_view`` (no publish copy) instead of its own tensor."""
     opts = {"tokens": tokens, "warmup": warmup, "repeats": repeats, "layouts": tuple(layouts), "seed": seed,
-            "baselines": baselines, "sleep_cycles": int(sleep_us * 1e-6 * 1.98e9)}
+            "baselines": baselines, "sleep_cycles": int(sleep_us * 1e-6 * 1.98e9), "x_in_buffer": x_in_buffer}
     env = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
     share = launch.mps_share(world_size)
@@ -258,6 +261,7 @@ def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]], roof
         "tokens_per_rank": ranks[0]["tokens"], "hidden": config.buffer.hidden, "topk": config.buffer.topk,
         "num_experts": config.buffer.num_experts, "dtype": config.buffer.dtype, "num_sms": config.kernel.num_sms,
         "routing": "uniform", "seed": ranks[0].get("seed", 0),
+        "x_in_buffer": bool(ranks[0].get("x_in_buffer", False)),
         "copy_roofline_TBps": roof / 1e12, "mps_thread_percentage": mps_percentage, "gpus": gpus,
         "layouts": {}, "ranks": ranks,
     }
@@ -291,7 +295,8 @@ def table(results: list[dict[str, Any]]) -> str:
                 sp = f"{o['speedup_vs_torch']:.2f}" if "speedup_vs_torch" in o else "-"
                 ks = r["ranks"][0][layout].get("kernels_us", {}).get(op, {})
                 kdesc = ", ".join(f"{k} {v:.0f}" for k, v in list(ks.items())[:4])
-                lines.append(f"{r['backend']:<8} {r['protocol']:<5} {r['world_size']:>2} {layout:<6} {op:<8} {o['median_us']:>8.1f} "
+                proto = r["protocol"] + ("*" if r.get("x_in_buffer") else "")
+                lines.append(f"{r['backend']:<8} {proto:<5} {r['world_size']:>2} {layout:<6} {op:<8} {o['median_us']:>8.1f} "
                              f"{o['TBps']:>6.2f} {100 * o['ratio_roofline']:>5.1f}% {tu:>9} {sp:>7} {sum(ks.values()):>8.1f} "
                              f"{o.get('host_us', float('nan')):>8.1f}  {kdesc}")
     if any(r["ranks"][0][lay].get("host_ops_us") for r in results for lay in r["layouts"]):
@@ -307,6 +312,8 @@ def table(results: list[dict[str, Any]]) -> str:
     roofs = sorted({round(r['copy_roofline_TBps'], 2) for r in results})
     lines.append(f"copy roofline (read + write, whole device): {', '.join(map(str, roofs))} TB/s; "
                  "host us: the host's wall time inside the call, the GPU idle before it")
+    if any(r.get("x_in_buffer") for r in results):
+        lines.append("proto*: x built in Buffer.input_view, dispatched where it lies (no publish copy)")
     shares = sorted({(r["world_size"], r.get("mps_thread_percentage", 0)) for r in results if r.get("mps_thread_percentage")})
     if shares:
         lines.append("MPS share of every rank, all backends alike: " + ", ".join(f"W={w}: {p} %" for w, p in shares))
@@ -331,8 +338,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-sms", type=int, default=0, help="0: every SM of the device")
     p.add_argument("--set", action="append", type=parse_key_value, default=[], metavar="KEY=VALUE",
                    help="config value for every run, e.g. --set kernel.copy_bytes=7168 (repeatable)")
+    p.add_argument("--x-in-buffer", choices=("no", "yes", "both"), default="no",
+                   help="x built in Buffer.input_view (the Mega MoE way: no publish copy); both: each run twice")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
+    placements = {"no": [False], "yes": [True], "both": [False, True]}[a.x_in_buffer]
     sets = dict(a.set)
     sms = a.num_sms or torch.cuda.get_device_properties(0).multi_processor_count
     results = []
@@ -345,8 +355,10 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"skipping nccl at world size {ws}: NCCL needs one GPU per rank", flush=True)
                     continue
                 cfg = bench_config(proto, sms, backend=backend, **sets)
-                results.append(run_gpu_bench(cfg, ws, a.tokens, a.warmup, a.repeats, baselines=(ws == 1)))
-                print(table(results[-1:]), flush=True)
+                for in_buf in placements:
+                    results.append(run_gpu_bench(cfg, ws, a.tokens, a.warmup, a.repeats, baselines=(ws == 1),
+                                                 x_in_buffer=in_buf))
+                    print(table(results[-1:]), flush=True)
     doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "commit": os.environ.get("SYMMOE_COMMIT") or _git_commit(), "device": _device_name(),
            "torch": torch.__version__, "command": os.environ.get("SYMMOE_BENCH_COMMAND", " ".join(["python -m symmoe.bench", *(argv or [])])),

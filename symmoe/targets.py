@@ -185,6 +185,8 @@ def compute(bench: dict[str, Any], baselines: dict[str, Any], ab: dict[str, Any]
         pre = f"results.{i}."
         ws = int(B.num("world_size", r, pre))
         backend, protocol = str(B.get("backend", r, pre)), str(B.get("protocol", r, pre))
+        if r.get("x_in_buffer"):  # x built in Buffer.input_view: a variant of the protocol, shown apart
+            protocol += " (x in buffer)"
         name = f"{backend}/{protocol}"
         if ws != W:
             notes.append(f"bench {name} at world size {ws} left out: the baselines ran at world size {W}")

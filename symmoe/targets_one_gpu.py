@@ -58,12 +58,15 @@ def compute(bench: dict[str, Any], path: str = "bench.json", command: str = "") 
         raise TargetsError(f"bench file {path}: 'results' holds no runs")
     torch_push = {}  # world size -> layout -> op -> median µs, for the ratio of W > 1 rows
     for i, r in enumerate(results):
-        if d.get("backend", r, f"results.{i}.") == "torch" and d.get("protocol", r, f"results.{i}.") == "push":
+        if (d.get("backend", r, f"results.{i}.") == "torch" and d.get("protocol", r, f"results.{i}.") == "push"
+                and not r.get("x_in_buffer")):
             torch_push[int(d.num("world_size", r, f"results.{i}."))] = d.get("layouts", r, f"results.{i}.")
     rows = []
     for i, r in enumerate(results):
         pre = f"results.{i}."
         backend, protocol = d.get("backend", r, pre), d.get("protocol", r, pre)
+        if r.get("x_in_buffer"):  # x built in Buffer.input_view: a variant of the protocol, shown apart
+            protocol += " (x in buffer)"
         W = int(d.num("world_size", r, pre))
         roof = d.num("copy_roofline_TBps", r, pre) * 1e12
         rank0 = d.get("ranks.0", r, pre)

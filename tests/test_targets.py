@@ -155,3 +155,16 @@ def test_a_bad_or_missing_file_is_named(tmp_path, capsys, flag, content, message
     args = {"--bench": BENCH, "--baselines": BASELINES, "--ab": AB, flag: str(path)}
     assert targets.main([a for kv in args.items() for a in kv]) == 2
     assert message.format(path=path) in capsys.readouterr().err
+
+
+def test_a_bench_run_with_x_in_the_buffer_is_its_own_row(docs):
+    bench, base, ab = copy.deepcopy(docs)
+    zc = copy.deepcopy(bench_entry(bench, "torch", "pull"))
+    zc["x_in_buffer"] = True
+    zc["layouts"]["rank"]["dispatch"]["median_us"] *= 0.5
+    bench["results"].append(zc)
+    res = targets.compute(bench, base, ab)
+    plain = row(res, "bench", "torch", "pull", "rank", "dispatch")
+    fast = row(res, "bench", "torch", "pull (x in buffer)", "rank", "dispatch")
+    assert fast["median_us"] == pytest.approx(plain["median_us"] / 2)
+    assert fast["ratio_to_ceiling"] == pytest.approx(2 * plain["ratio_to_ceiling"])
