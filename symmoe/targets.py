@@ -320,7 +320,8 @@ def _ab_rows(A: _Doc, W: int, algbw: float, a2a: dict[str, float], shape: dict[s
             t = A.num(f"stats.{name}.{op}.step.median") * 1e6  # ab stores seconds
             # An expert-major ab run does not record the rank-major rows its dispatch moves.
             nb = nbytes if (layout == "rank" or op == "combine") else None
-            rows.append(_row(f"ab {name}", str(v.get("backend")), str(v.get("protocol")), layout, op, t, nb, algbw,
+            protocol = str(v.get("protocol")) + (" (x in buffer)" if v.get("x_in_buffer") else "")
+            rows.append(_row(f"ab {name}", str(v.get("backend")), protocol, layout, op, t, nb, algbw,
                              a2a[op] if layout == "rank" else None, target=True))
     if layout != "rank":
         notes.append("ab ran expert-major: its dispatch rows are not recorded, so no dispatch ratio for ab")

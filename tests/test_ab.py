@@ -127,6 +127,8 @@ def test_shipped_specs_load():
     pp = load_spec(os.path.join(AB, "push_vs_pull.yaml"))
     assert [(v.config.backend, v.config.effective_protocol) for v in pp.variants] == [("torch", "push"),
                                                                                       ("torch", "pull")]
+    xb = load_spec(os.path.join(AB, "x_in_buffer.yaml"))
+    assert [(v.config.effective_protocol, v.x_in_buffer) for v in xb.variants] == [("pull", False), ("pull", True)]
 
 
 def _spec_error(tmp_path, *parts: str) -> str:
@@ -284,3 +286,26 @@ def test_make_inputs_for_some_ranks_and_topk_idxs_match_the_full_build():
     assert part[0] is None and part[2] is None and torch.equal(part[1].x, full[1].x)
     idxs = make_topk_idxs(Routing("zipf"), **kw)
     assert all(torch.equal(i, f.topk_idx) for i, f in zip(idxs, full))
+
+
+def test_a_variant_can_dispatch_x_from_the_input_view_and_stays_bitwise_equal(tmp_path, capsys):
+    spec = write_spec(tmp_path, f"""
+    world_size: 2
+    workload: {SMALL}
+    variants:
+      - {{name: pull, config: {HOST}, set: {{protocol: pull}}}}
+      - {{name: pull-in-buffer, config: {HOST}, set: {{protocol: pull}}, x_in_buffer: true}}
+    """)
+    out = tmp_path / "out"
+    rc = cli.main([spec, "--out", str(out), "--quiet", "--no-plot"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "| pull-in-buffer | host/pull (x in buffer) |" in cap.out and "| pull | host/pull |" in cap.out
+    res = json.loads((out / "results.json").read_text())
+    assert [v["x_in_buffer"] for v in res["spec"]["variants"]] == [False, True]
+    assert res["status"] == "ok" and res["rounds_checked"] == 1 + 1 + 2
+
+
+def test_x_in_buffer_must_be_a_boolean(tmp_path):
+    msg = _spec_error(tmp_path, f"workload: {SMALL}\n", two_host_variants(", x_in_buffer: maybe"))
+    assert "variants[1].x_in_buffer = 'maybe': true or false (x built in Buffer.input_view)" in msg

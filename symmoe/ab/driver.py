@@ -145,7 +145,8 @@ def _spec_record(spec: Spec) -> dict[str, Any]:
         "workload": dataclasses.asdict(spec.workload), "workload_text": spec.workload.describe(),
         "reference": spec.reference, "fallback_section": spec.fallback,
         "variants": [{"name": v.name, "origin": v.origin, "backend": v.config.backend,
-                      "protocol": v.config.effective_protocol, "config": v.config.to_dict(),
+                      "protocol": v.config.effective_protocol, "x_in_buffer": v.x_in_buffer,
+                      "config": v.config.to_dict(),
                       "digest": v.config.digest()} for v in spec.variants],
     }
 

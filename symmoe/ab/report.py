@@ -232,7 +232,7 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     for i, name in enumerate(names):
         v = spec["variants"][i]
-        cells = [name, f"{v['backend']}/{v['protocol']}"]
+        cells = [name, f"{v['backend']}/{v['protocol']}" + (" (x in buffer)" if v.get("x_in_buffer") else "")]
         for op in OPS:
             s = stats[name][op]
             st = s["step"]

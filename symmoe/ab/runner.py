@@ -190,6 +190,7 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
         for v in variants:
             bufs.append(Buffer(None, v.config))
         by_device: dict[torch.device, tuple] = {}
+        in_buffer: dict[int, torch.Tensor] = {}  # x_in_buffer variants: x in their Buffer.input_view
         golden: dict[str, torch.Tensor | None] = {}  # the first variant's round-0 outputs
         y_by_device: dict[torch.device, tuple] = {}
         timer = {"cuda" if b.device.type == "cuda" else "cpu" for b in bufs}
@@ -220,6 +221,10 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
                 if dev not in by_device:
                     by_device[dev] = (mine.x.to(dev), mine.topk_idx.to(dev), mine.topk_weights.to(dev))
                 x, idx, w = by_device[dev]
+                if v.x_in_buffer:  # where the layer before would have written it (same rows)
+                    x = in_buffer.get(vi)
+                    if x is None:
+                        x = in_buffer[vi] = buf.input_view(T).copy_(by_device[dev][0])
                 clock = _Clock(dev, world_size)
                 (rx, ri, rw, per_expert, handle, ev), td = clock.time(
                     buf.dispatch, x, idx, w, output_layout=wl.output_layout, expert_alignment=wl.expert_alignment)

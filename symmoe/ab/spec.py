@@ -59,7 +59,7 @@ TEST_HOOKS_ENV = "SYMMOE_AB_TEST_HOOKS"  # "1": honour the variant key `_corrupt
 TOP_KEYS = ("name", "description", "world_size", "ranks_per_node", "reference", "workload", "variants", "fallback")
 WORKLOAD_KEYS = ("tokens_per_rank", "hidden", "topk", "num_experts", "dtype", "output_layout", "expert_alignment",
                  "routing", "seed", "warmup", "repeats")
-VARIANT_KEYS = ("name", "config", "set")
+VARIANT_KEYS = ("name", "config", "set", "x_in_buffer")
 FALLBACK_KEYS = ("tokens_per_rank", "warmup", "repeats", "world_size")
 ROUTING_PARAMS: dict[str, tuple[str, ...]] = {
     "uniform": (), "zipf": ("zipf_s",), "group_limited": ("num_groups", "topk_groups"), "masked": ("mask_prob",),
@@ -119,6 +119,7 @@ class Variant:
     config: Config
     origin: str  # where its config came from: a path, or "inline"
     corrupt: dict[str, Any] | None = None  # test hook: flip one element of one output
+    x_in_buffer: bool = False  # x built in Buffer.input_view (the Mega MoE way: nothing to publish)
 
 
 @dataclass(frozen=True)
@@ -285,6 +286,9 @@ def _variant(src: str, spec_dir: str, i: int, data: Any, hooks: bool) -> Variant
     name = data.get("name", f"{cfg.backend}-{cfg.effective_protocol}")
     if not isinstance(name, str) or not name.strip():
         raise _err(src, f"{key}.name", name, "expected a non-empty string")
+    x_in_buffer = data.get("x_in_buffer", False)
+    if not isinstance(x_in_buffer, bool):
+        raise _err(src, f"{key}.x_in_buffer", x_in_buffer, "true or false (x built in Buffer.input_view)")
     corrupt = None
     if hooks and data.get("_corrupt"):
         c = data["_corrupt"]
@@ -292,7 +296,7 @@ def _variant(src: str, spec_dir: str, i: int, data: Any, hooks: bool) -> Variant
         _known(src, f"{key}._corrupt", corrupt, CORRUPT_KEYS)
         if "tensor" in corrupt:
             _choice(src, f"{key}._corrupt.tensor", corrupt["tensor"], TENSORS)
-    return Variant(name, cfg, origin, corrupt)
+    return Variant(name, cfg, origin, corrupt, x_in_buffer)
 
 
 def check_sizes(src: str, workload: Workload, variants: tuple[Variant, ...] | list[Variant]) -> None:
