@@ -57,13 +57,16 @@ def test_dispatch_combine_bitwise_equal_to_reference(world_size):
 
 
 def test_payload_dtypes_and_staged_puts():
-    """fp16/fp32 rows, and the IBGDA-style path that puts from symmetric staging copies."""
+    """fp16/fp32 rows, and the IBGDA-style path that puts from symmetric staging copies (or
+    from x itself when it was built in Buffer.input_view)."""
     _usable()
     for dtype in ("float16", "float32"):
         assert _run(2, _config(**{"buffer.dtype": dtype}), 77, CHECK_ROUTINGS[:3], ("rank", "expert"),
                     "cuda") == [6, 6]
     staged = _env(2, SYMMOE_NVSHMEM_STAGE="1")
     assert _run(2, _config(), 78, CHECK_ROUTINGS, ("rank", "expert"), "cuda", env=staged) == [CASES] * 2
+    # x built in Buffer.input_view is already symmetric: the puts read it there, no staging copy.
+    assert _run(2, _config(), 79, CHECK_ROUTINGS[:3], ("rank", "expert"), "cuda", 1, 1, True, env=staged) == [6, 6]
 
 
 def test_deepseek_shape_many_channels_and_repeats():
