@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One run on a machine with N GPUs, one process per GPU (torchrun), N = every visible GPU:
 #   check      symmoe check: torch, nvshmem and nccl at world size N, each bitwise equal to
-#              symmoe.reference (hence to each other) on every routing kind, both layouts
+#              symmoe.reference (hence to each other) on every routing kind, both layouts;
+#              then again with x built in Buffer.input_view (--x-in-buffer)
 #   ab         symmoe ab configs/ab/v1_v2_mega.yaml: V1 vs V2 vs Mega, DeepSeek-V3 shape
 #   baselines  python -m symmoe.baselines: P2P copy GB/s of every GPU pair, NCCL all-to-all
 #              bus bandwidth (the NVLink ceiling), all_to_all_single dispatch/combine (what
@@ -39,7 +40,11 @@ for s in "${STEPS[@]}"; do
     check)
       run -m symmoe.cli check configs/torch.yaml configs/nvshmem.yaml configs/nccl.yaml "${CHECK_SHAPE[@]}" \
         2>&1 | tee "$LOG/check.log"
-      rc=${PIPESTATUS[0]}; note "check (torch, nvshmem, nccl at W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
+      rc=${PIPESTATUS[0]}; note "check (torch, nvshmem, nccl at W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1
+      # x built in Buffer.input_view (pull reads it in place): the same checks again
+      run -m symmoe.cli check configs/torch.yaml configs/nvshmem.yaml configs/nccl.yaml "${CHECK_SHAPE[@]}" --x-in-buffer \
+        2>&1 | tee "$LOG/check_x_in_buffer.log"
+      rc=${PIPESTATUS[0]}; note "check, x in buffer (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     ab)
       run -m symmoe.ab configs/ab/v1_v2_mega.yaml --out "$LOG/ab" --no-fallback 2>&1 | tee "$LOG/ab.log"
       rc=${PIPESTATUS[0]}; note "ab v1_v2_mega (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;

@@ -140,7 +140,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_rank(rank: int, world_size: int, configs: list[dict[str, Any]], seed: int, repeats: int) -> list[int]:
+def _check_rank(rank: int, world_size: int, configs: list[dict[str, Any]], seed: int, repeats: int,
+                x_in_buffer: bool = False) -> list[int]:
     from .launch import local_gpu
     from .testing import check_dispatch_combine
     counts = []
@@ -149,7 +150,8 @@ def _check_rank(rank: int, world_size: int, configs: list[dict[str, Any]], seed:
         if config["backend"] != "host":
             local_gpu(rank)
             device = "cuda"
-        counts.append(check_dispatch_combine(rank, world_size, config, seed, device=device, repeats=repeats))
+        counts.append(check_dispatch_combine(rank, world_size, config, seed, device=device, repeats=repeats,
+                                             x_in_buffer=x_in_buffer))
     return counts
 
 
@@ -172,7 +174,7 @@ def cmd_check(args: argparse.Namespace) -> int:
             box = [seed]
             dist.broadcast_object_list(box, src=0)  # every rank must draw the same inputs
             seed = box[0]
-            mine = _check_rank(rank, world, [c.to_dict() for c in cfgs], seed, args.repeats)
+            mine = _check_rank(rank, world, [c.to_dict() for c in cfgs], seed, args.repeats, args.x_in_buffer)
             every = [None] * world
             dist.all_gather_object(every, mine)
         if rank != 0:
@@ -181,12 +183,13 @@ def cmd_check(args: argparse.Namespace) -> int:
         world = args.world_size
         for cfg in cfgs:
             check_world_size(cfg, world)
-        every = launch.spawn(_check_rank, world, args=([c.to_dict() for c in cfgs], seed, args.repeats),
-                             timeout_s=600.0)
+        every = launch.spawn(_check_rank, world, args=([c.to_dict() for c in cfgs], seed, args.repeats,
+                                                      args.x_in_buffer), timeout_s=600.0)
     for i, path in enumerate(args.configs):
         cases = every[0][i]
+        where = ", x built in Buffer.input_view" if args.x_in_buffer else ""
         print(f"{path}: {cfgs[i].backend}/{cfgs[i].effective_protocol} bitwise equal to symmoe.reference on every "
-              f"one of {world} ranks: {cases} cases ({len(CHECK_ROUTINGS)} routings x 2 layouts x {args.repeats})")
+              f"one of {world} ranks: {cases} cases ({len(CHECK_ROUTINGS)} routings x 2 layouts x {args.repeats}{where})")
     print(f"seed {seed} (replay: --seed {seed})")
     return 0
 
@@ -239,6 +242,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="config value for every config, e.g. --set buffer.max_tokens_per_rank=256 (repeatable)")
     check.add_argument("--seed", type=int, default=None, help="default: a fresh one, printed for replay")
     check.add_argument("--repeats", type=int, default=1, help="calls per (routing, layout)")
+    check.add_argument("--x-in-buffer", action="store_true",
+                       help="build x in Buffer.input_view and dispatch it from there (checks it stays intact)")
     check.set_defaults(fn=cmd_check)
 
     bench = sub.add_parser("bench", help="time dispatch and combine for a config")
