@@ -27,12 +27,11 @@ import shlex
 import sys
 from typing import Any
 
-from .targets import TargetsError, _Doc, emit, load_json
+from .targets import TargetsError, _Doc, emit, kernel_us, load_json
 
 TARGET_RATIO = 0.85
 TARGET_SPEEDUP = 2.0  # expert-major dispatch of the torch backend vs plain torch
 OPS = ("dispatch", "combine")
-ROUTING = ("route", "plan")  # kernel names that compute the routing, not move rows
 
 # (backend, layout, op) -> ("ratio", 0.85) or ("speedup", 2.0); absent: no target.
 TARGETS: dict[tuple[str, str, str], tuple[str, float]] = {
@@ -41,13 +40,6 @@ TARGETS: dict[tuple[str, str, str], tuple[str, float]] = {
     ("torch", "expert", "dispatch"): ("speedup", TARGET_SPEEDUP),
     **{(b, lay, op): ("ratio", TARGET_RATIO) for b in ("nvshmem", "nccl") for lay in ("rank", "expert") for op in OPS},
 }
-
-
-def _kernel_us(kernels: dict[str, float]) -> tuple[float, float]:
-    """(all kernels, data kernels only) device µs per call."""
-    total = sum(kernels.values())
-    data = sum(v for k, v in kernels.items() if not any(r in k for r in ROUTING))
-    return total, data
 
 
 def compute(bench: dict[str, Any], path: str = "bench.json", command: str = "") -> dict[str, Any]:
@@ -76,7 +68,7 @@ def compute(bench: dict[str, Any], path: str = "bench.json", command: str = "") 
                 us = d.num("median_us", o, f"{pre}layouts.{layout}.{op}.")
                 nbytes = d.num("bytes", o, f"{pre}layouts.{layout}.{op}.")
                 # Kernel times are rank 0's: set against one rank's bytes only at world size 1.
-                kern, data = _kernel_us(rank0.get(layout, {}).get("kernels_us", {}).get(op, {})) if W == 1 else (0, 0)
+                kern, data = kernel_us(rank0.get(layout, {}).get("kernels_us", {}).get(op, {})) if W == 1 else (0, 0)
                 ideal = nbytes / roof * 1e6  # µs at the roofline
                 kind, goal = TARGETS.get((backend, layout, op), (None, None)) if W == 1 else (None, None)
                 ratio = ideal / us

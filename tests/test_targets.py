@@ -168,3 +168,14 @@ def test_a_bench_run_with_x_in_the_buffer_is_its_own_row(docs):
     fast = row(res, "bench", "torch", "pull (x in buffer)", "rank", "dispatch")
     assert fast["median_us"] == pytest.approx(plain["median_us"] / 2)
     assert fast["ratio_to_ceiling"] == pytest.approx(2 * plain["ratio_to_ceiling"])
+
+
+def test_data_kernel_ratio_leaves_the_routing_kernels_out(docs, res):
+    bench, base, _ = docs
+    kernels = bench_entry(bench, "torch", "pull")["ranks"][0]["rank"]["kernels_us"]["dispatch"]
+    data = sum(v for k, v in kernels.items() if "route" not in k)
+    assert data < sum(kernels.values())  # the routing kernels are there and left out
+    r = row(res, "bench", "torch", "pull", "rank", "dispatch")
+    assert r["data_kernels_us"] == pytest.approx(data)
+    assert r["ratio_data_kernels"] == pytest.approx(r["ceiling_us"] / data)
+    assert row(res, "a2a baseline", "all_to_all_single", "nccl", "rank", "dispatch")["ratio_data_kernels"] is None
