@@ -9,7 +9,7 @@ import torch.distributed as dist
 
 from . import backends, protocol, validate
 from .config import Config, check_world_size, diff, load
-from .errors import CapacityError, ConfigMismatch
+from .errors import CapacityError, ConfigMismatch, InputError
 from .event import EventOverlap
 from .handle import DispatchHandle
 from .layout import DTYPES
@@ -79,7 +79,6 @@ class Buffer:
     def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int | None = None):
         """(num_tokens_per_rank, num_tokens_per_rdma_rank=None, num_tokens_per_expert, is_token_in_rank, event)."""
         if num_experts is not None and num_experts != self.num_experts:
-            from .errors import InputError
             raise InputError(f"num_experts={num_experts}; this Buffer was sized for {self.num_experts}")
         validate.check_topk_idx(topk_idx, self.layout, self.device)
         lay = self._protocol.get_dispatch_layout(topk_idx)
@@ -110,6 +109,8 @@ class Buffer:
         writes its output here), and no protocol copies it first. Its contents belong to the
         caller until the next dispatch, which may read them until its queued work ends: write
         the next x on the same stream (or after ``synchronize()``)."""
+        if not isinstance(num_tokens, int) or isinstance(num_tokens, bool):
+            raise InputError(f"input_view({num_tokens!r}): num_tokens must be an int, got {type(num_tokens).__name__}")
         if not 0 <= num_tokens <= self.layout.max_tokens:
             raise CapacityError(f"input_view({num_tokens}): the input region holds 0 to "
                                 f"max_tokens_per_rank={self.layout.max_tokens} tokens")

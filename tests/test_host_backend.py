@@ -47,7 +47,7 @@ def test_x_built_in_the_input_view_is_dispatched_where_it_lies(protocol, seed):
 
 def test_input_view_is_x_shaped_in_the_buffer_and_refuses_more_than_max_tokens():
     from symmoe import Buffer
-    from symmoe.errors import CapacityError
+    from symmoe.errors import CapacityError, InputError
 
     cfg = small_config()
     with Buffer(None, cfg) as buf:
@@ -60,3 +60,5 @@ def test_input_view_is_x_shaped_in_the_buffer_and_refuses_more_than_max_tokens()
             with pytest.raises(CapacityError, match=rf"input_view\({bad}\): the input region holds 0 to "
                                                     rf"max_tokens_per_rank={T} tokens"):
                 buf.input_view(bad)
+        with pytest.raises(InputError, match=r"input_view\(2\.5\): num_tokens must be an int, got float"):
+            buf.input_view(2.5)
