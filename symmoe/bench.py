@@ -182,7 +182,7 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
     warmup, repeats = opts["warmup"], opts["repeats"]
     sleep = opts["sleep_cycles"]
     sync = (lambda: dist.barrier()) if world_size > 1 else (lambda: None)
-    res: dict[str, Any] = {"tokens": T, "seed": opts["seed"], "x_in_buffer": opts["x_in_buffer"]}  # + per layout
+    res: dict[str, Any] = {"tokens": T, "seed": opts["seed"]}  # then one entry per output layout
     with Buffer(None, cfg) as buf:
         proto = buf._protocol
         if opts["x_in_buffer"]:  # built where the layer before would write it: nothing to publish
@@ -248,11 +248,12 @@ def run_gpu_bench(config: Config, world_size: int = 1, tokens: int = 0, warmup: 
         ranks = [_bench_rank(0, 1, config.to_dict(), opts)]
     else:
         ranks = launch.spawn(_bench_rank, world_size, args=(config.to_dict(), opts), env=env, timeout_s=600.0)
-    return summarize(config, world_size, ranks, roof, share, gpus=min(world_size, torch.cuda.device_count()))
+    return summarize(config, world_size, ranks, roof, share, gpus=min(world_size, torch.cuda.device_count()),
+                     x_in_buffer=x_in_buffer)
 
 
 def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]], roof: float,
-              mps_percentage: int = 0, gpus: int = 1) -> dict[str, Any]:
+              mps_percentage: int = 0, gpus: int = 1, x_in_buffer: bool = False) -> dict[str, Any]:
     """The run's result: per layout and op the slowest rank's median and every rank's bytes.
     ``gpus``: how many devices the ranks ran on (rank r on GPU r % gpus); the roofline is one
     device's, so ratios of a run over several GPUs are per device summed, not a share."""
@@ -261,7 +262,7 @@ def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]], roof
         "tokens_per_rank": ranks[0]["tokens"], "hidden": config.buffer.hidden, "topk": config.buffer.topk,
         "num_experts": config.buffer.num_experts, "dtype": config.buffer.dtype, "num_sms": config.kernel.num_sms,
         "routing": "uniform", "seed": ranks[0].get("seed", 0),
-        "x_in_buffer": bool(ranks[0].get("x_in_buffer", False)),
+        "x_in_buffer": x_in_buffer,
         "copy_roofline_TBps": roof / 1e12, "mps_thread_percentage": mps_percentage, "gpus": gpus,
         "layouts": {}, "ranks": ranks,
     }

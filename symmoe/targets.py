@@ -44,6 +44,11 @@ TARGET_SPEEDUP = 1.5  # issue 7: the best backend at least 1.5x the all_to_all_s
 ROUTING = ("route", "plan")  # kernel names that compute the routing, not move rows
 
 
+def protocol_label(protocol: Any, x_in_buffer: Any) -> str:
+    """A run with x built in Buffer.input_view is a variant of its protocol, shown apart."""
+    return str(protocol) + (" (x in buffer)" if x_in_buffer else "")
+
+
 def kernel_us(kernels: dict[str, float]) -> tuple[float, float]:
     """(all kernels, data kernels only: routing left out) device µs per call, from a bench
     rank's ``kernels_us[op]``."""
@@ -201,9 +206,8 @@ def compute(bench: dict[str, Any], baselines: dict[str, Any], ab: dict[str, Any]
     for i, r in enumerate(results):
         pre = f"results.{i}."
         ws = int(B.num("world_size", r, pre))
-        backend, protocol = str(B.get("backend", r, pre)), str(B.get("protocol", r, pre))
-        if r.get("x_in_buffer"):  # x built in Buffer.input_view: a variant of the protocol, shown apart
-            protocol += " (x in buffer)"
+        backend = str(B.get("backend", r, pre))
+        protocol = protocol_label(B.get("protocol", r, pre), r.get("x_in_buffer"))
         name = f"{backend}/{protocol}"
         if ws != W:
             notes.append(f"bench {name} at world size {ws} left out: the baselines ran at world size {W}")
@@ -338,7 +342,7 @@ def _ab_rows(A: _Doc, W: int, algbw: float, a2a: dict[str, float], shape: dict[s
             t = A.num(f"stats.{name}.{op}.step.median") * 1e6  # ab stores seconds
             # An expert-major ab run does not record the rank-major rows its dispatch moves.
             nb = nbytes if (layout == "rank" or op == "combine") else None
-            protocol = str(v.get("protocol")) + (" (x in buffer)" if v.get("x_in_buffer") else "")
+            protocol = protocol_label(v.get("protocol"), v.get("x_in_buffer"))
             rows.append(_row(f"ab {name}", str(v.get("backend")), protocol, layout, op, t, nb, algbw,
                              a2a[op] if layout == "rank" else None, target=True))
     if layout != "rank":

@@ -27,7 +27,7 @@ import shlex
 import sys
 from typing import Any
 
-from .targets import TargetsError, _Doc, emit, kernel_us, load_json
+from .targets import TargetsError, _Doc, emit, kernel_us, load_json, protocol_label
 
 TARGET_RATIO = 0.85
 TARGET_SPEEDUP = 2.0  # expert-major dispatch of the torch backend vs plain torch
@@ -56,9 +56,7 @@ def compute(bench: dict[str, Any], path: str = "bench.json", command: str = "") 
     rows = []
     for i, r in enumerate(results):
         pre = f"results.{i}."
-        backend, protocol = d.get("backend", r, pre), d.get("protocol", r, pre)
-        if r.get("x_in_buffer"):  # x built in Buffer.input_view: a variant of the protocol, shown apart
-            protocol += " (x in buffer)"
+        backend, protocol = d.get("backend", r, pre), protocol_label(d.get("protocol", r, pre), r.get("x_in_buffer"))
         W = int(d.num("world_size", r, pre))
         roof = d.num("copy_roofline_TBps", r, pre) * 1e12
         rank0 = d.get("ranks.0", r, pre)

@@ -79,9 +79,8 @@ def test_the_result_records_how_many_gpus_the_ranks_ran_on(two_ranks):
 
 def test_a_run_with_x_in_the_buffer_is_marked_in_the_result_and_the_table(two_ranks):
     assert two_ranks["x_in_buffer"] is False
-    ranks = [dict(rank_result(300.0, 250.0, 80.0, 8000), x_in_buffer=True),
-             dict(rank_result(400.0, 200.0, 120.0, 8200), x_in_buffer=True)]
-    zc = bench.summarize(bench.bench_config("pull", 66), 2, ranks, roof=4.0e12)
+    ranks = [rank_result(300.0, 250.0, 80.0, 8000), rank_result(400.0, 200.0, 120.0, 8200)]
+    zc = bench.summarize(bench.bench_config("pull", 66), 2, ranks, roof=4.0e12, x_in_buffer=True)
     assert zc["x_in_buffer"] is True
     text = bench.table([two_ranks, zc])
     assert [ln.split()[1] for ln in text.splitlines() if ln.startswith("torch ")][::4] == ["push", "pull*"]

@@ -1,11 +1,33 @@
-// A warp copies one row into several rows, reading each 16-byte piece once: an expert-major
-// output gets one copy of a received row per slot that names one of the receiver's experts.
+// Warp pieces of the expert-major fan-out: a received row goes to one output row per slot
+// that names one of the receiver's experts.
 #pragma once
 #include <cstdint>
 
 namespace symmoe {
 
-// Lane m < n holds destination m (the other lanes' `dst` is ignored); bytes % 16 == 0. The
+// The values `v` of the lanes with `keep` set, in lane order, moved to lanes 0..n-1; `n` is
+// their number. Whole warp calls.
+template <typename T>
+__device__ __forceinline__ T compact_lanes(bool keep, T v, int lane, int& n) {
+  const uint32_t has = __ballot_sync(0xffffffffu, keep);
+  n = __popc(has);
+  return __shfl_sync(0xffffffffu, v, lane < n ? int(__fns(has, 0, lane + 1)) : 0);
+}
+
+// The local expert whose group holds output row o: the last j < L with goff[j] <= o (an empty
+// group starts where the next one does and is passed over).
+template <typename T>
+__device__ __forceinline__ int group_of(const T* goff, int L, int64_t o) {
+  int lo = 0, hi = L - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (goff[mid] <= o) lo = mid; else hi = mid - 1;
+  }
+  return lo;
+}
+
+// A warp copies one row into n rows, reading each 16-byte piece once. Lane m < n holds
+// destination m (the other lanes' `dst` is ignored); bytes % 16 == 0. The
 // source is read with ld.global.cg (L2, not L1): rows that peers stored may still sit stale
 // in L1 otherwise. Whole warp calls.
 __device__ __forceinline__ void warp_fanout_row(uint8_t* dst, int n, const uint8_t* src, int64_t bytes, int lane) {

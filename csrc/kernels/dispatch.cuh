@@ -274,14 +274,14 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
       const int own = e >= 0 ? e / Le : -1;
       uint8_t* dst_x = nullptr;  // lane i < n: destination row address
       int n = 0;
+      // A row goes to each destination rank once: the lanes of each rank's first slot.
+      bool first = own >= 0;
+      for (int kk = 0; kk < K; ++kk) {
+        const int okk = __shfl_sync(0xffffffffu, own, kk);
+        if (kk < lane && okk == own) first = false;
+      }
+      const uint32_t firsts = __ballot_sync(0xffffffffu, first);
       if (!expert_major) {
-        // one row per destination rank, at the slot that owns it first
-        bool first = own >= 0;
-        for (int kk = 0; kk < K; ++kk) {
-          const int okk = __shfl_sync(0xffffffffu, own, kk);
-          if (kk < lane && okk == own) first = false;
-        }
-        const uint32_t firsts = __ballot_sync(0xffffffffu, first);
         n = __popc(firsts);
         for (int i = 0; i < n; ++i) {
           const int fl = __fns(firsts, 0, i + 1);
@@ -328,14 +328,9 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
           o.src_slot[out_row] = lane;
           d = o.x + out_row * rb;
         }
-        bool first = own >= 0 && own != me;
-        for (int kk = 0; kk < K; ++kk) {
-          const int okk = __shfl_sync(0xffffffffu, own, kk);
-          if (kk < lane && okk == own) first = false;
-        }
-        const uint32_t firsts = __ballot_sync(0xffffffffu, first);
-        for (int i = 0; i < __popc(firsts); ++i) {
-          const int fl = __fns(firsts, 0, i + 1);
+        const uint32_t peers = firsts & ~__ballot_sync(0xffffffffu, own == me);
+        for (int i = 0; i < __popc(peers); ++i) {
+          const int fl = __fns(peers, 0, i + 1);
           const int q = __shfl_sync(0xffffffffu, own, fl);
           const int64_t prow = pl.rbase[q] + ppos[t * PC + q];
           if (lane < K) {
@@ -345,10 +340,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
           if (lane == 0) reinterpret_cast<int32_t*>(tp.map(q, L.recv_src))[prow] = int32_t(t * S);
           if (lane == fl) d = tp.map(q, L.recv_x) + prow * rb;
         }
-        const uint32_t has = __ballot_sync(0xffffffffu, d != nullptr);
-        n = __popc(has);
-        const int from = lane < n ? int(__fns(has, 0, lane + 1)) : 0;
-        dst_x = reinterpret_cast<uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(d), from));
+        dst_x = reinterpret_cast<uint8_t*>(compact_lanes(d != nullptr, reinterpret_cast<uint64_t>(d), lane, n));
       }
       if (n == 0) continue;
       const uint8_t* src = x + t * rb;
@@ -422,20 +414,14 @@ __global__ void __launch_bounds__(1024) unpack_kernel(Transport tp, Layout L, co
     int64_t dst = lane < K ? pidx[row * K + lane] : -1;
     if (dst >= rows) dst = -1;  // only with corrupt inputs; never write out of bounds
     if (dst >= 0) {
-      int lo = 0, hi = Le - 1;  // the group holding dst: goff[j] <= dst < goff[j + 1]
-      while (lo < hi) {
-        const int mid = (lo + hi + 1) >> 1;
-        if (pl.goff[mid] <= dst) lo = mid; else hi = mid - 1;
-      }
-      o.idx[dst] = lo;
+      o.idx[dst] = group_of(pl.goff, Le, dst);
       o.w[dst] = pw[row * K + lane];
       o.src_rank[dst] = s;
       o.src_token[dst] = src / S;
       o.src_slot[dst] = lane;
     }
-    const uint32_t has = __ballot_sync(0xffffffffu, dst >= 0);
-    const int n = __popc(has);
-    dst = __shfl_sync(0xffffffffu, dst, lane < n ? int(__fns(has, 0, lane + 1)) : 0);
+    int n;
+    dst = compact_lanes(dst >= 0, dst, lane, n);
     warp_fanout_row(o.x + max(dst, int64_t(0)) * rb, n, px + row * rb, rb, lane);
   }
 }

@@ -87,16 +87,6 @@ struct Geometry {
     }
     __syncthreads();
   }
-
-  // Expert-major: the local expert whose group holds output row o (goff[j] <= o < goff[j + 1]).
-  __device__ __forceinline__ int group_of(int64_t o, int L) const {
-    int lo = 0, hi = L - 1;
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (goff[mid] <= o) lo = mid; else hi = mid - 1;
-    }
-    return lo;
-  }
 };
 
 // ---- dispatch --------------------------------------------------------------------------
@@ -168,15 +158,14 @@ __device__ __forceinline__ void deliver_row(const DispatchArgs& a, const Geometr
   int64_t o = m.idx;
   if (o >= geo.rows_of[a.me]) o = -1;  // only with corrupt inputs; never write out of bounds
   if (o >= 0) {
-    a.out_idx[o] = geo.group_of(o, static_cast<int>(a.lay.local_experts()));
+    a.out_idx[o] = group_of(geo.goff, static_cast<int>(a.lay.local_experts()), o);
     a.out_w[o] = m.w;
     a.out_rank[o] = src_rank;
     a.out_tok[o] = ent / S;
     a.out_slot[o] = lane;
   }
-  const uint32_t has = __ballot_sync(0xffffffffu, o >= 0);
-  const int n = __popc(has);
-  o = __shfl_sync(0xffffffffu, o, n > lane ? static_cast<int>(__fns(has, 0, lane + 1)) : 0);
+  int n;
+  o = compact_lanes(o >= 0, o, lane, n);
   warp_fanout_row(a.out_x + max(o, int64_t(0)) * rb, n, src, rb, lane);
 }
 

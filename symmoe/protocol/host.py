@@ -117,7 +117,7 @@ class _HostProtocol(Protocol):
     def _publish(self, x, topk_idx, topk_weights) -> None:
         T, K = topk_idx.shape
         if not self._in_input_region(x):
-            self._region("in_x", x.dtype, tuple(x.shape)).copy_(x)
+            self.input_view(T, x.dtype).copy_(x)
         self._region("in_idx", torch.int32, (T, K)).copy_(topk_idx)
         self._region("in_w", torch.float32, (T, K)).copy_(topk_weights)
 
@@ -136,8 +136,12 @@ class _HostProtocol(Protocol):
         base = int(plan["pool_start"][src, dst])
         local = idx[tokens]
         mine = (local >= 0) & (local // L == dst)
-        meta = local - dst * L if output_layout == "rank" else self._slot_rows(local, mine, plan["start"][src, dst], dst)
-        self._region("recv_idx", torch.int32, (R, K), rank=target)[base:base + n] = torch.where(mine, meta, -1).to(torch.int32)
+        if output_layout == "rank":
+            meta = local - dst * L
+        else:
+            meta = self._slot_rows(local, mine, plan["start"][src, dst], dst)
+        ri = self._region("recv_idx", torch.int32, (R, K), rank=target)
+        ri[base:base + n] = torch.where(mine, meta, -1).to(torch.int32)
         self._region("recv_w", torch.float32, (R, K), rank=target)[base:base + n] = torch.where(
             mine, topk_weights[tokens].float(), 0.0)
         self._region("recv_src", torch.int32, (R,), rank=target)[base:base + n] = (tokens * S + dst).to(torch.int32)

@@ -218,8 +218,7 @@ class NvshmemPush(Protocol):
         counts_dev = torch.empty((W, 1 + W + lay.num_experts), dtype=torch.int32, device=dev)
         src = x
         if self.stage_inputs and T and not self._in_input_region(x):
-            src = self._local("in_x", x.dtype, (T, H))
-            src.copy_(x)
+            src = self.input_view(T, x.dtype).copy_(x)
         self._dispatches += 1
         self._last_op = "dispatch"
         epoch = self._dispatches
