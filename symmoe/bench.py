@@ -13,6 +13,8 @@ token once. ``ratio_roofline`` = (bytes / roofline) / measured time.
 Timing: before each timed call a ``torch.cuda._sleep`` kernel keeps the GPU busy while the
 host enqueues, so the events measure GPU time, not Python launch overhead (dispatch still
 includes its mid-call host wait for the counts: the data kernel is already queued then).
+``cached_dispatch``: ``dispatch(x, handle=...)`` along the last dispatch's routing (DeepEP's
+cached dispatch, what its intranode benchmark times); the same bytes as ``dispatch``.
 ``api_*`` numbers time ``Buffer.dispatch``/``combine`` with their input validation.
 ``host_us``: the host's wall time inside a call, timed in a second pass without the sleep.
 
@@ -38,6 +40,7 @@ import torch
 from . import launch
 from .config import PROTOCOLS, Config, from_dict, parse_key_value
 from .layout import MAX_CHANNELS
+from .ops import BASE_OP, LABEL, ops_of
 
 DEEPSEEK_V3 = {"buffer.max_tokens_per_rank": 4096, "buffer.hidden": 7168, "buffer.topk": 8,
                "buffer.num_experts": 256, "buffer.dtype": "bfloat16", "buffer.expert_alignment": 1}
@@ -198,15 +201,21 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
                 recv, handle = state["d"]
                 proto.combine(recv.x, handle, None)
 
+            def cached() -> None:  # dispatch(x, handle=...): the routing of the last dispatch
+                proto.dispatch_cached(x, state["d"][1])
+
             d = _time(dispatch, warmup, repeats, sleep, sync)
             c = _time(combine, warmup, repeats, sleep, sync)
+            cd = _time(cached, warmup, repeats, sleep, sync)
             # The host's wall time per call, without the sleep kernel in front (with it, the
             # dispatch's wait for the counts would include the sleep): for dispatch the launches,
             # the wait for the routing kernels and the work after it; for combine the launches.
             hd: list[float] = []
             hc: list[float] = []
+            hcd: list[float] = []
             _time(dispatch, 1, repeats, 0, sync, hd)
             _time(combine, 1, repeats, 0, sync, hc)
+            _time(cached, 1, repeats, 0, sync, hcd)
             recv, handle = state["d"]
             rows = recv.x.shape[0]
             real = int((recv.src_rank >= 0).sum())
@@ -214,14 +223,15 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
                              - (1 if real < rows else 0))
             ys[layout] = recv.x
             api_d = _time(lambda: buf.dispatch(x, idx, w, output_layout=layout), 2, max(5, repeats // 3), sleep, sync)
-            kernels = {"dispatch": kernel_breakdown(dispatch, sync=sync), "combine": kernel_breakdown(combine, sync=sync)}
-            host_ops = {"dispatch": kernel_breakdown(dispatch, sync=sync, host=True),
-                        "combine": kernel_breakdown(combine, sync=sync, host=True)}
+            fns = {"dispatch": dispatch, "combine": combine, "cached_dispatch": cached}
+            kernels = {op: kernel_breakdown(f, sync=sync) for op, f in fns.items()}
+            host_ops = {op: kernel_breakdown(f, sync=sync, host=True) for op, f in fns.items()}
             res[layout] = {
                 "rows": rows, "real_rows": real, "kernels_us": kernels, "host_ops_us": host_ops,
-                "dispatch": _stats(d), "combine": _stats(c), "api_dispatch": _stats(api_d),
-                "dispatch_host": _stats(hd), "combine_host": _stats(hc),
+                "dispatch": _stats(d), "combine": _stats(c), "cached_dispatch": _stats(cd), "api_dispatch": _stats(api_d),
+                "dispatch_host": _stats(hd), "combine_host": _stats(hc), "cached_dispatch_host": _stats(hcd),
                 "dispatch_bytes": (unique_src + rows) * rb, "combine_bytes": (real + T) * rb,
+                "cached_dispatch_bytes": (unique_src + rows) * rb,
             }
         if world_size == 1 and opts["baselines"]:
             res["torch"] = _torch_baselines(x, idx, w, ys.get("rank"), ys.get("expert"), warmup, repeats, sleep)
@@ -270,15 +280,15 @@ def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]], roof
         if layout not in ranks[0]:
             continue
         row: dict[str, Any] = {}
-        for op in ("dispatch", "combine"):
+        for op in ops_of(ranks[0][layout]):
             t = max(r[layout][op]["median_us"] for r in ranks) * 1e-6
             nbytes = sum(r[layout][f"{op}_bytes"] for r in ranks)
             row[op] = {"median_us": t * 1e6, "bytes": nbytes, "TBps": nbytes / t / 1e12,
                        "ratio_roofline": (nbytes / roof) / t,
                        "host_us": max(r[layout][f"{op}_host"]["median_us"] for r in ranks)}
             row[f"api_{op}_us"] = max(r[layout]["api_dispatch"]["median_us"] for r in ranks) if op == "dispatch" else None
-            if "torch" in ranks[0]:
-                tt = ranks[0]["torch"][layout][op]["median_us"]
+            if "torch" in ranks[0]:  # a cached dispatch does what plain torch's dispatch does
+                tt = ranks[0]["torch"][layout][BASE_OP[op]]["median_us"]
                 row[op]["torch_us"] = tt
                 row[op]["speedup_vs_torch"] = tt / (t * 1e6)
         out["layouts"][layout] = row
@@ -286,33 +296,36 @@ def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]], roof
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = [f"{'backend':<8} {'proto':<5} {'W':>2} {'layout':<6} {'op':<8} {'us':>8} {'TB/s':>6} {'%roof':>6} "
+    lines = [f"{'backend':<8} {'proto':<5} {'W':>2} {'layout':<6} {'op':<15} {'us':>8} {'TB/s':>6} {'%roof':>6} "
              f"{'torch us':>9} {'x torch':>7} {'kern us':>8} {'host us':>8}  kernels (rank 0, device µs per call)"]
     for r in results:
         for layout, row in r["layouts"].items():
-            for op in ("dispatch", "combine"):
+            for op in ops_of(row):
                 o = row[op]
                 tu = f"{o['torch_us']:.1f}" if "torch_us" in o else "-"
                 sp = f"{o['speedup_vs_torch']:.2f}" if "speedup_vs_torch" in o else "-"
                 ks = r["ranks"][0][layout].get("kernels_us", {}).get(op, {})
                 kdesc = ", ".join(f"{k} {v:.0f}" for k, v in list(ks.items())[:4])
                 proto = r["protocol"] + ("*" if r.get("x_in_buffer") else "")
-                lines.append(f"{r['backend']:<8} {proto:<5} {r['world_size']:>2} {layout:<6} {op:<8} {o['median_us']:>8.1f} "
+                lines.append(f"{r['backend']:<8} {proto:<5} {r['world_size']:>2} {layout:<6} {LABEL[op]:<15} {o['median_us']:>8.1f} "
                              f"{o['TBps']:>6.2f} {100 * o['ratio_roofline']:>5.1f}% {tu:>9} {sp:>7} {sum(ks.values()):>8.1f} "
                              f"{o.get('host_us', float('nan')):>8.1f}  {kdesc}")
     if any(r["ranks"][0][lay].get("host_ops_us") for r in results for lay in r["layouts"]):
         lines.append("host, self time per call (rank 0, µs; the GPU idles while the host works after a sync):")
     for r in results:
-        for layout in r["layouts"]:
-            for op in ("dispatch", "combine"):
+        for layout, row in r["layouts"].items():
+            for op in ops_of(row):
                 hs = r["ranks"][0][layout].get("host_ops_us", {}).get(op, {})
                 if hs:
                     top = ", ".join(f"{k} {v:.0f}" for k, v in list(hs.items())[:6])
-                    lines.append(f"  {r['backend']:<8} {r['protocol']:<5} {r['world_size']:>2} {layout:<6} {op:<8} "
+                    lines.append(f"  {r['backend']:<8} {r['protocol']:<5} {r['world_size']:>2} {layout:<6} {LABEL[op]:<15} "
                                  f"total {sum(hs.values()):.0f}: {top}")
     roofs = sorted({round(r['copy_roofline_TBps'], 2) for r in results})
     lines.append(f"copy roofline (read + write, whole device): {', '.join(map(str, roofs))} TB/s; "
                  "host us: the host's wall time inside the call, the GPU idle before it")
+    if any("cached_dispatch" in row for r in results for row in r["layouts"].values()):
+        lines.append("cached dispatch: dispatch(x, handle=...) along the last dispatch's routing "
+                     "(no routing kernels, no host wait)")
     if any(r.get("x_in_buffer") for r in results):
         lines.append("proto*: x built in Buffer.input_view, dispatched where it lies (no publish copy)")
     shares = sorted({(r["world_size"], r.get("mps_thread_percentage", 0)) for r in results if r.get("mps_thread_percentage")})

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -14,6 +15,10 @@ class DispatchHandle:
     of the tokens it dispatched. Receiver side (this rank as a receiver): for each row it
     received, the source rank, the source token and the combine slot on the source
     (the destination rank for rank-major, the top-k position for expert-major).
+
+    ``dispatch(x, handle=...)`` (a cached dispatch: the backward of combine, or a second
+    tensor on the same routing) moves new rows along this routing without routing again;
+    ``cache`` holds what the protocol kept on the device for it.
     """
 
     output_layout: str  # "rank" | "expert"
@@ -28,6 +33,8 @@ class DispatchHandle:
     recv_src_slot: torch.Tensor  # [rows] int32, -1 on padding
     expert_offsets: torch.Tensor | None  # [L + 1] int64 padded group starts (expert-major)
     buffer_id: int  # id() of the Buffer that made it: a handle is only valid there
+    alignment: int = 1  # expert_alignment of the dispatch (expert-major group padding)
+    cache: Any = None  # protocol-private device state of the routing, for cached dispatch
 
     @property
     def num_recv_tokens(self) -> int:

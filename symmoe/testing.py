@@ -104,7 +104,65 @@ def _check_one(buf: Buffer, inputs, rank: int, world_size: int, cfg: Config, lay
         raise AssertionError(f"{ctx}: num_recv_tokens_per_expert {per_expert} != {want.num_recv_tokens_per_expert.tolist()}")
     assert_bitwise("handle.recv_src_rank", handle.recv_src_rank, want.src_rank, ctx)
     assert_bitwise("handle.recv_src_token", handle.recv_src_token, want.src_token, ctx)
+    _check_combines(buf, handle, ref, inputs, rank, world_size, cfg, layout, dev, ctx, seed, combines)
 
+
+def check_cached_dispatch(rank: int, world_size: int, config: dict[str, Any], seed: int,
+                          routings: tuple[Routing, ...] = CHECK_ROUTINGS, layouts: tuple[str, ...] = ("rank", "expert"),
+                          device: str = "cpu", x_in_buffer: bool = False) -> int:
+    """``dispatch(x, handle=...)``: every routing is dispatched first (each one overwrites
+    what the one before left in the buffer), then new x moves along each routing in turn
+    with its handle. The rows must equal the reference's for the new x (and the routing of
+    the handle), the same handle must come back, and a combine on it must still be exact.
+    Returns the number of cached dispatches checked."""
+    cfg: Config = from_dict(config)
+    b = cfg.buffer
+    dtype = DTYPES[b.dtype]
+    dev = torch.device(device)
+    checked = 0
+    with Buffer(None, cfg) as buf:
+        for layout in layouts:
+            cases = []
+            for i, routing in enumerate(routings):
+                case_seed = seed + 7919 * i
+                counts = _tokens_per_rank(world_size, b.max_tokens_per_rank, case_seed)
+                inputs = make_inputs(routing, num_tokens=counts, hidden=b.hidden, topk=b.topk,
+                                     num_experts=b.num_experts, world_size=world_size, dtype=dtype, seed=case_seed)
+                mine = inputs[rank]
+                *_, handle, event = buf.dispatch(mine.x.to(dev), mine.topk_idx.to(dev), mine.topk_weights.to(dev),
+                                                 output_layout=layout, expert_alignment=b.expert_alignment)
+                cases.append((routing, case_seed, inputs, handle))
+            event.synchronize()
+            for routing, case_seed, inputs, handle in cases:
+                ctx = (f"rank {rank}/{world_size} {cfg.backend}/{buf.protocol} cached dispatch routing={routing.kind} "
+                       f"layout={layout} seed={case_seed}")
+                # New rows along the old routing (what a backward pass sends).
+                xs = [torch.randn(i.x.shape, generator=torch.Generator().manual_seed(case_seed * 13 + r)).to(dtype)
+                      for r, i in enumerate(inputs)]
+                ref = reference.dispatch(xs, [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
+                                         b.num_experts, layout, b.expert_alignment)
+                want = ref.recv[rank]
+                x = xs[rank].to(dev)
+                if x_in_buffer:
+                    x = buf.input_view(x.shape[0]).copy_(x)
+                rx, ri, rw, per_expert, same, event = buf.dispatch(x, handle=handle)
+                event.synchronize()
+                if same is not handle:
+                    raise AssertionError(f"{ctx}: a cached dispatch must return the handle it was given")
+                assert_bitwise("recv_x", rx, want.x, ctx)
+                assert_bitwise("recv_topk_idx", ri, want.topk_idx, ctx)
+                assert_bitwise("recv_topk_weights", rw, want.topk_weights, ctx)
+                if per_expert != want.num_recv_tokens_per_expert.tolist():
+                    raise AssertionError(f"{ctx}: num_recv_tokens_per_expert {per_expert} != "
+                                         f"{want.num_recv_tokens_per_expert.tolist()}")
+                _check_combines(buf, handle, ref, inputs, rank, world_size, cfg, layout, dev, ctx, case_seed, 1)
+                checked += 1
+    return checked
+
+
+def _check_combines(buf: Buffer, handle, ref, inputs, rank: int, world_size: int, cfg: Config, layout: str,
+                    dev: torch.device, ctx: str, seed: int, combines: int) -> None:
+    b = cfg.buffer
     # Expert outputs: fresh values per receiving rank (and per combine), derived from the seed
     # so that every rank can compute every rank's y for the reference combine.
     for c in range(combines):

@@ -63,12 +63,11 @@ def duplicate_expert(expert: int, token: int) -> str:
 def check_dispatch(x: object, topk_idx: object, topk_weights: object, lay: BufferLayout,
                    dtype: torch.dtype, device: torch.device, output_layout: str, alignment: int,
                    values: bool = True) -> None:
-    x = _tensor("x", x)
-    _common("x", x, 2, device)
-    if x.dtype != dtype:
-        raise InputError(f"x has dtype {x.dtype}; this Buffer was configured for {dtype} (buffer.dtype)")
-    if x.shape[1] != lay.hidden:
-        raise InputError(f"x has hidden size {x.shape[1]}; this Buffer was sized for hidden={lay.hidden}")
+    if topk_idx is None or topk_weights is None:
+        missing = "topk_idx" if topk_idx is None else "topk_weights"
+        raise InputError(f"{missing} is None; dispatch needs topk_idx and topk_weights, or handle= for a cached "
+                         "dispatch along an earlier routing")
+    x = _check_x(x, lay, dtype, device)
     idx = check_topk_idx(topk_idx, lay, device, values)
     if idx.shape[0] != x.shape[0]:
         raise InputError(f"topk_idx has {idx.shape[0]} rows but x has {x.shape[0]} tokens")
@@ -87,12 +86,47 @@ def check_dispatch(x: object, topk_idx: object, topk_weights: object, lay: Buffe
                          "receive pool was sized for")
 
 
-def check_combine(y: object, handle: object, recv_topk_weights: object, lay: BufferLayout,
-                  dtype: torch.dtype, device: torch.device, buffer_id: int) -> None:
+def _check_x(x: object, lay: BufferLayout, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    x = _tensor("x", x)
+    _common("x", x, 2, device)
+    if x.dtype != dtype:
+        raise InputError(f"x has dtype {x.dtype}; this Buffer was configured for {dtype} (buffer.dtype)")
+    if x.shape[1] != lay.hidden:
+        raise InputError(f"x has hidden size {x.shape[1]}; this Buffer was sized for hidden={lay.hidden}")
+    return x
+
+
+def _check_handle(handle: object, buffer_id: int, op: str) -> DispatchHandle:
     if not isinstance(handle, DispatchHandle):
         raise InputError(f"handle must be the DispatchHandle that dispatch returned, got {type(handle).__name__}")
     if handle.buffer_id != buffer_id:
-        raise InputError("handle was made by another Buffer; combine with the Buffer that dispatched")
+        raise InputError(f"handle was made by another Buffer; {op} with the Buffer that dispatched")
+    return handle
+
+
+def check_cached_dispatch(x: object, handle: object, topk_idx: object, topk_weights: object, lay: BufferLayout,
+                          dtype: torch.dtype, device: torch.device, output_layout: str | None,
+                          alignment: int | None, buffer_id: int) -> None:
+    """``dispatch(x, handle=...)``: x of the handle's tokens, nothing that would re-route."""
+    h = _check_handle(handle, buffer_id, "dispatch")
+    if topk_idx is not None or topk_weights is not None:
+        raise InputError("a cached dispatch (handle=...) takes no topk_idx/topk_weights: it moves x along the "
+                         "routing of the dispatch that made the handle")
+    x = _check_x(x, lay, dtype, device)
+    if x.shape[0] != h.num_tokens:
+        raise InputError(f"x has {x.shape[0]} tokens; the handle's dispatch had {h.num_tokens} "
+                         "(a cached dispatch moves the same tokens along the same routing)")
+    if output_layout is not None and output_layout != h.output_layout:
+        raise InputError(f"output_layout={output_layout!r}; the handle was made with {h.output_layout!r} "
+                         "(omit it, or dispatch again without handle=)")
+    if alignment is not None and alignment != h.alignment:
+        raise InputError(f"expert_alignment={alignment!r}; the handle was made with {h.alignment} "
+                         "(omit it, or dispatch again without handle=)")
+
+
+def check_combine(y: object, handle: object, recv_topk_weights: object, lay: BufferLayout,
+                  dtype: torch.dtype, device: torch.device, buffer_id: int) -> None:
+    handle = _check_handle(handle, buffer_id, "combine")
     y = _tensor("x", y)
     _common("x", y, 2, device)
     if y.dtype != dtype:

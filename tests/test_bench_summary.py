@@ -85,3 +85,21 @@ def test_a_run_with_x_in_the_buffer_is_marked_in_the_result_and_the_table(two_ra
     text = bench.table([two_ranks, zc])
     assert [ln.split()[1] for ln in text.splitlines() if ln.startswith("torch ")][::4] == ["push", "pull*"]
     assert "proto*: x built in Buffer.input_view, dispatched where it lies (no publish copy)" in text
+
+
+def test_a_cached_dispatch_is_summarised_with_dispatch_bytes_and_named_in_the_table():
+    ranks = [rank_result(300.0, 250.0, 80.0, 8000), rank_result(400.0, 200.0, 120.0, 8200)]
+    for rk in ranks:
+        for lay in ("rank", "expert"):
+            e = rk[lay]
+            e["cached_dispatch"] = stats(e["dispatch"]["median_us"] / 2)
+            e["cached_dispatch_host"] = stats(10.0)
+            e["cached_dispatch_bytes"] = e["dispatch_bytes"]
+    s = bench.summarize(bench.bench_config("push", 66), 2, ranks, roof=4.0e12)
+    d, cd = s["layouts"]["rank"]["dispatch"], s["layouts"]["rank"]["cached_dispatch"]
+    assert cd["median_us"] == pytest.approx(200.0) and cd["bytes"] == d["bytes"]
+    assert cd["ratio_roofline"] == pytest.approx(2 * d["ratio_roofline"])
+    text = bench.table([s])
+    line = next(ln for ln in text.splitlines() if " rank   cached dispatch " in ln)
+    assert line.split()[6] == "200.0"  # backend proto W layout "cached dispatch" µs
+    assert "cached dispatch: dispatch(x, handle=...)" in text

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import small_config
 from symmoe.launch import spawn
-from symmoe.testing import CHECK_ROUTINGS, check_dispatch_combine
+from symmoe.testing import CHECK_ROUTINGS, check_cached_dispatch, check_dispatch_combine
 
 
 @pytest.mark.parametrize("protocol", ["push", "pull"])
@@ -62,3 +62,13 @@ def test_input_view_is_x_shaped_in_the_buffer_and_refuses_more_than_max_tokens()
                 buf.input_view(bad)
         with pytest.raises(InputError, match=r"input_view\(2\.5\): num_tokens must be an int, got float"):
             buf.input_view(2.5)
+
+
+@pytest.mark.parametrize("protocol", ["push", "pull"])
+@pytest.mark.parametrize("x_in_buffer", [False, True], ids=["x", "x_in_buffer"])
+def test_cached_dispatch_moves_new_rows_along_the_handles_routing(protocol, x_in_buffer, seed):
+    """dispatch(x, handle=...) after other dispatches: the reference's rows for the new x,
+    the same handle back, and a combine on it still exact."""
+    cfg = small_config(protocol=protocol)
+    assert spawn(check_cached_dispatch, 4, args=(cfg.to_dict(), seed + 12, CHECK_ROUTINGS, ("rank", "expert"), "cpu",
+                                                 x_in_buffer)) == [len(CHECK_ROUTINGS) * 2] * 4

@@ -179,3 +179,23 @@ def test_data_kernel_ratio_leaves_the_routing_kernels_out(docs, res):
     assert r["data_kernels_us"] == pytest.approx(data)
     assert r["ratio_data_kernels"] == pytest.approx(r["ceiling_us"] / data)
     assert row(res, "a2a baseline", "all_to_all_single", "nccl", "rank", "dispatch")["ratio_data_kernels"] is None
+
+
+def test_a_cached_dispatch_is_judged_like_dispatch_in_rows_of_its_own(docs):
+    """Bench files since session 7 time dispatch(x, handle=...): the same rank-major bytes
+    and the same a2a dispatch baseline as dispatch, labelled as cached in the Markdown."""
+    bench, base, ab = copy.deepcopy(docs)
+    e = bench_entry(bench, "torch", "push")
+    for where in [e["layouts"]["rank"]] + [rk["rank"] for rk in e["ranks"]]:
+        where["cached_dispatch"] = copy.deepcopy(where["dispatch"])
+        where["cached_dispatch"]["median_us"] = where["dispatch"]["median_us"] * 0.8
+    res = targets.compute(bench, base, ab)
+    plain = row(res, "bench", "torch", "push", "rank", "dispatch")
+    cached = row(res, "bench", "torch", "push", "rank", "cached_dispatch")
+    assert cached["bytes_per_rank"] == plain["bytes_per_rank"]
+    assert cached["ratio_to_ceiling"] == pytest.approx(plain["ratio_to_ceiling"] / 0.8)
+    assert cached["speedup_vs_a2a"] == pytest.approx(plain["speedup_vs_a2a"] / 0.8)
+    assert "best_speedup" in res["summary"] and "cached_dispatch" in res["summary"]["best_speedup"]
+    md = targets.markdown(res)
+    assert "| bench | torch | push | rank | cached dispatch |" in md
+    assert "Best cached dispatch vs a2a baseline: torch/push" in md

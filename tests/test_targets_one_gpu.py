@@ -103,3 +103,15 @@ def test_a_run_over_several_gpus_says_so_in_its_rows(bench):
     assert row(res, "nvshmem", 4, "rank", "combine")["gpus"] == 2
     assert row(res, "torch", 4, "rank", "combine")["gpus"] == 1  # files before the field: one GPU
     assert "| nvshmem | push | 4 on 2 GPUs (25 % MPS) |" in t1.markdown(res)
+
+
+def test_a_cached_dispatch_gets_the_dispatch_target_in_its_own_row(bench):
+    b = copy.deepcopy(bench)
+    run = run_of(b, "nvshmem", 1)
+    o = run["layouts"]["rank"]
+    o["cached_dispatch"] = dict(o["dispatch"], median_us=o["dispatch"]["median_us"] / 4)
+    res = t1.compute(b, BENCH)
+    plain, cached = row(res, "nvshmem", 1, "rank", "dispatch"), row(res, "nvshmem", 1, "rank", "cached_dispatch")
+    assert cached["ratio_roofline"] == pytest.approx(4 * plain["ratio_roofline"])
+    assert cached["target"]["goal"] == plain["target"]["goal"] == 0.85
+    assert "| nvshmem | push | 1 | rank | cached dispatch |" in t1.markdown(res)

@@ -94,6 +94,28 @@ def test_bad_combine_arguments(buf):
         buf.combine(torch.zeros(ehandle.num_recv_rows, 64).bfloat16(), ehandle, erw)
 
 
+def test_bad_cached_dispatch_arguments(buf):
+    """dispatch(x, handle=...) moves x along the handle's routing: anything that would
+    route again, or x of another token count, is refused naming it."""
+    x, idx, w = good(buf)
+    *_, handle, _ = buf.dispatch(x, idx, w, output_layout="expert")
+    cases = [
+        ((x, idx, w), {"handle": handle}, "takes no topk_idx/topk_weights"),
+        ((x[:5].contiguous(),), {"handle": handle}, "x has 5 tokens; the handle's dispatch had 6"),
+        ((x.float(),), {"handle": handle}, "x has dtype torch.float32"),
+        ((x,), {"handle": handle, "output_layout": "rank"}, "output_layout='rank'; the handle was made with 'expert'"),
+        ((x,), {"handle": handle, "expert_alignment": 8}, "expert_alignment=8; the handle was made with 4"),
+        ((x,), {"handle": "handle"}, "must be the DispatchHandle"),
+        ((x,), {}, "topk_idx is None; dispatch needs topk_idx and topk_weights, or handle="),
+        ((x, idx), {}, "topk_weights is None"),
+    ]
+    for args, kwargs, msg in cases:
+        with pytest.raises(symmoe.InputError, match=msg):
+            buf.dispatch(*args, **kwargs)
+    with symmoe.Buffer(None, small_config()) as other, pytest.raises(symmoe.InputError, match="another Buffer"):
+        other.dispatch(x, handle=handle)
+
+
 def test_get_dispatch_layout_validates(buf):
     x, idx, w = good(buf)
     with pytest.raises(symmoe.InputError, match="num_experts=16"):

@@ -279,11 +279,8 @@ class Buffer:
             if topk_idx is not None or topk_weights is not None:
                 raise InputError(f"{api}: a cached dispatch (handle=...) takes no topk_idx/topk_weights; it reuses "
                                  "the routing of the dispatch that made the handle")
-            sh = handle.symmoe
-            # Same routing as the original dispatch, so the same rows in the same order; the
-            # new symmoe handle is dropped (DeepEP returns none), the original stays valid.
-            recv_x, _, _, _, _, event = self.symmoe.dispatch(x, sh.topk_idx, sh.topk_weights,
-                                                             output_layout="rank", expert_alignment=1)
+            # symmoe's own cached dispatch: the same rows in the same order, no routing.
+            recv_x, _, _, _, _, event = self.symmoe.dispatch(x, handle=handle.symmoe)
             # As many rows as the handle's dispatch returned (DeepEP sizes by its recv_src_idx).
             return pad_rows(recv_x, handle.num_worst_tokens, 0), None, None, None, None, EventOverlap(event)
         if topk_idx is None or topk_weights is None:

@@ -290,8 +290,12 @@ class ElasticBuffer:
             topk_idx.shape, dtype=torch.float32, device=topk_idx.device)
         routing = topk_idx.clone() if (do_handle_copy and not cached) else topk_idx
         layout = "expert" if do_expand else "rank"
-        recv_x, recv_idx, recv_w, per_expert, sh, event = self.symmoe.dispatch(
-            x, routing, weights, output_layout=layout, expert_alignment=alignment if do_expand else 1)
+        if cached and topk_weights is None:
+            # symmoe's own cached dispatch (no routing); new weights need the full dispatch.
+            recv_x, recv_idx, recv_w, per_expert, sh, event = self.symmoe.dispatch(x, handle=handle.symmoe)
+        else:
+            recv_x, recv_idx, recv_w, per_expert, sh, event = self.symmoe.dispatch(
+                x, routing, weights, output_layout=layout, expert_alignment=alignment if do_expand else 1)
         unaligned = torch.tensor(per_expert, dtype=torch.int64)
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats.add_(unaligned.to(cumulative_local_expert_recv_stats.device,

@@ -44,10 +44,30 @@ class Protocol(ABC):
                  output_layout: str, alignment: int) -> tuple[RecvResult, DispatchHandle]:
         """Collective. Returns this rank's received rows (as ``symmoe.reference`` defines them)."""
 
+    def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle) -> RecvResult:
+        """Collective: ``x`` along the routing of ``handle`` (every rank passes its handle of
+        the same earlier dispatch); the rows land where that dispatch put them. This default
+        runs the whole dispatch again from the handle's routing; the GPU protocols keep the
+        routing's device state in ``handle.cache`` and skip the routing and the host wait."""
+        return self.dispatch(x, handle.topk_idx, handle.topk_weights, handle.output_layout, handle.alignment)[0]
+
     @abstractmethod
     def combine(self, y: torch.Tensor, handle: DispatchHandle,
                 recv_topk_weights: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Collective. Returns (combined_x [T, H], combined_topk_weights [T, K] or None)."""
+
+    def _outputs(self, cap: int, output_layout: str, dtype: torch.dtype) -> dict[str, torch.Tensor | None]:
+        """A GPU dispatch's output tensors of ``cap`` rows, which its data kernels fill."""
+        lay, dev = self.layout, self.mem.device
+        shape = (cap, lay.topk) if output_layout == "rank" else (cap,)
+        return {
+            "x": torch.empty((cap, lay.hidden), dtype=dtype, device=dev),
+            "idx": torch.empty(shape, dtype=torch.int64, device=dev),
+            "w": torch.empty(shape, dtype=torch.float32, device=dev),
+            **{k: torch.empty(cap, dtype=torch.int32, device=dev) for k in ("src_rank", "src_token", "src_slot")},
+            "expert_offsets": (torch.empty(lay.local_experts + 1, dtype=torch.int64, device=dev)
+                               if output_layout == "expert" else None),
+        }
 
     def input_view(self, num_tokens: int, dtype: torch.dtype) -> torch.Tensor:
         """This rank's ``input`` region as x [num_tokens, hidden] (Buffer.input_view)."""

@@ -6,7 +6,7 @@ whose routing kernel rejected its expert ids publishes tokens = -1 and no kernel
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -49,22 +49,36 @@ def bad_input_error(lay: BufferLayout, counts: np.ndarray, rank: int, info: "tup
 def dispatch_result(lay: BufferLayout, counts: np.ndarray, rank: int, output_layout: str, alignment: int,
                     bad_info: Callable[[], Sequence[int]], out: dict[str, torch.Tensor | None], topk_idx: torch.Tensor,
                     topk_weights: torch.Tensor, in_rank: torch.Tensor,
-                    buffer_id: int) -> tuple[RecvResult, DispatchHandle]:
+                    buffer_id: int, cache: Any = None) -> tuple[RecvResult, DispatchHandle]:
     """The end of a GPU dispatch, after its one host wait: the matrix read once, the errors
     every rank raises together, and views of this rank's ``rows`` rows of the worst-case
-    outputs ``out`` (x, idx, w, src_rank, src_token, src_slot, expert_offsets)."""
+    outputs ``out`` (x, idx, w, src_rank, src_token, src_slot, expert_offsets); ``cache``
+    goes into the handle for cached dispatch."""
     counts = counts.copy()  # the mapped memory changes with the next dispatch
     if (counts[:, 0] < 0).any():
         raise bad_input_error(lay, counts, rank, bad_info())
     totals, per_expert = received_rows(lay, counts, rank, output_layout, alignment)
     rows = int(totals[rank])
-    recv = RecvResult(
-        x=out["x"][:rows], topk_idx=out["idx"][:rows], topk_weights=out["w"][:rows],
-        num_recv_tokens_per_expert=torch.from_numpy(per_expert),  # host tensor: reading it costs no sync
-        src_rank=out["src_rank"][:rows], src_token=out["src_token"][:rows], expert_offsets=out["expert_offsets"])
+    recv = recv_views(out, rows, torch.from_numpy(per_expert))
     handle = DispatchHandle(
         output_layout=output_layout, num_tokens=topk_idx.shape[0], topk_idx=topk_idx.long(),
         topk_weights=topk_weights, is_token_in_rank=in_rank, counts=torch.from_numpy(counts), num_recv_rows=rows,
         recv_src_rank=recv.src_rank, recv_src_token=recv.src_token, recv_src_slot=out["src_slot"][:rows],
-        expert_offsets=out["expert_offsets"], buffer_id=buffer_id)
+        expert_offsets=out["expert_offsets"], buffer_id=buffer_id, alignment=alignment, cache=cache)
     return recv, handle
+
+
+def recv_views(out: dict[str, torch.Tensor | None], rows: int, per_expert: torch.Tensor) -> RecvResult:
+    """The first ``rows`` rows of the data kernels' outputs; ``per_expert`` a host tensor
+    (reading it costs no sync)."""
+    return RecvResult(
+        x=out["x"][:rows], topk_idx=out["idx"][:rows], topk_weights=out["w"][:rows],
+        num_recv_tokens_per_expert=per_expert, src_rank=out["src_rank"][:rows],
+        src_token=out["src_token"][:rows], expert_offsets=out["expert_offsets"])
+
+
+def cached_per_expert(lay: BufferLayout, handle: DispatchHandle, rank: int) -> torch.Tensor:
+    """num_recv_tokens_per_expert of the dispatch that made ``handle``, from its counts
+    (host arithmetic: a cached dispatch never waits for the device)."""
+    _, per_expert = received_rows(lay, handle.counts.numpy(), rank, handle.output_layout, handle.alignment)
+    return torch.from_numpy(per_expert)

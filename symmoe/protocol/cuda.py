@@ -15,6 +15,12 @@ dispatch (both protocols)
   4. the host reads the counts, raises InputError on every rank if any rank's ids were bad
      (tokens = -1 in its row: nothing moved), checks every receiver's capacity (all ranks
      raise together), and returns views of the first ``rows`` rows of the outputs.
+cached dispatch (``dispatch(x, handle=...)``)
+  the handle keeps the routing's device state: a copy of the published ids, weights and
+  positions, and the dispatch's device copy of the counts matrix. They are put back into
+  the ``input`` and ``counts`` regions (another dispatch may have overwritten them), then
+  barrier "dispatch.counts" and step 3 into outputs of exactly the handle's rows: no routing
+  kernels and no host wait (a stall surfaces at the next call, as in combine).
 combine (both protocols)
   5. receivers bulk-store each row into its source's ``combine`` region at ``t * S + slot``,
      barrier "combine.data"; 6. sources reduce in fixed order in fp32 and cast once, barrier
@@ -44,13 +50,13 @@ import torch
 
 from .. import build
 from ..config import Config
-from ..errors import CapacityError, InputError, StallError
+from ..errors import InputError, StallError
 from ..handle import DispatchHandle
-from ..layout import DTYPES, BufferLayout
+from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots
-from .counts import dispatch_result
+from .counts import cached_per_expert, dispatch_result, recv_views
 
 MAX_LOCAL_EXPERTS = 4096  # the data kernels keep per-expert tables in shared memory
 
@@ -98,9 +104,7 @@ class _CudaProtocol(Protocol):
         self._counts_mapped = self.mod.host_alloc_mapped(4 * cells)
         self._counts_np = np.ctypeslib.as_array((ctypes.c_int32 * cells).from_address(self._counts_mapped[0])).reshape(W, 1 + W + E)
         self._counts_event = torch.cuda.Event()
-        self._counts_snap = (torch.empty((W, 1 + W + E), dtype=torch.int32, device=self.device)
-                             if self.name == "push" else None)  # unpack runs after peers may move on
-        self.ctx.set_counts_outputs(self._counts_mapped[1], _ptr(self._counts_snap))
+        self._counts_shape = (W, 1 + W + E)
         self._bad_flag = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._bad_info = self.mod.host_alloc_mapped(32)  # kind, token, slot, value (int64 each)
         self.ctx.set_input_check(self._bad_flag.data_ptr(), self._bad_info[1])
@@ -160,21 +164,6 @@ class _CudaProtocol(Protocol):
     def _capacity(self, output_layout: str) -> int:
         return min(self.layout.recv_rows, self.layout.worst_case_rows(output_layout))
 
-    def _outputs(self, cap: int, output_layout: str, dtype: torch.dtype) -> dict[str, Any]:
-        lay, dev = self.layout, self.device
-        K, L = lay.topk, lay.local_experts
-        shape = (cap, K) if output_layout == "rank" else (cap,)
-        t = {
-            "x": torch.empty((cap, lay.hidden), dtype=dtype, device=dev),
-            "idx": torch.empty(shape, dtype=torch.int64, device=dev),
-            "w": torch.empty(shape, dtype=torch.float32, device=dev),
-            "src_rank": torch.empty(cap, dtype=torch.int32, device=dev),
-            "src_token": torch.empty(cap, dtype=torch.int32, device=dev),
-            "src_slot": torch.empty(cap, dtype=torch.int32, device=dev),
-            "expert_offsets": torch.empty(L + 1, dtype=torch.int64, device=dev) if output_layout == "expert" else None,
-        }
-        return t
-
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                  output_layout: str, alignment: int) -> tuple[RecvResult, DispatchHandle]:
         self.check()
@@ -183,7 +172,6 @@ class _CudaProtocol(Protocol):
         expert_major = output_layout == "expert"
         self._check_aligned("x", x)
         stream = self._stream()
-        sp = stream.cuda_stream
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.float().contiguous()
         if self.name == "pull" and W > 1 and T and not self._in_input_region(x):
@@ -194,20 +182,63 @@ class _CudaProtocol(Protocol):
         args = {k: _ptr(v) for k, v in out.items()}
         args["capacity"] = cap
         in_rank = torch.empty((T, W), dtype=torch.bool, device=self.device)
+        # This dispatch's own device copy of the counts matrix (unpack reads it after peers
+        # may have moved on; a cached dispatch reuses it), written by the routing kernel.
+        counts_dev = torch.empty(self._counts_shape, dtype=torch.int32, device=self.device)
+        self.ctx.set_counts_outputs(self._counts_mapped[1], counts_dev.data_ptr())
         self._layout(topk_idx, topk_weights, True, None, None, in_rank)
         self._counts_event.record(stream)
-        epoch = self._next_epoch()
-        if self.name == "pull":
-            self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
-        else:
-            self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)
-            self.ctx.unpack(_ptr(self._counts_snap), args, expert_major, alignment, sp)
+        self._move(x, args, expert_major, alignment, counts_dev)
+        # The published routing, for a cached dispatch after other dispatches overwrote it
+        # (queued behind the data kernel: only this rank's next dispatch writes it).
+        routing = self._routing_span(T).clone()
 
         self._counts_event.synchronize()  # the data kernel keeps the GPU busy meanwhile
         self.check()
         return dispatch_result(lay, self._counts_np, me, output_layout, alignment,
                                lambda: tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0])), out, topk_idx,
-                               topk_weights, in_rank, self.buffer_id)
+                               topk_weights, in_rank, self.buffer_id, cache=(routing, counts_dev))
+
+    def _move(self, x: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
+              counts_dev: torch.Tensor) -> None:
+        """The data kernels, after the routing (or its republication) and the counts barrier."""
+        sp = self._stream().cuda_stream
+        epoch = self._next_epoch()
+        if self.name == "pull":
+            self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
+        else:
+            self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)
+            self.ctx.unpack(counts_dev.data_ptr(), args, expert_major, alignment, sp)
+
+    def _routing_span(self, T: int) -> torch.Tensor:
+        """Bytes of the input region the routing kernel publishes (ids, weights, then the
+        positions of T tokens): what the data kernels read besides x and the counts."""
+        start, pos = self._offs["in_idx"], self._offs["in_pos"]
+        return self.mem.view(start, torch.uint8, (pos - start + 4 * T * (self.world_size + self.layout.topk),))
+
+    def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle) -> RecvResult:
+        """The routing of ``handle`` put back (its published ids, weights and positions, and
+        its counts matrix: another dispatch may have overwritten them), one barrier, then the
+        data kernels into outputs of exactly the handle's rows. No routing, no host wait."""
+        self.check()
+        lay, W, T = self.layout, self.world_size, handle.num_tokens
+        self._check_aligned("x", x)
+        routing, counts_dev = handle.cache
+        if self.name == "pull" and W > 1 and T and not self._in_input_region(x):
+            self.input_view(T, x.dtype).copy_(x)
+        rows = handle.num_recv_rows
+        out = self._outputs(max(rows, 1), handle.output_layout, x.dtype)
+        args = {k: _ptr(v) for k, v in out.items()}
+        args["capacity"] = max(rows, 1)
+        self._routing_span(T).copy_(routing)
+        self._region("counts", torch.int32, self._counts_shape).copy_(counts_dev)
+        if W > 1:
+            # Peers read what was just republished (pull) and may refill pools this rank still
+            # unpacks from an earlier dispatch (push): the counts barrier of a dispatch, alone.
+            self.ctx.barrier(self._offs["barrier"], self._next_epoch(), self.mod.STAGES["dispatch.counts"],
+                             self._stream().cuda_stream)
+        self._move(x, args, handle.output_layout == "expert", handle.alignment, counts_dev)
+        return recv_views(out, rows, cached_per_expert(lay, handle, self.rank))
 
     # -- combine ---------------------------------------------------------------------------
     def combine(self, y: torch.Tensor, handle: DispatchHandle,

@@ -184,7 +184,7 @@ class _HostProtocol(Protocol):
             output_layout=output_layout, num_tokens=topk_idx.shape[0], topk_idx=topk_idx.long(),
             topk_weights=topk_weights.float(), is_token_in_rank=routing.is_token_in_rank, counts=counts,
             num_recv_rows=rows, recv_src_rank=src_rank, recv_src_token=src_token, recv_src_slot=src_slot,
-            expert_offsets=offsets, buffer_id=self.buffer_id)
+            expert_offsets=offsets, buffer_id=self.buffer_id, alignment=alignment)
         return recv, handle
 
     # -- combine ---------------------------------------------------------------------------

@@ -55,7 +55,7 @@ from .. import build
 from ..errors import InputError, StallError
 from ..reference import DispatchLayout
 from .base import Protocol, check_combine_slots
-from .counts import dispatch_result
+from .counts import cached_per_expert, dispatch_result, recv_views
 
 # Stage codes, as in csrc/common/layout.cuh (enum Stage).
 STAGES = {"dispatch.counts": 1, "dispatch.data": 2, "combine.data": 4, "combine.done": 5, "barrier": 6}
@@ -121,7 +121,7 @@ class NvshmemPush(Protocol):
 
     def __init__(self, mem, layout, config, buffer_id):
         super().__init__(mem, layout, config, buffer_id)
-        W, E, T, K, S = layout.world_size, layout.num_experts, layout.max_tokens, layout.topk, layout.combine_slots
+        W, E, T, S = layout.world_size, layout.num_experts, layout.max_tokens, layout.combine_slots
         if W + E > MAX_COLUMNS:
             raise InputError(f"world_size + num_experts = {W + E}; the nvshmem routing keeps per-column tables in "
                              f"shared memory and handles at most {MAX_COLUMNS}")
@@ -151,12 +151,7 @@ class NvshmemPush(Protocol):
         self._last_op = ""  # "dispatch" | "combine": a combine right after a combine needs a barrier
         self._route_scratch = torch.empty(self.ext.route_scratch_ints(self.args), dtype=torch.int32, device=dev)
         self._done = torch.zeros(1, dtype=torch.int32, device=dev)  # grid completion counter of the routing
-        self._send_ent = torch.empty(max(1, T * W), dtype=torch.int32, device=dev)
         self._selfmap = torch.empty(max(1, T * S), dtype=torch.int32, device=dev)
-        # Routing outputs only this rank reads: plain device memory, not the symmetric heap.
-        self._pub_idx = torch.empty(max(1, T * K), dtype=torch.int32, device=dev)
-        self._pub_w = torch.empty(max(1, T * K), dtype=torch.float32, device=dev)
-        self._pos = torch.empty(max(1, T * (W + K)), dtype=torch.int32, device=dev)
         self._bad_flag = torch.zeros(1, dtype=torch.int32, device=dev)
         # Pinned host memory is device-accessible at the same address (unified addressing):
         # the plan kernel writes the matrix and the bad-id record straight into it.
@@ -198,7 +193,7 @@ class NvshmemPush(Protocol):
     def dispatch(self, x, topk_idx, topk_weights, output_layout, alignment):
         raise_if_failed(self.mem, "dispatch")  # a wait of an earlier call expired
         lay, me, W = self.layout, self.me, self.W
-        H, K, L = lay.hidden, lay.topk, lay.local_experts
+        K = lay.topk
         dev = self.device
         stream = torch.cuda.current_stream(dev)
         T = x.shape[0]
@@ -208,42 +203,67 @@ class NvshmemPush(Protocol):
         # Outputs sized for the worst case, allocated before the launches so they follow each
         # other closely; the host's wait for the counts overlaps the data kernel.
         cap = min(lay.recv_rows, lay.worst_case_rows(output_layout))
-        shape = (cap, K) if not em else (cap,)
-        out_x = torch.empty((cap, H), dtype=x.dtype, device=dev)
-        out_idx = torch.empty(shape, dtype=torch.int64, device=dev)
-        out_w = torch.empty(shape, dtype=torch.float32, device=dev)
-        src_rank, src_token, src_slot = (torch.empty(cap, dtype=torch.int32, device=dev) for _ in range(3))
-        offsets = torch.empty(L + 1, dtype=torch.int64, device=dev) if em else None
+        out = self._outputs(cap, output_layout, x.dtype)
         in_rank = torch.empty((T, W), dtype=torch.bool, device=dev)
-        counts_dev = torch.empty((W, 1 + W + lay.num_experts), dtype=torch.int32, device=dev)
-        src = x
-        if self.stage_inputs and T and not self._in_input_region(x):
-            src = self.input_view(T, x.dtype).copy_(x)
+        # The routing's outputs, which only this rank reads: plain device memory of this
+        # dispatch (the handle keeps them for a cached dispatch).
+        plan = {"pub_idx": torch.empty(max(1, T * K), dtype=torch.int32, device=dev),
+                "pub_w": torch.empty(max(1, T * K), dtype=torch.float32, device=dev),
+                "pos": torch.empty(max(1, T * (W + K)), dtype=torch.int32, device=dev),
+                "send_ent": torch.empty(max(1, T * W), dtype=torch.int32, device=dev),
+                "counts": torch.empty((W, 1 + W + lay.num_experts), dtype=torch.int32, device=dev)}
+        src = self._source(x)
         self._dispatches += 1
         self._last_op = "dispatch"
         epoch = self._dispatches
-        base = self.mem.local.data_ptr()
-        pub_idx, pub_w = self._pub_idx.data_ptr(), self._pub_w.data_ptr()
         self._route(topk_idx, True, epoch, {
-            "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": pub_idx, "pub_w": pub_w,
-            "pos": self._pos.data_ptr(), "send_ent": self._send_ent.data_ptr(),
-            "counts_snap": counts_dev.data_ptr(), "counts_host": self._counts_host.data_ptr(),
+            "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": plan["pub_idx"].data_ptr(),
+            "pub_w": plan["pub_w"].data_ptr(), "pos": plan["pos"].data_ptr(), "send_ent": plan["send_ent"].data_ptr(),
+            "counts_snap": plan["counts"].data_ptr(), "counts_host": self._counts_host.data_ptr(),
             "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream)
         self._counts_event.record(stream)
-        self.ext.dispatch(base, self.args, me, self.channels, int(em), self.direct, alignment, cap, epoch,
-                          self.timeout_ns,
-                          [src.data_ptr(), pub_idx, pub_w, self._send_ent.data_ptr(), self._pos.data_ptr(),
-                           counts_dev.data_ptr(),
-                           out_x.data_ptr(), out_idx.data_ptr(), out_w.data_ptr(), src_rank.data_ptr(),
-                           src_token.data_ptr(), src_slot.data_ptr(), offsets.data_ptr() if em else 0,
-                           self.err.data_ptr()], stream.cuda_stream)
+        self._send(src, plan, out, cap, em, alignment, epoch)
 
         self._counts_event.synchronize()  # the one host wait; the data kernel runs meanwhile
         raise_if_failed(self.mem, "dispatch.counts")
-        out = {"x": out_x, "idx": out_idx, "w": out_w, "src_rank": src_rank, "src_token": src_token,
-               "src_slot": src_slot, "expert_offsets": offsets}
         return dispatch_result(lay, self._counts_host.numpy(), me, output_layout, alignment, self._bad_info.tolist,
-                               out, topk_idx, topk_weights, in_rank, self.buffer_id)
+                               out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=plan)
+
+    def _source(self, x: torch.Tensor) -> torch.Tensor:
+        """Where the puts read x: the input region when some peer is reached by puts."""
+        if self.stage_inputs and x.shape[0] and not self._in_input_region(x):
+            return self.input_view(x.shape[0], x.dtype).copy_(x)
+        return x
+
+    def _send(self, src: torch.Tensor, plan: dict[str, torch.Tensor], out: dict[str, Any], cap: int, em: bool,
+              alignment: int, epoch: int) -> None:
+        o = out
+        self.ext.dispatch(self.mem.local.data_ptr(), self.args, self.me, self.channels, int(em), self.direct,
+                          alignment, cap, epoch, self.timeout_ns,
+                          [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(),
+                           plan["send_ent"].data_ptr(), plan["pos"].data_ptr(), plan["counts"].data_ptr(),
+                           o["x"].data_ptr(), o["idx"].data_ptr(), o["w"].data_ptr(), o["src_rank"].data_ptr(),
+                           o["src_token"].data_ptr(), o["src_slot"].data_ptr(),
+                           o["expert_offsets"].data_ptr() if em else 0, self.err.data_ptr()],
+                          torch.cuda.current_stream(self.device).cuda_stream)
+
+    def dispatch_cached(self, x, handle):
+        """The handle's routing tables (send list, positions, counts: this rank's device
+        memory, nothing to republish), one barrier (receivers may still be reading their
+        pools from an earlier dispatch), then the dispatch kernel into outputs of exactly
+        the handle's rows. No routing, no host wait."""
+        raise_if_failed(self.mem, "dispatch")
+        rows = handle.num_recv_rows
+        cap = max(rows, 1)
+        out = self._outputs(cap, handle.output_layout, x.dtype)
+        src = self._source(x)
+        if self.W > 1:
+            self.mem.barrier_on_stream("dispatch.counts")
+        self._dispatches += 1
+        self._last_op = "dispatch"
+        self._send(src, handle.cache, out, cap, handle.output_layout == "expert", handle.alignment,
+                   self._dispatches)
+        return recv_views(out, rows, cached_per_expert(self.layout, handle, self.me))
 
     def check(self, synchronize: bool = False) -> None:
         """Raise StallError if a device wait of an earlier call expired."""
