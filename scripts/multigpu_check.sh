@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One run on a machine with N GPUs, one process per GPU (torchrun), N = every visible GPU:
 #   check      symmoe check: torch, nvshmem and nccl at world size N, each bitwise equal to
-#              symmoe.reference (hence to each other) on every routing kind, both layouts;
-#              then again with x built in Buffer.input_view (--x-in-buffer)
+#              symmoe.reference (hence to each other) on every routing kind, both layouts,
+#              and cached dispatch (handle=..., --cached); then again with x built in
+#              Buffer.input_view (--x-in-buffer)
 #   ab         symmoe ab configs/ab/v1_v2_mega.yaml: V1 vs V2 vs Mega, DeepSeek-V3 shape
 #   baselines  python -m symmoe.baselines: P2P copy GB/s of every GPU pair, NCCL all-to-all
 #              bus bandwidth (the NVLink ceiling), all_to_all_single dispatch/combine (what
@@ -38,7 +39,7 @@ status=0
 for s in "${STEPS[@]}"; do
   case "$s" in
     check)
-      run -m symmoe.cli check configs/torch.yaml configs/nvshmem.yaml configs/nccl.yaml "${CHECK_SHAPE[@]}" \
+      run -m symmoe.cli check configs/torch.yaml configs/nvshmem.yaml configs/nccl.yaml "${CHECK_SHAPE[@]}" --cached \
         2>&1 | tee "$LOG/check.log"
       rc=${PIPESTATUS[0]}; note "check (torch, nvshmem, nccl at W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1
       # x built in Buffer.input_view (pull reads it in place): the same checks again

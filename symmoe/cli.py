@@ -141,17 +141,21 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _check_rank(rank: int, world_size: int, configs: list[dict[str, Any]], seed: int, repeats: int,
-                x_in_buffer: bool = False) -> list[int]:
+                x_in_buffer: bool = False, cached: bool = False) -> list[tuple[int, int]]:
+    """Per config: (cases checked, cached dispatches checked)."""
     from .launch import local_gpu
-    from .testing import check_dispatch_combine
+    from .testing import check_cached_dispatch, check_dispatch_combine
     counts = []
     for config in configs:
         device = "cpu"
         if config["backend"] != "host":
             local_gpu(rank)
             device = "cuda"
-        counts.append(check_dispatch_combine(rank, world_size, config, seed, device=device, repeats=repeats,
-                                             x_in_buffer=x_in_buffer))
+        n = check_dispatch_combine(rank, world_size, config, seed, device=device, repeats=repeats,
+                                   x_in_buffer=x_in_buffer)
+        nc = check_cached_dispatch(rank, world_size, config, seed + 1, device=device,
+                                   x_in_buffer=x_in_buffer) if cached else 0
+        counts.append((n, nc))
     return counts
 
 
@@ -174,7 +178,8 @@ def cmd_check(args: argparse.Namespace) -> int:
             box = [seed]
             dist.broadcast_object_list(box, src=0)  # every rank must draw the same inputs
             seed = box[0]
-            mine = _check_rank(rank, world, [c.to_dict() for c in cfgs], seed, args.repeats, args.x_in_buffer)
+            mine = _check_rank(rank, world, [c.to_dict() for c in cfgs], seed, args.repeats, args.x_in_buffer,
+                               args.cached)
             every = [None] * world
             dist.all_gather_object(every, mine)
         if rank != 0:
@@ -184,12 +189,14 @@ def cmd_check(args: argparse.Namespace) -> int:
         for cfg in cfgs:
             check_world_size(cfg, world)
         every = launch.spawn(_check_rank, world, args=([c.to_dict() for c in cfgs], seed, args.repeats,
-                                                      args.x_in_buffer), timeout_s=600.0)
+                                                      args.x_in_buffer, args.cached), timeout_s=600.0)
     for i, path in enumerate(args.configs):
-        cases = every[0][i]
+        cases, cached = every[0][i]
         where = ", x built in Buffer.input_view" if args.x_in_buffer else ""
+        also = f"; cached dispatch (handle=...): {cached} cases" if args.cached else ""
         print(f"{path}: {cfgs[i].backend}/{cfgs[i].effective_protocol} bitwise equal to symmoe.reference on every "
-              f"one of {world} ranks: {cases} cases ({len(CHECK_ROUTINGS)} routings x 2 layouts x {args.repeats}{where})")
+              f"one of {world} ranks: {cases} cases ({len(CHECK_ROUTINGS)} routings x 2 layouts x {args.repeats}{where})"
+              f"{also}")
     print(f"seed {seed} (replay: --seed {seed})")
     return 0
 
@@ -244,6 +251,8 @@ def _parser() -> argparse.ArgumentParser:
     check.add_argument("--repeats", type=int, default=1, help="calls per (routing, layout)")
     check.add_argument("--x-in-buffer", action="store_true",
                        help="build x in Buffer.input_view and dispatch it from there (checks it stays intact)")
+    check.add_argument("--cached", action="store_true",
+                       help="also dispatch new x along each routing with its handle, after other dispatches")
     check.set_defaults(fn=cmd_check)
 
     bench = sub.add_parser("bench", help="time dispatch and combine for a config")

@@ -51,9 +51,10 @@ def test_check_compares_every_config_with_the_reference_and_prints_the_seed():
     lines = out.stdout.splitlines()
     assert sum("bitwise equal to symmoe.reference on every one of 2 ranks: 12 cases" in l for l in lines) == 2, out.stdout
     assert lines[-1].startswith("seed ")
-    zc = symmoe("check", "configs/host.yaml", "--world-size", "2", "--x-in-buffer", *small)
+    zc = symmoe("check", "configs/host.yaml", "--world-size", "2", "--x-in-buffer", "--cached", *small)
     assert zc.returncode == 0, zc.stderr
-    assert "12 cases (6 routings x 2 layouts x 1, x built in Buffer.input_view)" in zc.stdout
+    assert ("12 cases (6 routings x 2 layouts x 1, x built in Buffer.input_view); cached dispatch (handle=...): "
+            "12 cases") in zc.stdout
     bad = symmoe("check", "configs/host.yaml", "--set", "buffer.topk=99", *small)
     assert bad.returncode == 1 and "buffer.topk" in bad.stderr and "Traceback" not in bad.stderr
 

@@ -106,3 +106,10 @@ def test_dispatch_combine_bitwise(dtype):
     cfg["buffer"]["dtype"] = dtype
     n = check_dispatch_combine(0, 1, cfg, seed=1234, device="cuda", repeats=2)
     assert n > 0
+
+
+def test_cached_dispatch_bitwise():
+    """dispatch(x, handle=...) after other dispatches: the reference's rows for the new x."""
+    _nccl()
+    from symmoe.testing import CHECK_ROUTINGS, check_cached_dispatch
+    assert check_cached_dispatch(0, 1, _small_config(), seed=4321, device="cuda") == len(CHECK_ROUTINGS) * 2

@@ -14,7 +14,7 @@ import torch
 
 from symmoe.config import Config
 from symmoe.launch import mps_share, spawn
-from symmoe.testing import CHECK_ROUTINGS, check_dispatch_combine
+from symmoe.testing import CHECK_ROUTINGS, check_cached_dispatch, check_dispatch_combine
 
 pytestmark = pytest.mark.gpu
 
@@ -82,6 +82,17 @@ def test_back_to_back_combines_on_one_handle():
     reducing the previous combine must not see its slots overwritten (barrier "combine.done")."""
     _usable()
     assert _run(2, _config(), 93, CHECK_ROUTINGS[:3], ("rank", "expert"), "cuda", 1, 3) == [6, 6]
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_cached_dispatch_moves_new_rows_along_the_handles_routing(world_size):
+    """dispatch(x, handle=...) after other dispatches: the handle's own routing tables, the
+    reference's rows for the new x, and a combine on the handle still exact (staged puts at 2)."""
+    _usable()
+    env = _env(world_size, SYMMOE_NVSHMEM_STAGE="1") if world_size == 2 else _env(world_size)
+    got = spawn(check_cached_dispatch, world_size, args=(_config(), 5000 + world_size, CHECK_ROUTINGS,
+                                                         ("rank", "expert"), "cuda"), env=env, timeout_s=180.0)
+    assert got == [CASES] * world_size
 
 
 @pytest.mark.parametrize("kind", ["range", "duplicate"])

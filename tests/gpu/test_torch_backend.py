@@ -11,7 +11,7 @@ import torch
 
 from symmoe.config import Config, from_dict
 from symmoe.launch import spawn
-from symmoe.testing import CHECK_ROUTINGS, check_dispatch_combine
+from symmoe.testing import CHECK_ROUTINGS, check_cached_dispatch, check_dispatch_combine
 
 pytestmark = pytest.mark.gpu
 
@@ -62,6 +62,21 @@ def test_repeated_calls_and_big_pieces():
 def test_x_built_in_the_input_view_is_dispatched_where_it_lies(protocol):
     """Buffer.input_view: pull's peers read x in place (no publish copy); x is left as it was."""
     assert _run(2, gpu_config(protocol=protocol), 96, x_in_buffer=True) == [len(CHECK_ROUTINGS) * 2] * 2
+
+
+@pytest.mark.parametrize("protocol", ["pull", "push"])
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+def test_cached_dispatch_moves_new_rows_along_the_handles_routing(world_size, protocol):
+    """dispatch(x, handle=...) after other dispatches overwrote the routing it published: the
+    reference's rows for the new x, the same handle back, and a combine on it still exact."""
+    cfg = gpu_config(protocol=protocol)
+    args = (cfg, 97 + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda", world_size == 2)
+    if world_size == 1:
+        os.environ.update(ENV)
+        got = [check_cached_dispatch(0, 1, *args)]
+    else:
+        got = spawn(check_cached_dispatch, world_size, args=args, env=ENV, timeout_s=300.0)
+    assert got == [len(CHECK_ROUTINGS) * 2] * world_size
 
 
 @pytest.mark.parametrize("protocol", ["pull", "push"])
