@@ -44,7 +44,7 @@ struct Ctx {
   uint64_t timeout_ns;
   int grid;      // blocks of the persistent kernels (config kernel.num_sms, clamped to the device)
   int max_smem;  // opt-in shared memory per block
-  unsigned int* done;  // [8] grid completion counters, zeroed by the caller (one per kernel kind)
+  unsigned int* done;  // [8] grid completion counters, zeroed by the caller (one per kernel kind: 0-6 used)
   MoveCfg move;        // data kernels' bulk piece size and warps per block (for plan_bytes = 0)
   int32_t* counts_host = nullptr;  // where a dispatch's routing kernels leave the counts matrix
   int32_t* counts_snap = nullptr;
@@ -253,6 +253,17 @@ struct Ctx {
     check(cudaGetLastError(), "combine_reduce_kernel launch");
   }
 
+  // Cached dispatch: `routing` (nbytes, a multiple of 16) back to the input region from
+  // in_idx on, `counts` to the counts region, then barrier "dispatch.counts".
+  void republish(uintptr_t routing, int64_t nbytes, uintptr_t counts, int64_t epoch, uintptr_t stream) {
+    if (nbytes < 0 || nbytes % 16) throw std::invalid_argument("republish: routing bytes must be a multiple of 16");
+    const int64_t vecs = nbytes / 16;
+    const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(grid, (vecs + kRouteThreads - 1) / kRouteThreads)));
+    republish_kernel<Transport><<<blocks, kRouteThreads, 0, S(stream)>>>(tp, L, P<const int4>(routing), vecs,
+                                                                         P<const int32_t>(counts), sync(epoch, 6));
+    check(cudaGetLastError(), "republish_kernel launch");
+  }
+
   void barrier(int64_t flags_off, int64_t epoch, int stage, uintptr_t stream) {
     barrier_kernel<Transport><<<1, 32, 0, S(stream)>>>(tp, rank, int(L.world_size), flags_off, epoch, timeout_ns, err, err_host,
                                                          stage);
@@ -309,6 +320,8 @@ void bind_context(py::module_& m, Init init) {
       .def("combine_reduce", &C::combine_reduce, py::arg("elem_size"), py::arg("is_bf16"), py::arg("y"), py::arg("rw"),
            py::arg("in_rank"), py::arg("topk_idx"), py::arg("topk_w"), py::arg("tokens"), py::arg("selfmap"),
            py::arg("out"), py::arg("out_w"), py::arg("expert_major"), py::arg("epoch"), py::arg("stream"))
+      .def("republish", &C::republish, py::arg("routing"), py::arg("nbytes"), py::arg("counts"), py::arg("epoch"),
+           py::arg("stream"))
       .def("barrier", &C::barrier, py::arg("flags_offset"), py::arg("epoch"), py::arg("stage"), py::arg("stream"));
 }
 

@@ -83,6 +83,27 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(Transport tp
   }
 }
 
+// Cached dispatch (dispatch(x, handle=...)): the routing a handle kept goes back where the
+// routing kernels leave it (published ids, weights, positions; the counts matrix), then the
+// barrier "dispatch.counts" as at the end of route_place_kernel. One launch: no routing, and
+// no copies through torch (which block the host on symmetric memory).
+template <class Transport>
+__global__ void __launch_bounds__(kRouteThreads) republish_kernel(Transport tp, Layout L, const int4* routing,
+                                                                int64_t routing_vecs, const int32_t* counts, Sync sy) {
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = error_set(sy.err);
+  __syncthreads();
+  if (dead) return;
+  const int64_t first = int64_t(blockIdx.x) * blockDim.x + threadIdx.x, step = int64_t(gridDim.x) * blockDim.x;
+  int4* pub = reinterpret_cast<int4*>(tp.local + L.in_idx);
+  for (int64_t i = first; i < routing_vecs; i += step) pub[i] = __ldg(routing + i);
+  int32_t* m = reinterpret_cast<int32_t*>(tp.local + L.counts);
+  for (int64_t i = first; i < L.world_size * L.counts_cols(); i += step) m[i] = __ldg(counts + i);
+  if (!grid_last_block(sy.done)) return;
+  block_barrier(tp, sy.rank, int(L.world_size), L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host,
+                kStageDispatchCounts);
+}
+
 // Zero-filled padding rows of the expert-major output (ids -1, weights 0, sources -1).
 __device__ void fill_padding(const RecvPlan& pl, int Le, const Outputs& o, int64_t row_bytes) {
   for (int j = blockIdx.x; j < Le; j += gridDim.x) {

@@ -77,8 +77,9 @@ def recv_views(out: dict[str, torch.Tensor | None], rows: int, per_expert: torch
         src_token=out["src_token"][:rows], expert_offsets=out["expert_offsets"])
 
 
-def cached_per_expert(lay: BufferLayout, handle: DispatchHandle, rank: int) -> torch.Tensor:
-    """num_recv_tokens_per_expert of the dispatch that made ``handle``, from its counts
-    (host arithmetic: a cached dispatch never waits for the device)."""
-    _, per_expert = received_rows(lay, handle.counts.numpy(), rank, handle.output_layout, handle.alignment)
-    return torch.from_numpy(per_expert)
+def cached_rows(lay: BufferLayout, handle: DispatchHandle, rank: int) -> tuple[int, torch.Tensor]:
+    """(the most rows any rank received, num_recv_tokens_per_expert of ``rank``) in the
+    dispatch that made ``handle``, from its counts: host arithmetic, as a cached dispatch
+    never waits for the device."""
+    totals, per_expert = received_rows(lay, handle.counts.numpy(), rank, handle.output_layout, handle.alignment)
+    return int(totals.max()), torch.from_numpy(per_expert)

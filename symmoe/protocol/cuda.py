@@ -56,7 +56,7 @@ from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots
-from .counts import cached_per_expert, dispatch_result, recv_views
+from .counts import cached_rows, dispatch_result, recv_views
 
 MAX_LOCAL_EXPERTS = 4096  # the data kernels keep per-expert tables in shared memory
 
@@ -212,14 +212,17 @@ class _CudaProtocol(Protocol):
 
     def _routing_span(self, T: int) -> torch.Tensor:
         """Bytes of the input region the routing kernel publishes (ids, weights, then the
-        positions of T tokens): what the data kernels read besides x and the counts."""
+        positions of T tokens; whole 16-byte vectors): what the data kernels read besides x
+        and the counts."""
         start, pos = self._offs["in_idx"], self._offs["in_pos"]
-        return self.mem.view(start, torch.uint8, (pos - start + 4 * T * (self.world_size + self.layout.topk),))
+        n = pos - start + 4 * T * (self.world_size + self.layout.topk)
+        return self.mem.view(start, torch.uint8, ((n + 15) // 16 * 16,))
 
     def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle) -> RecvResult:
         """The routing of ``handle`` put back (its published ids, weights and positions, and
-        its counts matrix: another dispatch may have overwritten them), one barrier, then the
-        data kernels into outputs of exactly the handle's rows. No routing, no host wait."""
+        its counts matrix: another dispatch may have overwritten them) and the barrier in one
+        kernel, then the data kernels into outputs of exactly the handle's rows. No routing,
+        no host wait."""
         self.check()
         lay, W, T = self.layout, self.world_size, handle.num_tokens
         self._check_aligned("x", x)
@@ -230,15 +233,12 @@ class _CudaProtocol(Protocol):
         out = self._outputs(max(rows, 1), handle.output_layout, x.dtype)
         args = {k: _ptr(v) for k, v in out.items()}
         args["capacity"] = max(rows, 1)
-        self._routing_span(T).copy_(routing)
-        self._region("counts", torch.int32, self._counts_shape).copy_(counts_dev)
-        if W > 1:
-            # Peers read what was just republished (pull) and may refill pools this rank still
-            # unpacks from an earlier dispatch (push): the counts barrier of a dispatch, alone.
-            self.ctx.barrier(self._offs["barrier"], self._next_epoch(), self.mod.STAGES["dispatch.counts"],
-                             self._stream().cuda_stream)
+        # Then the counts barrier: peers read what was just republished (pull) and may refill
+        # pools this rank still unpacks from an earlier dispatch (push).
+        self.ctx.republish(routing.data_ptr(), routing.numel(), counts_dev.data_ptr(), self._next_epoch(),
+                           self._stream().cuda_stream)
         self._move(x, args, handle.output_layout == "expert", handle.alignment, counts_dev)
-        return recv_views(out, rows, cached_per_expert(lay, handle, self.rank))
+        return recv_views(out, rows, cached_rows(lay, handle, self.rank)[1])
 
     # -- combine ---------------------------------------------------------------------------
     def combine(self, y: torch.Tensor, handle: DispatchHandle,

@@ -55,7 +55,7 @@ from .. import build
 from ..errors import InputError, StallError
 from ..reference import DispatchLayout
 from .base import Protocol, check_combine_slots
-from .counts import cached_per_expert, dispatch_result, recv_views
+from .counts import cached_rows, dispatch_result, recv_views
 
 # Stage codes, as in csrc/common/layout.cuh (enum Stage).
 STAGES = {"dispatch.counts": 1, "dispatch.data": 2, "combine.data": 4, "combine.done": 5, "barrier": 6}
@@ -253,8 +253,9 @@ class NvshmemPush(Protocol):
         pools from an earlier dispatch), then the dispatch kernel into outputs of exactly
         the handle's rows. No routing, no host wait."""
         raise_if_failed(self.mem, "dispatch")
-        rows = handle.num_recv_rows
-        cap = max(rows, 1)
+        # The kernel's capacity must be the same on every rank (each checks every receiver).
+        most, per_expert = cached_rows(self.layout, handle, self.me)
+        cap = max(most, 1)
         out = self._outputs(cap, handle.output_layout, x.dtype)
         src = self._source(x)
         if self.W > 1:
@@ -263,7 +264,7 @@ class NvshmemPush(Protocol):
         self._last_op = "dispatch"
         self._send(src, handle.cache, out, cap, handle.output_layout == "expert", handle.alignment,
                    self._dispatches)
-        return recv_views(out, rows, cached_per_expert(self.layout, handle, self.me))
+        return recv_views(out, handle.num_recv_rows, per_expert)
 
     def check(self, synchronize: bool = False) -> None:
         """Raise StallError if a device wait of an earlier call expired."""
