@@ -61,8 +61,6 @@ def check_dispatch_combine(rank: int, world_size: int, config: dict[str, Any], s
     outputs (a backward pass reuses a handle). ``x_in_buffer``: x is built in
     ``Buffer.input_view`` and dispatched from there. Returns the number of (routing, layout) cases."""
     cfg: Config = from_dict(config)
-    b = cfg.buffer
-    dtype = DTYPES[b.dtype]
     dev = torch.device(device)
     checked = 0
     with Buffer(None, cfg) as buf:
@@ -70,15 +68,28 @@ def check_dispatch_combine(rank: int, world_size: int, config: dict[str, Any], s
             for layout in layouts:
                 for rep in range(repeats):
                     case_seed = seed + 7919 * i + 31 * rep
-                    counts = _tokens_per_rank(world_size, b.max_tokens_per_rank, case_seed)
-                    inputs = make_inputs(routing, num_tokens=counts, hidden=b.hidden, topk=b.topk,
-                                         num_experts=b.num_experts, world_size=world_size, dtype=dtype,
-                                         seed=case_seed)
+                    inputs = _case_inputs(routing, world_size, cfg, case_seed)
                     ctx = (f"rank {rank}/{world_size} {cfg.backend}/{buf.protocol} routing={routing.kind} "
                            f"layout={layout} seed={case_seed}")
                     _check_one(buf, inputs, rank, world_size, cfg, layout, dev, ctx, case_seed, combines, x_in_buffer)
                     checked += 1
     return checked
+
+
+def _case_inputs(routing: Routing, world_size: int, cfg: Config, case_seed: int):
+    """Every rank's inputs of one case (different token counts per rank, one rank with none)."""
+    b = cfg.buffer
+    counts = _tokens_per_rank(world_size, b.max_tokens_per_rank, case_seed)
+    return make_inputs(routing, num_tokens=counts, hidden=b.hidden, topk=b.topk, num_experts=b.num_experts,
+                       world_size=world_size, dtype=DTYPES[b.dtype], seed=case_seed)
+
+
+def _check_recv(rx, ri, rw, per_expert: list[int], want, ctx: str) -> None:
+    assert_bitwise("recv_x", rx, want.x, ctx)
+    assert_bitwise("recv_topk_idx", ri, want.topk_idx, ctx)
+    assert_bitwise("recv_topk_weights", rw, want.topk_weights, ctx)
+    if per_expert != want.num_recv_tokens_per_expert.tolist():
+        raise AssertionError(f"{ctx}: num_recv_tokens_per_expert {per_expert} != {want.num_recv_tokens_per_expert.tolist()}")
 
 
 def _check_one(buf: Buffer, inputs, rank: int, world_size: int, cfg: Config, layout: str, dev: torch.device,
@@ -97,11 +108,7 @@ def _check_one(buf: Buffer, inputs, rank: int, world_size: int, cfg: Config, lay
     event.synchronize()
     if x_in_buffer:
         assert_bitwise("x in the input view after its dispatch", x, mine.x, ctx)
-    assert_bitwise("recv_x", rx, want.x, ctx)
-    assert_bitwise("recv_topk_idx", ri, want.topk_idx, ctx)
-    assert_bitwise("recv_topk_weights", rw, want.topk_weights, ctx)
-    if per_expert != want.num_recv_tokens_per_expert.tolist():
-        raise AssertionError(f"{ctx}: num_recv_tokens_per_expert {per_expert} != {want.num_recv_tokens_per_expert.tolist()}")
+    _check_recv(rx, ri, rw, per_expert, want, ctx)
     assert_bitwise("handle.recv_src_rank", handle.recv_src_rank, want.src_rank, ctx)
     assert_bitwise("handle.recv_src_token", handle.recv_src_token, want.src_token, ctx)
     _check_combines(buf, handle, ref, inputs, rank, world_size, cfg, layout, dev, ctx, seed, combines)
@@ -125,9 +132,7 @@ def check_cached_dispatch(rank: int, world_size: int, config: dict[str, Any], se
             cases = []
             for i, routing in enumerate(routings):
                 case_seed = seed + 7919 * i
-                counts = _tokens_per_rank(world_size, b.max_tokens_per_rank, case_seed)
-                inputs = make_inputs(routing, num_tokens=counts, hidden=b.hidden, topk=b.topk,
-                                     num_experts=b.num_experts, world_size=world_size, dtype=dtype, seed=case_seed)
+                inputs = _case_inputs(routing, world_size, cfg, case_seed)
                 mine = inputs[rank]
                 *_, handle, event = buf.dispatch(mine.x.to(dev), mine.topk_idx.to(dev), mine.topk_weights.to(dev),
                                                  output_layout=layout, expert_alignment=b.expert_alignment)
@@ -149,12 +154,7 @@ def check_cached_dispatch(rank: int, world_size: int, config: dict[str, Any], se
                 event.synchronize()
                 if same is not handle:
                     raise AssertionError(f"{ctx}: a cached dispatch must return the handle it was given")
-                assert_bitwise("recv_x", rx, want.x, ctx)
-                assert_bitwise("recv_topk_idx", ri, want.topk_idx, ctx)
-                assert_bitwise("recv_topk_weights", rw, want.topk_weights, ctx)
-                if per_expert != want.num_recv_tokens_per_expert.tolist():
-                    raise AssertionError(f"{ctx}: num_recv_tokens_per_expert {per_expert} != "
-                                         f"{want.num_recv_tokens_per_expert.tolist()}")
+                _check_recv(rx, ri, rw, per_expert, want, ctx)
                 _check_combines(buf, handle, ref, inputs, rank, world_size, cfg, layout, dev, ctx, case_seed, 1)
                 checked += 1
     return checked
