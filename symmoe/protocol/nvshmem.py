@@ -23,6 +23,9 @@ dispatch
   4. the host waits for the counts (the one host wait, as DeepEP's normal mode; the data
      kernel runs meanwhile), raises InputError / CapacityError on every rank together, and
      returns views of the first ``rows`` rows.
+cached dispatch (``dispatch(x, handle=...)``)
+  the routing tables of step 2 are per-dispatch tensors the handle keeps: the device barrier
+  ``dispatch.counts`` (pools may still be read by an earlier dispatch), then step 3 with them.
 combine
   5. after another combine only: the device barrier ``combine.done`` (peers may still be
      reducing from the slots this combine writes; a dispatch in between orders them already)
@@ -237,6 +240,7 @@ class NvshmemPush(Protocol):
 
     def _send(self, src: torch.Tensor, plan: dict[str, torch.Tensor], out: dict[str, Any], cap: int, em: bool,
               alignment: int, epoch: int) -> None:
+        """The dispatch kernel from the routing tables ``plan`` into ``out`` (``cap`` rows)."""
         o = out
         self.ext.dispatch(self.mem.local.data_ptr(), self.args, self.me, self.channels, int(em), self.direct,
                           alignment, cap, epoch, self.timeout_ns,
@@ -250,8 +254,8 @@ class NvshmemPush(Protocol):
     def dispatch_cached(self, x, handle):
         """The handle's routing tables (send list, positions, counts: this rank's device
         memory, nothing to republish), one barrier (receivers may still be reading their
-        pools from an earlier dispatch), then the dispatch kernel into outputs of exactly
-        the handle's rows. No routing, no host wait."""
+        pools from an earlier dispatch), then the dispatch kernel; this rank's rows are
+        returned. No routing, no host wait."""
         raise_if_failed(self.mem, "dispatch")
         # The kernel's capacity must be the same on every rank (each checks every receiver).
         most, per_expert = cached_rows(self.layout, handle, self.me)
