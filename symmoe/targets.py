@@ -343,13 +343,13 @@ def _ab_rows(A: _Doc, W: int, algbw: float, a2a: dict[str, float], shape: dict[s
         notes.append(f"ab timer {sorted(timers)}: not CUDA events, so no L2 flush before each call")
     for v in A.get("spec.variants"):
         name = str(v.get("name"))
-        for op in OPS:
+        for op in ops_of(A.get(f"stats.{name}")):  # cached dispatch: ab files since session 7
             t = A.num(f"stats.{name}.{op}.step.median") * 1e6  # ab stores seconds
             # An expert-major ab run does not record the rank-major rows its dispatch moves.
             nb = nbytes if (layout == "rank" or op == "combine") else None
             protocol = protocol_label(v.get("protocol"), v.get("x_in_buffer"))
             rows.append(_row(f"ab {name}", str(v.get("backend")), protocol, layout, op, t, nb, algbw,
-                             a2a[op] if layout == "rank" else None, target=True))
+                             a2a[BASE_OP[op]] if layout == "rank" else None, target=True))
     if layout != "rank":
         notes.append("ab ran expert-major: its dispatch rows are not recorded, so no dispatch ratio for ab")
     return info

@@ -49,7 +49,8 @@ def test_quickstart_without_a_gpu_falls_back_to_host_and_writes_table_and_json(t
     assert "| host-push | host/push |" in cap.out and "| host-pull | host/pull |" in cap.out
     assert "FALLBACK: --no-gpu was given" in cap.out and "FALLBACK: --no-gpu was given" in cap.err  # says so
     assert "'torch-push' (torch), 'torch-pull' (torch)" in cap.err
-    assert "**bitwise:**" in cap.out
+    assert "**bitwise:**" in cap.out and "(of dispatch and of cached dispatch)" in cap.out
+    assert "| cached dispatch µs |" in cap.out  # the backward pass's dispatch, timed and checked too
     assert (out / "table.md").read_text() == cap.out
     res = json.loads((out / "results.json").read_text())
     assert res["status"] == "ok" and res["world_size"] == 2 and res["fallback"]["with"] == ["host-push", "host-pull"]
@@ -57,7 +58,7 @@ def test_quickstart_without_a_gpu_falls_back_to_host_and_writes_table_and_json(t
     assert [v["name"] for v in res["spec"]["variants"]] == ["host-push", "host-pull"]
     for r in res["ranks"]:
         for name in ("host-push", "host-pull"):
-            assert len(r["samples"][name]["dispatch"]) == 3 and len(r["samples"][name]["combine"]) == 3
+            assert [len(r["samples"][name][op]) for op in ("dispatch", "cached_dispatch", "combine")] == [3, 3, 3]
         assert r["bytes"]["network_bytes"] == 0 and r["bytes"]["total_bytes"] == r["bytes"]["rows"] * 1024 * 2
     env = res["environment"]
     for key in ("date", "hostname", "command", "torch", "git_commit", "cuda_available"):

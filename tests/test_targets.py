@@ -199,3 +199,18 @@ def test_a_cached_dispatch_is_judged_like_dispatch_in_rows_of_its_own(docs):
     md = targets.markdown(res)
     assert "| bench | torch | push | rank | cached dispatch |" in md
     assert "Best cached dispatch vs a2a baseline: torch/push" in md
+
+
+def test_an_ab_cached_dispatch_is_its_own_row_against_the_a2a_dispatch(docs):
+    bench, base, ab = copy.deepcopy(docs)
+    name = ab["spec"]["variants"][0]["name"]
+    st = ab["stats"][name]
+    st["cached_dispatch"] = copy.deepcopy(st["dispatch"])
+    st["cached_dispatch"]["step"]["median"] = st["dispatch"]["step"]["median"] / 2
+    res = targets.compute(bench, base, ab)
+    backend = ab["spec"]["variants"][0]["backend"]
+    protocol = targets.protocol_label(ab["spec"]["variants"][0]["protocol"], None)
+    plain = row(res, f"ab {name}", backend, protocol, "rank", "dispatch")
+    cached = row(res, f"ab {name}", backend, protocol, "rank", "cached_dispatch")
+    assert cached["median_us"] == pytest.approx(plain["median_us"] / 2)
+    assert cached["speedup_vs_a2a"] == pytest.approx(2 * plain["speedup_vs_a2a"])

@@ -28,9 +28,8 @@ import subprocess
 import sys
 from typing import Any
 
+from ..ops import LABEL, ops_of
 from ..timing import Samples
-
-OPS = ("dispatch", "combine")
 BOOTSTRAP_RESAMPLES = 2000
 
 
@@ -70,7 +69,7 @@ def analyse(names: list[str], ranks: list[dict[str, Any]], seed: int) -> dict[st
     out: dict[str, Any] = {}
     for name in names:
         entry: dict[str, Any] = {}
-        for op in OPS:
+        for op in ops_of(ranks[0]["samples"][name]):
             per_rank = []
             for r in ranks:
                 xs = r["samples"][name][op]
@@ -94,7 +93,7 @@ def analyse(names: list[str], ranks: list[dict[str, Any]], seed: int) -> dict[st
         out[name] = entry
     first = names[0]
     for name in names:
-        for op in OPS:
+        for op in out[name]:
             out[name][op]["ratio_to_first"] = bootstrap_ratio(out[name][op]["step_samples"],
                                                               out[first][op]["step_samples"], seed)
     return out
@@ -219,36 +218,42 @@ def markdown(result: dict[str, Any]) -> str:
         f"{wl['warmup']} warm-up + {wl['repeats']} timed rounds, interleaved; timer: {timer}"
         + ("; L2 flushed before each call" if timer == "CUDA events" else ""),
         "",
-        f"**bitwise:** every variant's recv_x, recv_topk_idx, recv_topk_weights, per-expert counts and combined "
-        f"output identical on every rank in all {result['rounds_checked']} rounds"
+        "**bitwise:** every variant's recv_x, recv_topk_idx, recv_topk_weights, per-expert counts "
+        + ("(of dispatch and of cached dispatch) " if "cached_dispatch" in stats[names[0]] else "")
+        + f"and combined output identical on every rank in all {result['rounds_checked']} rounds"
         + (" (first variant also equal to symmoe.reference)" if spec["reference"] else ""),
         "",
         "Latency: median [p10, p90] of the per-repeat slowest rank, µs. GB/s: received-row bytes / median, "
         "mean over ranks (intra-node / network). vs first: ratio of medians [95% bootstrap CI]; < 1 is faster.",
         "",
-        "| variant | backend/protocol | dispatch µs | dispatch GB/s (intra / net) | dispatch vs first "
-        "| combine µs | combine GB/s (intra / net) | combine vs first |",
-        "|---|---|---|---|---|---|---|---|",
     ]
+    ops = list(stats[names[0]])
+    lines += ["| variant | backend/protocol | " + " | ".join(
+                  f"{LABEL[op]} µs | {LABEL[op]} GB/s (intra / net) | {LABEL[op]} vs first" for op in ops) + " |",
+              "|---|---|" + "---|" * (3 * len(ops))]
     for i, name in enumerate(names):
         v = spec["variants"][i]
         cells = [name, f"{v['backend']}/{v['protocol']}" + (" (x in buffer)" if v.get("x_in_buffer") else "")]
-        for op in OPS:
+        for op in ops:
             s = stats[name][op]
             st = s["step"]
             cells += [f"{_us(st['median'])} [{_us(st['p10'])}, {_us(st['p90'])}]",
                       f"{_gb(s['gbps'])} ({_gb(s['intra_node_gbps'])} / {_gb(s['network_gbps'])})",
                       _ratio(s["ratio_to_first"], i == 0)]
         lines.append("| " + " | ".join(cells) + " |")
+    if "cached_dispatch" in ops:
+        lines += ["", "cached dispatch: dispatch(x, handle=...) along the routing of the dispatch before it "
+                      "(the backward pass's dispatch: no routing, no host wait on the GPU backends)."]
     lines += ["", "Per rank: median [p10, p90] µs, GB/s.", "",
-              "| variant | rank | recv rows | dispatch µs | dispatch GB/s | combine µs | combine GB/s |",
-              "|---|---|---|---|---|---|---|"]
+              "| variant | rank | recv rows | " + " | ".join(f"{LABEL[op]} µs | {LABEL[op]} GB/s" for op in ops) + " |",
+              "|---|---|---|" + "---|" * (2 * len(ops))]
     for name in names:
         for j, r in enumerate(ranks):
-            d, c = stats[name]["dispatch"]["per_rank"][j], stats[name]["combine"]["per_rank"][j]
-            lines.append(f"| {name} | {r['rank']} | {r['bytes']['rows']} | {_us(d['median'])} [{_us(d['p10'])}, "
-                         f"{_us(d['p90'])}] | {_gb(d['gbps'])} | {_us(c['median'])} [{_us(c['p10'])}, "
-                         f"{_us(c['p90'])}] | {_gb(c['gbps'])} |")
+            cells = [name, str(r["rank"]), str(r["bytes"]["rows"])]
+            for op in ops:
+                d = stats[name][op]["per_rank"][j]
+                cells += [f"{_us(d['median'])} [{_us(d['p10'])}, {_us(d['p90'])}]", _gb(d["gbps"])]
+            lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -265,8 +270,9 @@ def plot(result: dict[str, Any], path: str) -> str | None:
 
     spec, stats, ranks = result["spec"], result["stats"], result["ranks"]
     names = [v["name"] for v in spec["variants"]]
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-    for col, op in enumerate(OPS):
+    ops = list(stats[names[0]])
+    fig, axes = plt.subplots(2, len(ops), figsize=(6 * len(ops), 8), squeeze=False)
+    for col, op in enumerate(ops):
         ax = axes[0][col]
         data = [[s * 1e6 for s in stats[n][op]["step_samples"]] for n in names]
         ax.boxplot(data, whis=(10, 90), showfliers=True)
@@ -275,7 +281,7 @@ def plot(result: dict[str, Any], path: str) -> str | None:
             ax.scatter(xs, d, s=6, alpha=0.4)
         ax.set_xticks(range(1, len(names) + 1), names, rotation=15)
         ax.set_ylabel("µs (slowest rank per repeat)")
-        ax.set_title(f"{op} latency")
+        ax.set_title(f"{LABEL[op]} latency")
         ax = axes[1][col]
         # GB/s of every (rank, repeat) sample
         gb = []
@@ -294,7 +300,7 @@ def plot(result: dict[str, Any], path: str) -> str | None:
         ax.boxplot(gb, whis=(10, 90), showfliers=False)
         ax.set_xticks(range(1, len(names) + 1), names, rotation=15)
         ax.set_ylabel("GB/s per rank (received-row bytes)")
-        ax.set_title(f"{op} bandwidth")
+        ax.set_title(f"{LABEL[op]} bandwidth")
     fig.suptitle(f"symmoe ab {spec['name']}: {spec['workload_text']}, world size {result['world_size']}", fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -27,6 +27,7 @@ from .. import launch, reference
 from ..compare import bits as _bits, first_bit_difference
 from ..buffer import Buffer
 from ..layout import DTYPES
+from ..ops import OPS
 from ..progress import Progress
 from ..timing import flush_l2
 from ..workload import make_inputs, make_topk_idxs
@@ -184,7 +185,7 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
     names = [v.name for v in variants]
     rounds = 1 + wl.warmup + wl.repeats
     bar = Progress(rounds * len(variants), f"ab {spec.name}", enabled=job.progress and rank == 0)
-    samples = {n: {"dispatch": [], "combine": []} for n in names}
+    samples = {n: {op: [] for op in OPS} for n in names}
     bufs: list[Buffer] = []
     try:
         for v in variants:
@@ -229,8 +230,7 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
                 (rx, ri, rw, per_expert, handle, ev), td = clock.time(
                     buf.dispatch, x, idx, w, output_layout=wl.output_layout, expert_alignment=wl.expert_alignment)
                 ev.synchronize()
-                check({"recv_x": rx, "recv_topk_idx": ri, "recv_topk_weights": rw,
-                       "num_recv_tokens_per_expert": torch.tensor(per_expert, dtype=torch.int64)})
+                check(_recv_outputs(rx, ri, rw, per_expert))
                 if not y_by_device:  # expert outputs for combine: the first variant's recv rows
                     y_by_device[dev] = (rx.clone(), rw.clone() if wl.output_layout == "rank" else None)
                 if dev not in y_by_device:
@@ -241,10 +241,16 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
                 (cx, cw, ev), tc = clock.time(buf.combine, y, handle, yw)
                 ev.synchronize()
                 check({"combined_x": cx, "combined_topk_weights": cw})
+                del cx, cw
+                # The backward pass's dispatch: along the handle's routing, no routing of its own
+                # (the same x here, so the same rows as the dispatch above).
+                (rx, ri, rw, per_expert, _, ev), tcd = clock.time(buf.dispatch, x, handle=handle)
+                ev.synchronize()
+                check(_recv_outputs(rx, ri, rw, per_expert))
                 if timed:
-                    samples[v.name]["dispatch"].append(clock.seconds(td))
-                    samples[v.name]["combine"].append(clock.seconds(tc))
-                del handle, cx, cw
+                    for op, t in (("dispatch", td), ("cached_dispatch", tcd), ("combine", tc)):
+                        samples[v.name][op].append(clock.seconds(t))
+                del handle, rx, ri, rw
                 bar.update()
             if rnd == 0:
                 expected = None  # checked; free it
@@ -260,6 +266,11 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
     finally:
         for b in bufs:
             b.close()
+
+
+def _recv_outputs(rx: torch.Tensor, ri: torch.Tensor, rw: torch.Tensor, per_expert: list[int]) -> dict[str, Any]:
+    return {"recv_x": rx, "recv_topk_idx": ri, "recv_topk_weights": rw,
+            "num_recv_tokens_per_expert": torch.tensor(per_expert, dtype=torch.int64)}
 
 
 def _problem(rnd: int, warmup: int, variant: str, against: str, rank: int, tensor: str,
