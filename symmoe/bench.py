@@ -204,18 +204,15 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
             def cached() -> None:  # dispatch(x, handle=...): the routing of the last dispatch
                 proto.dispatch_cached(x, state["d"][1])
 
-            d = _time(dispatch, warmup, repeats, sleep, sync)
-            c = _time(combine, warmup, repeats, sleep, sync)
-            cd = _time(cached, warmup, repeats, sleep, sync)
+            # In this order: combine and the cached dispatch use the last dispatch's handle.
+            fns = {"dispatch": dispatch, "combine": combine, "cached_dispatch": cached}
+            gpu = {op: _time(f, warmup, repeats, sleep, sync) for op, f in fns.items()}
             # The host's wall time per call, without the sleep kernel in front (with it, the
             # dispatch's wait for the counts would include the sleep): for dispatch the launches,
             # the wait for the routing kernels and the work after it; for combine the launches.
-            hd: list[float] = []
-            hc: list[float] = []
-            hcd: list[float] = []
-            _time(dispatch, 1, repeats, 0, sync, hd)
-            _time(combine, 1, repeats, 0, sync, hc)
-            _time(cached, 1, repeats, 0, sync, hcd)
+            host: dict[str, list[float]] = {op: [] for op in fns}
+            for op, f in fns.items():
+                _time(f, 1, repeats, 0, sync, host[op])
             recv, handle = state["d"]
             rows = recv.x.shape[0]
             real = int((recv.src_rank >= 0).sum())
@@ -223,13 +220,12 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
                              - (1 if real < rows else 0))
             ys[layout] = recv.x
             api_d = _time(lambda: buf.dispatch(x, idx, w, output_layout=layout), 2, max(5, repeats // 3), sleep, sync)
-            fns = {"dispatch": dispatch, "combine": combine, "cached_dispatch": cached}
             kernels = {op: kernel_breakdown(f, sync=sync) for op, f in fns.items()}
             host_ops = {op: kernel_breakdown(f, sync=sync, host=True) for op, f in fns.items()}
             res[layout] = {
                 "rows": rows, "real_rows": real, "kernels_us": kernels, "host_ops_us": host_ops,
-                "dispatch": _stats(d), "combine": _stats(c), "cached_dispatch": _stats(cd), "api_dispatch": _stats(api_d),
-                "dispatch_host": _stats(hd), "combine_host": _stats(hc), "cached_dispatch_host": _stats(hcd),
+                **{op: _stats(t) for op, t in gpu.items()}, "api_dispatch": _stats(api_d),
+                **{f"{op}_host": _stats(t) for op, t in host.items()},
                 "dispatch_bytes": (unique_src + rows) * rb, "combine_bytes": (real + T) * rb,
                 "cached_dispatch_bytes": (unique_src + rows) * rb,
             }

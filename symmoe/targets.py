@@ -35,7 +35,7 @@ import argparse
 import json
 import shlex
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from .errors import SymmoeError
 from .ops import BASE_OP, LABEL, ops_of
@@ -427,33 +427,41 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m symmoe.targets", description=__doc__.split("\n")[0])
-    p.add_argument("--bench", required=True, help="python -m symmoe.bench --json output")
-    p.add_argument("--baselines", required=True, help="python -m symmoe.baselines --json output")
-    p.add_argument("--ab", default=None, help="symmoe ab results.json (optional)")
+    def build(a: argparse.Namespace, command: str) -> tuple[str, dict[str, Any]]:
+        bench = load_json(a.bench, "bench")
+        base = load_json(a.baselines, "baselines")
+        ab = load_json(a.ab, "ab") if a.ab else None
+        res = compute(bench, base, ab, {"bench": a.bench, "baselines": a.baselines, "ab": a.ab or ""}, command=command)
+        return markdown(res), res
+
+    return cli("python -m symmoe.targets", __doc__.split("\n")[0],
+               [("--bench", True, "python -m symmoe.bench --json output"),
+                ("--baselines", True, "python -m symmoe.baselines --json output"),
+                ("--ab", False, "symmoe ab results.json (optional)")], build, argv)
+
+
+def cli(prog: str, description: str, inputs: list[tuple[str, bool, str]],
+        build: Callable[[argparse.Namespace, str], tuple[str, dict[str, Any]]], argv: list[str] | None) -> int:
+    """The target tables' command line: the input files (flag, required, help), then ``--md``
+    and ``--json``. ``build(args, command)`` returns (Markdown, JSON); the Markdown is written
+    where asked and printed. Exit 2 with the message of a TargetsError."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    for flag, required, help_ in inputs:
+        p.add_argument(flag, required=required, default=None, help=help_)
     p.add_argument("--md", default=None, help="write the Markdown here")
     p.add_argument("--json", default=None, help="write the JSON here")
     argv = list(argv) if argv is not None else sys.argv[1:]
     a = p.parse_args(argv)
     try:
-        bench = load_json(a.bench, "bench")
-        base = load_json(a.baselines, "baselines")
-        ab = load_json(a.ab, "ab") if a.ab else None
-        res = compute(bench, base, ab, {"bench": a.bench, "baselines": a.baselines, "ab": a.ab or ""},
-                      command=" ".join(["python -m symmoe.targets", shlex.join(argv)]))
+        md, res = build(a, " ".join([prog, shlex.join(argv)]))
     except TargetsError as e:
-        print(f"python -m symmoe.targets: error: {e}", file=sys.stderr)
+        print(f"{prog}: error: {e}", file=sys.stderr)
         return 2
-    return emit(markdown(res), res, a.md, a.json)
-
-
-def emit(md: str, res: dict[str, Any], md_path: str | None, json_path: str | None) -> int:
-    """Write the Markdown and the JSON where asked, print the Markdown; exit status 0."""
-    if md_path:
-        with open(md_path, "w") as f:
+    if a.md:
+        with open(a.md, "w") as f:
             f.write(md)
-    if json_path:
-        with open(json_path, "w") as f:
+    if a.json:
+        with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
     print(md, end="")
     return 0

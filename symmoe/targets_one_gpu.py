@@ -25,13 +25,10 @@ torch backend's push protocol at the same world size in the same file.
 """
 from __future__ import annotations
 
-import argparse
-import shlex
-import sys
 from typing import Any
 
 from .ops import BASE_OP, LABEL, ops_of
-from .targets import TargetsError, _Doc, emit, kernel_us, load_json, protocol_label
+from .targets import TargetsError, _Doc, cli, kernel_us, load_json, protocol_label
 
 TARGET_RATIO = 0.85
 TARGET_SPEEDUP = 2.0  # expert-major dispatch of the torch backend vs plain torch
@@ -136,19 +133,12 @@ def markdown(res: dict[str, Any]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m symmoe.targets_one_gpu", description=__doc__.split("\n")[0])
-    p.add_argument("--bench", required=True, help="python -m symmoe.bench --json output")
-    p.add_argument("--md", default=None, help="write the Markdown here")
-    p.add_argument("--json", default=None, help="write the JSON here")
-    argv = list(argv) if argv is not None else sys.argv[1:]
-    a = p.parse_args(argv)
-    try:
-        res = compute(load_json(a.bench, "bench"), a.bench,
-                      command=" ".join(["python -m symmoe.targets_one_gpu", shlex.join(argv)]))
-    except TargetsError as e:
-        print(f"python -m symmoe.targets_one_gpu: error: {e}", file=sys.stderr)
-        return 2
-    return emit(markdown(res), res, a.md, a.json)
+    def build(a, command: str) -> tuple[str, dict[str, Any]]:
+        res = compute(load_json(a.bench, "bench"), a.bench, command=command)
+        return markdown(res), res
+
+    return cli("python -m symmoe.targets_one_gpu", __doc__.split("\n")[0],
+               [("--bench", True, "python -m symmoe.bench --json output")], build, argv)
 
 
 if __name__ == "__main__":

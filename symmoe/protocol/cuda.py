@@ -65,6 +65,11 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None or t.numel() == 0 else t.data_ptr()
 
 
+def _kernel_outputs(out: dict[str, torch.Tensor | None], cap: int) -> dict[str, int]:
+    """The data kernels' view of a dispatch's outputs: their pointers and their rows."""
+    return {**{k: _ptr(v) for k, v in out.items()}, "capacity": cap}
+
+
 class _CudaProtocol(Protocol):
     checks_topk_values = True  # the routing kernel checks the expert ids (counts.bad_input_error)
 
@@ -174,13 +179,11 @@ class _CudaProtocol(Protocol):
         stream = self._stream()
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.float().contiguous()
-        if self.name == "pull" and W > 1 and T and not self._in_input_region(x):
-            self.input_view(T, x.dtype).copy_(x)  # peers read it; own rows are read from x
+        self._publish_x(x)
         # Allocate everything first: the launches below then follow each other closely.
         cap = self._capacity(output_layout)
         out = self._outputs(cap, output_layout, x.dtype)
-        args = {k: _ptr(v) for k, v in out.items()}
-        args["capacity"] = cap
+        args = _kernel_outputs(out, cap)
         in_rank = torch.empty((T, W), dtype=torch.bool, device=self.device)
         # This dispatch's own device copy of the counts matrix (unpack reads it after peers
         # may have moved on; a cached dispatch reuses it), written by the routing kernel.
@@ -198,6 +201,12 @@ class _CudaProtocol(Protocol):
         return dispatch_result(lay, self._counts_np, me, output_layout, alignment,
                                lambda: tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0])), out, topk_idx,
                                topk_weights, in_rank, self.buffer_id, cache=(routing, counts_dev))
+
+    def _publish_x(self, x: torch.Tensor) -> None:
+        """pull with peers: x into the input region, where they read it (own rows are read
+        from x itself); nothing when x was built there (Buffer.input_view)."""
+        if self.name == "pull" and self.world_size > 1 and x.shape[0] and not self._in_input_region(x):
+            self.input_view(x.shape[0], x.dtype).copy_(x)
 
     def _move(self, x: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
               counts_dev: torch.Tensor) -> None:
@@ -224,15 +233,13 @@ class _CudaProtocol(Protocol):
         kernel, then the data kernels into outputs of exactly the handle's rows. No routing,
         no host wait."""
         self.check()
-        lay, W, T = self.layout, self.world_size, handle.num_tokens
+        lay = self.layout
         self._check_aligned("x", x)
         routing, counts_dev = handle.cache
-        if self.name == "pull" and W > 1 and T and not self._in_input_region(x):
-            self.input_view(T, x.dtype).copy_(x)
+        self._publish_x(x)
         rows = handle.num_recv_rows
         out = self._outputs(max(rows, 1), handle.output_layout, x.dtype)
-        args = {k: _ptr(v) for k, v in out.items()}
-        args["capacity"] = max(rows, 1)
+        args = _kernel_outputs(out, max(rows, 1))
         # Then the counts barrier: peers read what was just republished (pull) and may refill
         # pools this rank still unpacks from an earlier dispatch (push).
         self.ctx.republish(routing.data_ptr(), routing.numel(), counts_dev.data_ptr(), self._next_epoch(),

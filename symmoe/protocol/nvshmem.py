@@ -238,10 +238,9 @@ class NvshmemPush(Protocol):
             return self.input_view(x.shape[0], x.dtype).copy_(x)
         return x
 
-    def _send(self, src: torch.Tensor, plan: dict[str, torch.Tensor], out: dict[str, Any], cap: int, em: bool,
+    def _send(self, src: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], cap: int, em: bool,
               alignment: int, epoch: int) -> None:
-        """The dispatch kernel from the routing tables ``plan`` into ``out`` (``cap`` rows)."""
-        o = out
+        """The dispatch kernel from the routing tables ``plan`` into ``o`` (``cap`` rows)."""
         self.ext.dispatch(self.mem.local.data_ptr(), self.args, self.me, self.channels, int(em), self.direct,
                           alignment, cap, epoch, self.timeout_ns,
                           [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(),
