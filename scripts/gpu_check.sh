@@ -3,7 +3,8 @@
 # the kernels, run the GPU tests, benchmarks and A/B runs; a short table is printed last.
 #
 #   scripts/gpu_check.sh [section ...]      default: build test bench
-#   sections: build | test | test-quick | bench | bench-quick | nccl | nvshmem | ab   (setup and MPS always run)
+#   sections: build | test | test-quick | bench | bench-quick | nccl | nvshmem | ab | micro
+#   (setup and MPS always run; micro: scripts/microbench/row_copy.cu, copy and reduce strategies)
 # Every log and JSON goes to $LOG (default /tmp/symmoe-gpu); at the end $OUT receives at
 # most 8 files (what the device tool brings back): summary.txt, logs.tar.gz and the JSONs.
 # One call stays inside the 10-minute limit with e.g. "build test nccl", then "nvshmem bench ab".
@@ -92,9 +93,14 @@ for s in "${SECTIONS[@]}"; do
       rc=${PIPESTATUS[0]}; note "ab v1_v2_mega (W=1): exit $rc"; [ "$rc" -ne 0 ] && status=1
       symmoe ab configs/ab/push_vs_pull.yaml --world-size 4 --repeats 20 --out "$LOG/ab_pushpull" --no-fallback 2>&1 | tee "$LOG/ab_pushpull.log"
       rc=${PIPESTATUS[0]}; note "ab push_vs_pull (W=4, MPS): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
+    micro)  # the data kernels' copy and reduce strategies against cudaMemcpy (no MPS clients)
+      if nvcc -std=c++17 -O3 -arch=sm_90a -o "$LOG/row_copy" scripts/microbench/row_copy.cu >"$LOG/micro_build.log" 2>&1; then
+        "$LOG/row_copy" 2>&1 | tee "$LOG/micro.txt"; rc=${PIPESTATUS[0]}
+        note "microbench exit $rc"; [ "$rc" -ne 0 ] && status=1
+      else note "microbench build FAILED"; tail -20 "$LOG/micro_build.log"; status=1; fi ;;
     *) echo "unknown section '$s'"; status=2 ;;
   esac
 done
 
-finish_run bench.json targets_one_gpu.md nccl_bench.json ab_mega/results.json ab_pushpull/results.json
+finish_run bench.json targets_one_gpu.md nccl_bench.json ab_mega/results.json ab_pushpull/results.json micro.txt
 exit $status

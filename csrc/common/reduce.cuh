@@ -75,16 +75,16 @@ __device__ __forceinline__ void collect_slots(const CombineSources& cs, int64_t 
   if (lane == 0) sl.n = n;
 }
 
-// The block: out row t = sum of the slots in order; out_w row t likewise when asked.
-template <typename T>
+// The block (NT threads): out row t = sum of the slots in order; out_w row t likewise when
+// asked. U vectors per thread in flight (scripts/microbench/row_copy.cu times the choices).
+template <typename T, int U = 2, int NT = kReduceThreads>
 __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const SlotList& sl, int64_t t, T* out,
                                              float* out_w) {
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte vector
-  constexpr int U = 2;               // vectors per thread in flight (4 measured slower: 183 vs 157 us)
   const int tid = threadIdx.x, n = sl.n;
   const int64_t nvec = cs.row_bytes / 16;
   const bool em = cs.expert_major;
-  for (int64_t v0 = tid; v0 < nvec; v0 += int64_t(kReduceThreads) * U) {
+  for (int64_t v0 = tid; v0 < nvec; v0 += int64_t(NT) * U) {
     float acc[U][V];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -96,7 +96,7 @@ __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const Slo
       int4 raw[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int64_t v = v0 + int64_t(u) * kReduceThreads;
+        const int64_t v = v0 + int64_t(u) * NT;
         raw[u] = v < nvec ? src[v] : make_int4(0, 0, 0, 0);
       }
       const float wj = sl.wt[j];
@@ -110,7 +110,7 @@ __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const Slo
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t v = v0 + int64_t(u) * kReduceThreads;
+      const int64_t v = v0 + int64_t(u) * NT;
       if (v < nvec) reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(out) + t * cs.row_bytes)[v] = Vec<T>::store(acc[u]);
     }
   }
@@ -122,13 +122,13 @@ __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const Slo
 }
 
 // The block reduces tokens blockIdx.x, blockIdx.x + gridDim.x, ...
-template <typename T>
+template <typename T, int U = 2, int NT = kReduceThreads>
 __device__ __forceinline__ void reduce_tokens(const CombineSources& cs, T* out, float* out_w) {
   __shared__ SlotList sl;
   for (int64_t t = blockIdx.x; t < cs.tokens; t += gridDim.x) {
     if (threadIdx.x < 32) collect_slots(cs, t, sl, threadIdx.x);
     __syncthreads();
-    reduce_slots<T>(cs, sl, t, out, out_w);
+    reduce_slots<T, U, NT>(cs, sl, t, out, out_w);
     __syncthreads();
   }
 }

@@ -1,0 +1,378 @@
+// Row-copy and row-reduce strategies for the data kernels, timed against cudaMemcpy in one
+// run on the DeepSeek-V3 shape at world size 1 (4096 rows of 7168 bf16, top-8).
+//
+//   copy    rows gathered through a permutation, as the rank-major dispatch moves them:
+//           mover    csrc/common/mover.cuh as the dispatch kernels use it (2 slots per warp)
+//           ring<S>  one lane per warp keeps S-1 bulk loads in flight (S slots), stores from
+//                    shared as each lands
+//           ldst<U>  16-byte loads/stores, U in flight per thread (nc: non-coherent loads and
+//                    no-L1-allocate stores), grid-stride over the whole copy
+//           warprow<U> one warp per row, U vectors per lane in flight
+//   reduce  csrc/common/reduce.cuh: rank-major (one slot per token) and expert-major (8
+//           weighted slots per token), U vectors per thread, NT threads per block
+//
+// Every variant's output is compared with the first variant of its group (bitwise); a
+// mismatch prints MISMATCH. Build and run: scripts/gpu_check.sh micro.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "../../csrc/common/mover.cuh"
+#include "../../csrc/common/reduce.cuh"
+
+using namespace symmoe;
+
+#define CK(x)                                                                                  \
+  do {                                                                                         \
+    cudaError_t e_ = (x);                                                                      \
+    if (e_ != cudaSuccess) {                                                                   \
+      std::printf("CUDA error %s at line %d: %s\n", #x, __LINE__, cudaGetErrorString(e_));     \
+      std::exit(1);                                                                            \
+    }                                                                                          \
+  } while (0)
+
+__device__ __forceinline__ void bulk_wait_read_1() { asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory"); }
+__device__ __forceinline__ int4 ld_nc(const int4* p) {
+  int4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+__device__ __forceinline__ void st_na(int4* p, int4 v) {
+  asm volatile("st.global.L1::no_allocate.v4.s32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+__global__ void fill(uint16_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    // a finite bf16: sign, exponent 120..134, mantissa
+    p[i] = uint16_t(((h & 1u) << 15) | ((120u + (h >> 1) % 15u) << 7) | ((h >> 8) & 0x7fu));
+  }
+}
+
+__global__ void count_diff(const int4* a, const int4* b, int64_t n, unsigned long long* out) {
+  unsigned long long c = 0;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int4 x = a[i], y = b[i];
+    c += (x.x != y.x) | (x.y != y.y) | (x.z != y.z) | (x.w != y.w);
+  }
+  if (c) atomicAdd(out, c);
+}
+
+// -- copy variants -----------------------------------------------------------------------
+__global__ void mover_copy(const uint8_t* src, uint8_t* dst, const int* perm, int64_t N, int64_t R, uint32_t slot,
+                           int warps) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  WarpMover mv;
+  mv.init(dyn_smem() + int64_t(warp) * WarpMoverSmem::per_warp_bytes(slot), slot);
+  const int64_t P = (R + slot - 1) / slot, items = N * P;
+  const int64_t gw = int64_t(blockIdx.x) * warps + warp, nwt = int64_t(gridDim.x) * warps;
+  for (int64_t it = gw; it < items; it += nwt) {
+    const int64_t row = it / P, off = (it % P) * slot;
+    const uint32_t bytes = uint32_t(min(int64_t(slot), R - off));
+    if (lane == 0) mv.next_dsts()[0] = dst + row * R + off;
+    __syncwarp();
+    mv.push(src + int64_t(perm[row]) * R + off, 1, bytes);
+  }
+  mv.flush();
+}
+
+template <int S>
+__host__ __device__ int64_t ring_warp_bytes(uint32_t slot) {
+  return (int64_t(S) * slot + S * 8 + 127) / 128 * 128;
+}
+
+template <int S>
+__global__ void ring_copy(const uint8_t* src, uint8_t* dst, const int* perm, int64_t N, int64_t R, uint32_t slot,
+                          int warps) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  uint8_t* base = dyn_smem() + int64_t(warp) * ring_warp_bytes<S>(slot);
+  uint64_t* bar = reinterpret_cast<uint64_t*>(base + int64_t(S) * slot);
+  if (lane != 0) return;
+  for (int s = 0; s < S; ++s) mbar_init(&bar[s], 1);
+  mbar_init_fence();
+  const int64_t P = (R + slot - 1) / slot, items = N * P;
+  const int64_t gw = int64_t(blockIdx.x) * warps + warp, nwt = int64_t(gridDim.x) * warps;
+  const int64_t n = items > gw ? (items - gw + nwt - 1) / nwt : 0;
+  auto issue = [&](int64_t j) {
+    const int64_t it = gw + j * nwt, row = it / P, off = (it % P) * slot;
+    const uint32_t bytes = uint32_t(min(int64_t(slot), R - off));
+    const int s = int(j % S);
+    mbar_arrive_expect_tx(&bar[s], bytes);
+    bulk_load(base + int64_t(s) * slot, src + int64_t(perm[row]) * R + off, bytes, &bar[s]);
+  };
+  for (int64_t j = 0; j < min(n, int64_t(S - 1)); ++j) issue(j);
+  uint32_t phase = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const int s = int(j % S);
+    while (!mbar_try_wait(&bar[s], (phase >> s) & 1u)) {
+    }
+    phase ^= 1u << s;
+    const int64_t it = gw + j * nwt, row = it / P, off = (it % P) * slot;
+    bulk_store(dst + row * R + off, base + int64_t(s) * slot, uint32_t(min(int64_t(slot), R - off)));
+    bulk_commit();
+    if (j + S - 1 < n) {
+      bulk_wait_read_1();  // the slot of item j - 1 (its store was the group before this one)
+      issue(j + S - 1);
+    }
+  }
+  bulk_wait_all();
+}
+
+template <int U, bool NC>
+__global__ void ldst_copy(const int4* src, int4* dst, const int* perm, int64_t N, int64_t nv) {
+  const int64_t total = N * nv, nt = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t q0 = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q0 < total; q0 += nt * U) {
+    int4 r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t q = q0 + u * nt;
+      if (q < total) {
+        const int4* p = src + int64_t(perm[q / nv]) * nv + q % nv;
+        r[u] = NC ? ld_nc(p) : *p;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t q = q0 + u * nt;
+      if (q < total) {
+        if (NC)
+          st_na(dst + q, r[u]);
+        else
+          dst[q] = r[u];
+      }
+    }
+  }
+}
+
+template <int U>
+__global__ void warprow_copy(const int4* src, int4* dst, const int* perm, int64_t N, int64_t nv) {
+  const int lane = threadIdx.x & 31;
+  const int64_t gw = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5, nwt = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t row = gw; row < N; row += nwt) {
+    const int4* s = src + int64_t(perm[row]) * nv;
+    int4* d = dst + row * nv;
+    for (int64_t c0 = lane; c0 < nv; c0 += 32 * U) {
+      int4 r[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c0 + u * 32 < nv) r[u] = ld_nc(s + c0 + u * 32);
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c0 + u * 32 < nv) st_na(d + c0 + u * 32, r[u]);
+    }
+  }
+}
+
+// -- reduce variants ---------------------------------------------------------------------
+template <int U, int NT>
+__global__ void __launch_bounds__(NT) reduce_kernel(CombineSources cs, __nv_bfloat16* out, float* out_w) {
+  reduce_tokens<__nv_bfloat16, U, NT>(cs, out, out_w);
+}
+
+// -- timing --------------------------------------------------------------------------------
+static float time_us(const std::function<void()>& f, int reps) {
+  for (int i = 0; i < 3; ++i) f();
+  CK(cudaDeviceSynchronize());
+  std::vector<float> t;
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < reps; ++i) {
+    CK(cudaEventRecord(a));
+    f();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000.f);
+  }
+  CK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+int main(int argc, char** argv) {
+  const int64_t N = argc > 1 ? std::atoll(argv[1]) : 4096, H = argc > 2 ? std::atoll(argv[2]) : 7168;
+  const int K = 8, reps = 30;
+  const int64_t R = H * 2, nv = R / 16;
+  int sms = 0, optin = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, %d SMs, %d B shared per block; %lld rows of %lld B\n", prop.name, sms, optin, (long long)N,
+              (long long)R);
+
+  uint8_t *src, *dst, *ref, *ybig;
+  int *perm_id, *perm_rand;
+  unsigned long long* diff;
+  CK(cudaMalloc(&src, N * R));
+  CK(cudaMalloc(&dst, N * R));
+  CK(cudaMalloc(&ref, N * R));
+  CK(cudaMalloc(&ybig, N * K * R));
+  CK(cudaMalloc(&perm_id, N * 4));
+  CK(cudaMalloc(&perm_rand, N * 4));
+  CK(cudaMalloc(&diff, 8));
+  fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(src), N * R / 2, 1u);
+  fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(ybig), N * K * R / 2, 2u);
+  std::vector<int> h(N);
+  for (int64_t i = 0; i < N; ++i) h[i] = int(i);
+  CK(cudaMemcpy(perm_id, h.data(), N * 4, cudaMemcpyHostToDevice));
+  std::mt19937 rng(7);
+  std::shuffle(h.begin(), h.end(), rng);
+  CK(cudaMemcpy(perm_rand, h.data(), N * 4, cudaMemcpyHostToDevice));
+
+  const double copy_bytes = 2.0 * N * R;
+  const float memcpy_us = time_us([&] { CK(cudaMemcpyAsync(dst, src, N * R, cudaMemcpyDeviceToDevice)); }, reps);
+  const double roof = copy_bytes / memcpy_us / 1e6;  // TB/s
+  std::printf("%-34s %9.1f us  %5.2f TB/s  1.000\n", "cudaMemcpy D2D", memcpy_us, roof);
+
+  auto check = [&](const uint8_t* a, const uint8_t* b, int64_t bytes) {
+    CK(cudaMemset(diff, 0, 8));
+    count_diff<<<1024, 256>>>(reinterpret_cast<const int4*>(a), reinterpret_cast<const int4*>(b), bytes / 16, diff);
+    unsigned long long d = 0;
+    CK(cudaMemcpy(&d, diff, 8, cudaMemcpyDeviceToHost));
+    return d;
+  };
+  auto report = [&](const char* name, float us, double bytes, unsigned long long bad) {
+    std::printf("%-34s %9.1f us  %5.2f TB/s  %5.3f%s\n", name, us, bytes / us / 1e6, bytes / us / 1e6 / roof,
+                bad ? "  MISMATCH" : "");
+  };
+
+  for (int pr = 0; pr < 2; ++pr) {
+    const int* perm = pr ? perm_rand : perm_id;
+    std::printf("-- copy, %s rows\n", pr ? "permuted" : "identity");
+    // the reference output: mover at whole rows
+    auto mover = [&](uint32_t slot) {
+      const int64_t per = WarpMoverSmem::per_warp_bytes(slot);
+      const int warps = int(std::min<int64_t>(16, (optin - 1024) / per));
+      const size_t smem = size_t(warps * per);
+      CK(cudaFuncSetAttribute(mover_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      return std::make_pair(warps, smem);
+    };
+    {
+      auto [w, smem] = mover(uint32_t(R));
+      mover_copy<<<sms, w * 32, smem>>>(src, ref, perm, N, R, uint32_t(R), w);
+      CK(cudaDeviceSynchronize());
+    }
+    for (uint32_t slot : {uint32_t(R), uint32_t(R / 2), uint32_t(R / 4)}) {
+      const auto cfg = mover(slot);
+      const int w = cfg.first;
+      const size_t smem = cfg.second;
+      CK(cudaMemset(dst, 0, N * R));
+      const float us = time_us([&] { mover_copy<<<sms, w * 32, smem>>>(src, dst, perm, N, R, slot, w); }, reps);
+      char name[64];
+      std::snprintf(name, sizeof name, "mover slot %u (%d warps)", slot, w);
+      report(name, us, copy_bytes, check(dst, ref, N * R));
+    }
+    auto ring = [&](auto S_, uint32_t slot, int blocks_per_sm) {
+      constexpr int S = decltype(S_)::value;
+      const int64_t per = ring_warp_bytes<S>(slot);
+      const int64_t budget = (optin - 1024) / blocks_per_sm;
+      const int warps = int(std::min<int64_t>(32, budget / per));
+      if (warps < 1) return;
+      const size_t smem = size_t(warps * per);
+      CK(cudaFuncSetAttribute(ring_copy<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CK(cudaMemset(dst, 0, N * R));
+      const float us = time_us(
+          [&] { ring_copy<S><<<sms * blocks_per_sm, warps * 32, smem>>>(src, dst, perm, N, R, slot, warps); }, reps);
+      char name[64];
+      std::snprintf(name, sizeof name, "ring S=%d slot %u (%dx%d warps)", S, slot, blocks_per_sm, warps);
+      report(name, us, copy_bytes, check(dst, ref, N * R));
+    };
+    ring(std::integral_constant<int, 2>{}, uint32_t(R), 1);
+    ring(std::integral_constant<int, 3>{}, uint32_t(R), 1);
+    ring(std::integral_constant<int, 4>{}, uint32_t(R), 1);
+    ring(std::integral_constant<int, 4>{}, uint32_t(R / 2), 1);
+    ring(std::integral_constant<int, 8>{}, uint32_t(R / 2), 1);
+    ring(std::integral_constant<int, 8>{}, uint32_t(R / 4), 1);
+    ring(std::integral_constant<int, 4>{}, uint32_t(R / 4), 2);
+    ring(std::integral_constant<int, 16>{}, uint32_t(R / 8), 1);
+    auto ldst = [&](auto f, const char* name, int threads, int blocks_per_sm) {
+      CK(cudaMemset(dst, 0, N * R));
+      const float us = time_us([&] { f<<<sms * blocks_per_sm, threads>>>(reinterpret_cast<const int4*>(src),
+                                                                         reinterpret_cast<int4*>(dst), perm, N, nv); },
+                               reps);
+      char full[64];
+      std::snprintf(full, sizeof full, "%s (%dx%d)", name, blocks_per_sm, threads);
+      report(full, us, copy_bytes, check(dst, ref, N * R));
+    };
+    ldst(ldst_copy<4, false>, "ldst U=4", 512, 4);
+    ldst(ldst_copy<8, false>, "ldst U=8", 512, 4);
+    ldst(ldst_copy<4, true>, "ldst nc U=4", 512, 4);
+    ldst(ldst_copy<8, true>, "ldst nc U=8", 512, 4);
+    ldst(ldst_copy<8, true>, "ldst nc U=8", 256, 4);
+    ldst(warprow_copy<4>, "warprow U=4", 512, 4);
+    ldst(warprow_copy<7>, "warprow U=7", 512, 4);
+    ldst(warprow_copy<7>, "warprow U=7", 256, 4);
+    ldst(warprow_copy<14>, "warprow U=14", 256, 4);
+  }
+
+  // -- reduce -------------------------------------------------------------------------------
+  int32_t* selfmap;
+  bool* in_rank;
+  int64_t* topk_idx;
+  float* topk_w;
+  uint8_t* out_ref;
+  CK(cudaMalloc(&selfmap, N * K * 4));
+  CK(cudaMalloc(&in_rank, N));
+  CK(cudaMalloc(&topk_idx, N * K * 8));
+  CK(cudaMalloc(&topk_w, N * K * 4));
+  CK(cudaMalloc(&out_ref, N * R));
+  CK(cudaMemset(in_rank, 1, N));
+  std::vector<int32_t> sm(N * K);
+  std::vector<int64_t> ti(N * K);
+  std::vector<float> tw(N * K);
+  std::vector<int> rows(N * K);
+  for (int64_t i = 0; i < N * K; ++i) rows[i] = int(i);
+  std::shuffle(rows.begin(), rows.end(), rng);
+  std::uniform_real_distribution<float> uw(0.f, 1.f);
+  for (int64_t t = 0; t < N; ++t)
+    for (int k = 0; k < K; ++k) {
+      ti[t * K + k] = (t * 37 + k * 31) % 256;
+      tw[t * K + k] = uw(rng);
+    }
+  for (int em = 0; em < 2; ++em) {
+    for (int64_t t = 0; t < N; ++t)
+      for (int k = 0; k < K; ++k) sm[t * K + k] = em ? rows[t * K + k] : (k == 0 ? int(t) : -1);
+    CK(cudaMemcpy(selfmap, sm.data(), N * K * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(topk_idx, ti.data(), N * K * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(topk_w, tw.data(), N * K * 4, cudaMemcpyHostToDevice));
+    CombineSources cs{em ? ybig : src, nullptr, selfmap, nullptr, nullptr, in_rank, topk_idx, topk_w,
+                      N, R, 1, K, K, 256, 0, bool(em)};
+    const double bytes = double(N) * R * (em ? K + 1 : 2);
+    std::printf("-- reduce, %s (%d slot%s per token)\n", em ? "expert-major" : "rank-major", em ? K : 1, em ? "s" : "");
+    auto red = [&](auto kern, const char* name, int NT, int blocks_per_sm, bool is_ref) {
+      const int blocks = int(std::min<int64_t>(N, int64_t(sms) * blocks_per_sm));
+      uint8_t* o = is_ref ? out_ref : dst;
+      CK(cudaMemset(o, 0, N * R));
+      const float us = time_us([&] { kern<<<blocks, NT>>>(cs, reinterpret_cast<__nv_bfloat16*>(o), nullptr); }, reps);
+      char full[64];
+      std::snprintf(full, sizeof full, "%s (%dx%d)", name, blocks_per_sm, NT);
+      report(full, us, bytes, is_ref ? 0 : check(dst, out_ref, N * R));
+    };
+    red(reduce_kernel<2, 128>, "reduce U=2 NT=128 [current]", 128, 16, true);
+    red(reduce_kernel<4, 128>, "reduce U=4 NT=128", 128, 16, false);
+    red(reduce_kernel<7, 128>, "reduce U=7 NT=128", 128, 16, false);
+    red(reduce_kernel<2, 256>, "reduce U=2 NT=256", 256, 8, false);
+    red(reduce_kernel<4, 256>, "reduce U=4 NT=256", 256, 8, false);
+    red(reduce_kernel<2, 128>, "reduce U=2 NT=128", 128, 32, false);
+    red(reduce_kernel<4, 64>, "reduce U=4 NT=64", 64, 32, false);
+    red(reduce_kernel<7, 64>, "reduce U=7 NT=64", 64, 32, false);
+    red(reduce_kernel<14, 64>, "reduce U=14 NT=64", 64, 32, false);
+  }
+  std::printf("done\n");
+  return 0;
+}
