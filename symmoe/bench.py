@@ -3,7 +3,10 @@
 ``run_gpu_bench(config, world_size)`` times dispatch and combine (CUDA events, warm-up,
 median) at the DeepSeek-V3 shape by default, and measures in the same run:
 
-* the device-to-device copy roofline (bytes read + written per second of ``dst.copy_(src)``),
+* the device-to-device copy roofline (bytes read + written per second of ``dst.copy_(src)``
+  of 1 GiB), and a copy of exactly each op's bytes (per GPU) timed as the ops are
+  (``ratio_same_size_copy``: what a plain copy of those bytes reaches pays the same launch,
+  ramp-up and tail; a 1 GiB copy amortises them),
 * plain-torch dispatch/combine (nonzero / argsort + index_select, index_add_) at world size 1.
 
 Bytes that must move: dispatch reads each received source row once and writes each output
@@ -128,6 +131,22 @@ def copy_roofline(nbytes: int = 1 << 30, repeats: int = 20) -> float:
     dst = torch.empty_like(src)
     ts = _time(lambda: dst.copy_(src), 3, repeats, 0, lambda: None)
     return 2 * nbytes / statistics.median(ts)
+
+
+def same_size_copy(sleep_cycles: int, repeats: int = 20) -> Callable[[int], float]:
+    """µs of ``dst.copy_(src)`` moving ``nbytes`` (read + written) on this device, timed as the
+    ops are (sleep kernel in front, events): the copy of exactly the bytes an op must move,
+    launch and ramp included, where ``copy_roofline`` is the asymptote of a 1 GiB copy."""
+    memo: dict[int, float] = {}
+
+    def us(nbytes: int) -> float:
+        if nbytes not in memo:
+            src = torch.empty(max(1, nbytes // 2), dtype=torch.uint8, device="cuda").random_(0, 255)
+            dst = torch.empty_like(src)
+            memo[nbytes] = statistics.median(_time(lambda: dst.copy_(src), 3, repeats, sleep_cycles, lambda: None)) * 1e6
+            del src, dst
+        return memo[nbytes]
+    return us
 
 
 def _inputs(T: int, H: int, K: int, E: int, W: int, rank: int, seed: int, device: torch.device):
@@ -255,14 +274,17 @@ def run_gpu_bench(config: Config, world_size: int = 1, tokens: int = 0, warmup: 
     else:
         ranks = launch.spawn(_bench_rank, world_size, args=(config.to_dict(), opts), env=env, timeout_s=600.0)
     return summarize(config, world_size, ranks, roof, share, gpus=min(world_size, torch.cuda.device_count()),
-                     x_in_buffer=x_in_buffer)
+                     x_in_buffer=x_in_buffer, copy_us=same_size_copy(opts["sleep_cycles"]))
 
 
 def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]], roof: float,
-              mps_percentage: int = 0, gpus: int = 1, x_in_buffer: bool = False) -> dict[str, Any]:
+              mps_percentage: int = 0, gpus: int = 1, x_in_buffer: bool = False,
+              copy_us: Callable[[int], float] | None = None) -> dict[str, Any]:
     """The run's result: per layout and op the slowest rank's median and every rank's bytes.
     ``gpus``: how many devices the ranks ran on (rank r on GPU r % gpus); the roofline is one
-    device's, so ratios of a run over several GPUs are per device summed, not a share."""
+    device's, so ratios of a run over several GPUs are per device summed, not a share.
+    ``copy_us(nbytes)``: µs of a copy moving nbytes on one device (``same_size_copy``); each op
+    then also gets ``ratio_same_size_copy``, that copy of its bytes per device over its time."""
     out: dict[str, Any] = {
         "backend": config.backend, "protocol": config.effective_protocol, "world_size": world_size,
         "tokens_per_rank": ranks[0]["tokens"], "hidden": config.buffer.hidden, "topk": config.buffer.topk,
@@ -282,6 +304,10 @@ def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]], roof
             row[op] = {"median_us": t * 1e6, "bytes": nbytes, "TBps": nbytes / t / 1e12,
                        "ratio_roofline": (nbytes / roof) / t,
                        "host_us": max(r[layout][f"{op}_host"]["median_us"] for r in ranks)}
+            if copy_us is not None:
+                c = copy_us(nbytes // gpus)
+                row[op]["same_size_copy_us"] = c
+                row[op]["ratio_same_size_copy"] = c / (t * 1e6)
             row[f"api_{op}_us"] = max(r[layout]["api_dispatch"]["median_us"] for r in ranks) if op == "dispatch" else None
             if "torch" in ranks[0]:  # a cached dispatch does what plain torch's dispatch does
                 tt = ranks[0]["torch"][layout][BASE_OP[op]]["median_us"]
@@ -292,19 +318,20 @@ def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]], roof
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    lines = [f"{'backend':<8} {'proto':<5} {'W':>2} {'layout':<6} {'op':<15} {'us':>8} {'TB/s':>6} {'%roof':>6} "
+    lines = [f"{'backend':<8} {'proto':<5} {'W':>2} {'layout':<6} {'op':<15} {'us':>8} {'TB/s':>6} {'%roof':>6} {'%copy':>6} "
              f"{'torch us':>9} {'x torch':>7} {'kern us':>8} {'host us':>8}  kernels (rank 0, device µs per call)"]
     for r in results:
         for layout, row in r["layouts"].items():
             for op in ops_of(row):
                 o = row[op]
                 tu = f"{o['torch_us']:.1f}" if "torch_us" in o else "-"
+                cp = f"{100 * o['ratio_same_size_copy']:5.1f}%" if "ratio_same_size_copy" in o else "-"
                 sp = f"{o['speedup_vs_torch']:.2f}" if "speedup_vs_torch" in o else "-"
                 ks = r["ranks"][0][layout].get("kernels_us", {}).get(op, {})
                 kdesc = ", ".join(f"{k} {v:.0f}" for k, v in list(ks.items())[:4])
                 proto = r["protocol"] + ("*" if r.get("x_in_buffer") else "")
                 lines.append(f"{r['backend']:<8} {proto:<5} {r['world_size']:>2} {layout:<6} {LABEL[op]:<15} {o['median_us']:>8.1f} "
-                             f"{o['TBps']:>6.2f} {100 * o['ratio_roofline']:>5.1f}% {tu:>9} {sp:>7} {sum(ks.values()):>8.1f} "
+                             f"{o['TBps']:>6.2f} {100 * o['ratio_roofline']:>5.1f}% {cp:>6} {tu:>9} {sp:>7} {sum(ks.values()):>8.1f} "
                              f"{o.get('host_us', float('nan')):>8.1f}  {kdesc}")
     if any(r["ranks"][0][lay].get("host_ops_us") for r in results for lay in r["layouts"]):
         lines.append("host, self time per call (rank 0, µs; the GPU idles while the host works after a sync):")
@@ -318,6 +345,7 @@ def table(results: list[dict[str, Any]]) -> str:
                                  f"total {sum(hs.values()):.0f}: {top}")
     roofs = sorted({round(r['copy_roofline_TBps'], 2) for r in results})
     lines.append(f"copy roofline (read + write, whole device): {', '.join(map(str, roofs))} TB/s; "
+                 "%copy: a copy of the op's bytes (per GPU) timed the same way, over the op's time; "
                  "host us: the host's wall time inside the call, the GPU idle before it")
     if any("cached_dispatch" in row for r in results for row in r["layouts"].values()):
         lines.append("cached dispatch: dispatch(x, handle=...) along the last dispatch's routing "

@@ -61,8 +61,28 @@ def test_table_names_the_mps_share_and_has_no_plain_torch_column_without_baselin
     assert "MPS share of every rank, all backends alike: W=2: 50 %" in text
     line = next(ln for ln in text.splitlines() if ln.split()[3:5] == ["rank", "dispatch"])
     cols = line.split()
-    assert cols[:3] == ["torch", "push", "2"] and float(cols[5]) == 400.0 and cols[8] == "-"
-    assert float(cols[11]) == 120.0  # host us
+    assert cols[:3] == ["torch", "push", "2"] and float(cols[5]) == 400.0
+    assert cols[8] == "-" and cols[9] == "-"  # no same-size copy measured, no plain torch
+    assert float(cols[12]) == 120.0  # host us
+
+
+def test_each_op_is_set_against_a_copy_of_its_bytes_per_gpu_when_one_was_timed():
+    """ratio_same_size_copy = µs of a copy moving the op's bytes on one GPU / the op's µs;
+    with two GPUs each moves half the bytes."""
+    ranks = [rank_result(300.0, 250.0, 80.0, 8000), rank_result(400.0, 200.0, 120.0, 8200)]
+    asked = []
+
+    def copy_us(nbytes: int) -> float:
+        asked.append(nbytes)
+        return nbytes / 4.0e6  # 4 TB/s
+
+    res = bench.summarize(bench.bench_config("push", 66), 2, ranks, roof=4.0e12, gpus=2, copy_us=copy_us)
+    d = res["layouts"]["rank"]["dispatch"]
+    assert d["bytes"] // 2 in asked
+    assert d["same_size_copy_us"] == pytest.approx(d["bytes"] / 2 / 4.0e6)
+    assert d["ratio_same_size_copy"] == pytest.approx(d["same_size_copy_us"] / 400.0)
+    line = next(ln for ln in bench.table([res]).splitlines() if ln.split()[3:5] == ["rank", "dispatch"])
+    assert line.split()[8] == f"{100 * d['ratio_same_size_copy']:.1f}%"
 
 
 @pytest.mark.parametrize("world_size, gpus, share", [(1, 1, 0), (2, 2, 0), (4, 1, 25), (3, 1, 33), (8, 1, 12),

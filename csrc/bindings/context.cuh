@@ -198,7 +198,7 @@ struct Ctx {
     auto g = [&](const char* k) { return o[k].cast<uintptr_t>(); };
     return Outputs{P<uint8_t>(g("x")),         P<int64_t>(g("idx")),       P<float>(g("w")),
                    P<int32_t>(g("src_rank")),  P<int32_t>(g("src_token")), P<int32_t>(g("src_slot")),
-                   P<int64_t>(g("expert_offsets")), o["capacity"].cast<int64_t>()};
+                   P<int64_t>(g("expert_offsets")), P<int32_t>(g("selfmap")), o["capacity"].cast<int64_t>()};
   }
 
   void pull(uintptr_t self_x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
@@ -223,11 +223,11 @@ struct Ctx {
   }
 
   void combine_send(uintptr_t y, uintptr_t rw, uintptr_t src_rank, uintptr_t src_token, uintptr_t src_slot, int64_t rows,
-                    uintptr_t selfmap, int64_t epoch, uintptr_t stream) {
+                    int64_t epoch, uintptr_t stream) {
     const MoveCfg m = move_cfg(0);
     RecvRows rr{P<const int32_t>(src_rank), P<const int32_t>(src_token), P<const int32_t>(src_slot), rows};
     combine_send_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(
-        tp, L, P<const uint8_t>(y), P<const float>(rw), rr, P<int32_t>(selfmap), m, sync(epoch, 3));
+        tp, L, P<const uint8_t>(y), P<const float>(rw), rr, m, sync(epoch, 3));
     check(cudaGetLastError(), "combine_send_kernel launch");
   }
 
@@ -316,7 +316,7 @@ void bind_context(py::module_& m, Init init) {
            py::arg("epoch"), py::arg("stream"))
       .def("unpack", &C::unpack, py::arg("counts"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"), py::arg("stream"))
       .def("combine_send", &C::combine_send, py::arg("y"), py::arg("rw"), py::arg("src_rank"), py::arg("src_token"),
-           py::arg("src_slot"), py::arg("rows"), py::arg("selfmap"), py::arg("epoch"), py::arg("stream"))
+           py::arg("src_slot"), py::arg("rows"), py::arg("epoch"), py::arg("stream"))
       .def("combine_reduce", &C::combine_reduce, py::arg("elem_size"), py::arg("is_bf16"), py::arg("y"), py::arg("rw"),
            py::arg("in_rank"), py::arg("topk_idx"), py::arg("topk_w"), py::arg("tokens"), py::arg("selfmap"),
            py::arg("out"), py::arg("out_w"), py::arg("expert_major"), py::arg("epoch"), py::arg("stream"))

@@ -2,9 +2,9 @@
 //
 //   combine_send_kernel    receivers store each received row (and, rank-major, its weights)
 //                          into the source's combine region at slot t * S + slot; rows whose
-//                          source is this rank are not copied: their row index goes into
-//                          `selfmap` and the reduction reads them where they lie. Barrier
-//                          "combine.data".
+//                          source is this rank are not copied: the dispatch recorded their
+//                          rows in `selfmap` and the reduction reads them where they lie.
+//                          Barrier "combine.data" (not launched at world size 1).
 //   combine_reduce_kernel  sources reduce each token's slots in the fixed order
 //                          (common/reduce.cuh, shared with the NVSHMEM combine). Barrier
 //                          "combine.done" (peers may then store the next combine).
@@ -28,8 +28,7 @@ struct RecvRows {  // the receiver side of a dispatch handle
 
 template <class Transport>
 __global__ void __launch_bounds__(1024) combine_send_kernel(Transport tp, Layout L, const uint8_t* y,
-                                                            const float* rw, RecvRows rr, int32_t* selfmap,
-                                                            MoveCfg mc, Sync sy) {
+                                                            const float* rw, RecvRows rr, MoveCfg mc, Sync sy) {
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), S = int(L.combine_slots), me = sy.rank;
   const int64_t rb = L.row_bytes();
@@ -49,7 +48,6 @@ __global__ void __launch_bounds__(1024) combine_send_kernel(Transport tp, Layout
       const int s = i < rr.rows ? rr.src_rank[i] : -1;
       const bool ok = s >= 0 && s < W;  // else padding row or past the end
       const int64_t slot = ok ? int64_t(rr.src_token[i]) * S + rr.src_slot[i] : 0;
-      if (ok && s == me) selfmap[slot] = int32_t(i);
       uint32_t remote = __ballot_sync(0xffffffffu, ok && s != me);
       while (remote) {
         const int l = __ffs(remote) - 1;

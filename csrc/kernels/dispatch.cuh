@@ -44,6 +44,8 @@ struct Outputs {  // a receiver's output tensors (worst-case sized by the host)
   int32_t* src_token;  // [cap]
   int32_t* src_slot;   // [cap]
   int64_t* expert_offsets;  // [L + 1] (expert-major) or nullptr
+  int32_t* selfmap;    // [T * S] output row of each (token, slot) of this rank's own tokens that
+                       // it kept: combine reduces those rows where they lie (nullptr: not kept)
   int64_t capacity;    // rows the tensors hold
 };
 
@@ -122,6 +124,8 @@ __device__ void fill_padding(const RecvPlan& pl, int Le, const Outputs& o, int64
   }
 }
 
+constexpr int kMetaChunk = 8;  // top-k ids / weights a pull lane holds in registers at once
+
 struct MoveCfg {
   uint32_t slot_bytes;  // bulk piece size (multiple of 16)
   int warps;            // warps per block (each with two slots)
@@ -134,7 +138,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
                                                     bool expert_major, int alignment, MoveCfg mc, Sync sy) {
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), r = sy.rank;
-  const int PC = int(L.pos_cols());
+  const int PC = int(L.pos_cols()), S = int(L.combine_slots);
   const int64_t rb = L.row_bytes();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ bool dead;
@@ -175,24 +179,41 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
         const int s = pl.source_of_token(g, W);
         const int64_t t = g - pl.tstart[s];
         const int32_t* sidx = reinterpret_cast<const int32_t*>(tp.map(s, L.in_idx)) + t * K;
+        // The position is loaded beside the ids, and ids and weights kMetaChunk at a time into
+        // registers: a load never waits behind a metadata store that might alias it.
+        const int32_t pos = reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos))[t * PC + r];
         bool mine = false;
-        for (int k = 0; k < K; ++k) {
-          const int e = sidx[k];
-          mine = mine || (e >= 0 && e / Le == r);
+        for (int k0 = 0; k0 < K; k0 += kMetaChunk) {
+          int e[kMetaChunk];
+#pragma unroll
+          for (int k = 0; k < kMetaChunk; ++k) e[k] = k0 + k < K ? sidx[k0 + k] : -1;
+#pragma unroll
+          for (int k = 0; k < kMetaChunk; ++k) mine = mine || (e[k] >= 0 && e[k] / Le == r);
         }
-        if (mine) row = pl.rbase[s] + reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos))[t * PC + r];
+        if (mine) row = pl.rbase[s] + pos;
         if (row >= rows) row = -1;  // only with corrupt inputs; never write out of bounds
         if (row >= 0 && off == 0) {
           const float* sw = reinterpret_cast<const float*>(tp.map(s, L.in_w)) + t * K;
-          for (int k = 0; k < K; ++k) {
-            const int e = sidx[k];
-            const bool own = e >= 0 && e / Le == r;
-            o.idx[row * K + k] = own ? int64_t(e - r * Le) : -1;
-            o.w[row * K + k] = own ? sw[k] : 0.f;
+          for (int k0 = 0; k0 < K; k0 += kMetaChunk) {
+            int e[kMetaChunk];
+            float wk[kMetaChunk];
+#pragma unroll
+            for (int k = 0; k < kMetaChunk; ++k) {
+              e[k] = k0 + k < K ? sidx[k0 + k] : -1;
+              wk[k] = k0 + k < K ? sw[k0 + k] : 0.f;
+            }
+#pragma unroll
+            for (int k = 0; k < kMetaChunk; ++k) {
+              if (k0 + k >= K) break;
+              const bool own = e[k] >= 0 && e[k] / Le == r;
+              o.idx[row * K + k0 + k] = own ? int64_t(e[k] - r * Le) : -1;
+              o.w[row * K + k0 + k] = own ? wk[k] : 0.f;
+            }
           }
           o.src_rank[row] = s;
           o.src_token[row] = int32_t(t);
           o.src_slot[row] = r;
+          if (s == r && o.selfmap != nullptr) o.selfmap[t * S + r] = int32_t(row);
         }
         if (row >= 0) src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb + off;
       }
@@ -235,6 +256,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
         o.src_rank[my_row] = s;
         o.src_token[my_row] = int32_t(t);
         o.src_slot[my_row] = lane;
+        if (s == r && o.selfmap != nullptr) o.selfmap[t * S + lane] = int32_t(my_row);
       }
       // compact the destinations into lanes 0..n-1 (lane i takes the i-th set lane)
       const int n = __popc(ok);
@@ -318,6 +340,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
               o.src_rank[row] = me;
               o.src_token[row] = int32_t(t);
               o.src_slot[row] = q;
+              if (o.selfmap != nullptr) o.selfmap[t * S + q] = int32_t(row);
             }
           } else {
             if (lane < K) {
@@ -347,6 +370,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
           o.src_rank[out_row] = me;
           o.src_token[out_row] = int32_t(t);
           o.src_slot[out_row] = lane;
+          if (o.selfmap != nullptr) o.selfmap[t * S + lane] = int32_t(out_row);
           d = o.x + out_row * rb;
         }
         const uint32_t peers = firsts & ~__ballot_sync(0xffffffffu, own == me);

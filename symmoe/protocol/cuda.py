@@ -29,8 +29,8 @@ combine (both protocols)
 Zero-copy paths:
   * a rank's own rows never go through the symmetric buffer: pull reads them from ``x``
     itself, push writes them straight into the outputs, combine reduces them from ``y``
-    where it lies (``selfmap`` records their rows). At world size 1 nothing is copied into
-    the buffer at all.
+    where it lies (the data kernels record their rows in the dispatch's ``selfmap``). At
+    world size 1 nothing is copied into the buffer at all, and combine is one kernel.
   * with peers, pull must publish ``x`` in the ``input`` region; a caller that builds x in
     ``Buffer.input_view(num_tokens)`` (e.g. as the output of the previous layer) skips that copy.
 
@@ -65,9 +65,10 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None or t.numel() == 0 else t.data_ptr()
 
 
-def _kernel_outputs(out: dict[str, torch.Tensor | None], cap: int) -> dict[str, int]:
-    """The data kernels' view of a dispatch's outputs: their pointers and their rows."""
-    return {**{k: _ptr(v) for k, v in out.items()}, "capacity": cap}
+def _kernel_outputs(out: dict[str, torch.Tensor | None], cap: int, selfmap: torch.Tensor | None) -> dict[str, int]:
+    """The data kernels' view of a dispatch's outputs: their pointers and their rows, and
+    where they record the rows this rank kept of its own tokens (None: already recorded)."""
+    return {**{k: _ptr(v) for k, v in out.items()}, "capacity": cap, "selfmap": _ptr(selfmap)}
 
 
 class _CudaProtocol(Protocol):
@@ -100,8 +101,8 @@ class _CudaProtocol(Protocol):
                                         self._counters.data_ptr())
         self.ctx.set_copy_bytes(config.kernel.copy_bytes)
         self._epoch = 0
-        W, E, S = layout.world_size, layout.num_experts, layout.combine_slots
-        self._selfmap = torch.empty(max(1, layout.max_tokens * S), dtype=torch.int32, device=self.device)
+        W, E = layout.world_size, layout.num_experts
+        self._published: torch.Tensor | None = None  # the routing copy now in the input region
         self._route_scratch = torch.empty(self.ctx.layout_scratch_bytes() // 4, dtype=torch.int32, device=self.device)
         # The routing kernel leaves the exchanged counts matrix in host-mapped memory (and, for
         # push, a device snapshot): no copy launches between the routing and the data kernels.
@@ -183,7 +184,10 @@ class _CudaProtocol(Protocol):
         # Allocate everything first: the launches below then follow each other closely.
         cap = self._capacity(output_layout)
         out = self._outputs(cap, output_layout, x.dtype)
-        args = _kernel_outputs(out, cap)
+        # The output row of each (token, slot) this rank keeps: combine reduces those rows in
+        # place (written by the data kernels; entries of other ranks' slots are never read).
+        selfmap = torch.empty(max(1, T * lay.combine_slots), dtype=torch.int32, device=self.device)
+        args = _kernel_outputs(out, cap, selfmap)
         in_rank = torch.empty((T, W), dtype=torch.bool, device=self.device)
         # This dispatch's own device copy of the counts matrix (unpack reads it after peers
         # may have moved on; a cached dispatch reuses it), written by the routing kernel.
@@ -195,12 +199,13 @@ class _CudaProtocol(Protocol):
         # The published routing, for a cached dispatch after other dispatches overwrote it
         # (queued behind the data kernel: only this rank's next dispatch writes it).
         routing = self._routing_span(T).clone()
+        self._published = routing
 
         self._counts_event.synchronize()  # the data kernel keeps the GPU busy meanwhile
         self.check()
         return dispatch_result(lay, self._counts_np, me, output_layout, alignment,
                                lambda: tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0])), out, topk_idx,
-                               topk_weights, in_rank, self.buffer_id, cache=(routing, counts_dev))
+                               topk_weights, in_rank, self.buffer_id, cache=(routing, counts_dev, selfmap))
 
     def _publish_x(self, x: torch.Tensor) -> None:
         """pull with peers: x into the input region, where they read it (own rows are read
@@ -217,7 +222,8 @@ class _CudaProtocol(Protocol):
             self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
         else:
             self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)
-            self.ctx.unpack(counts_dev.data_ptr(), args, expert_major, alignment, sp)
+            if self.world_size > 1 or expert_major:  # alone, rank-major: push wrote every row
+                self.ctx.unpack(counts_dev.data_ptr(), args, expert_major, alignment, sp)
 
     def _routing_span(self, T: int) -> torch.Tensor:
         """Bytes of the input region the routing kernel publishes (ids, weights, then the
@@ -235,15 +241,18 @@ class _CudaProtocol(Protocol):
         self.check()
         lay = self.layout
         self._check_aligned("x", x)
-        routing, counts_dev = handle.cache
+        routing, counts_dev, _selfmap = handle.cache
         self._publish_x(x)
         rows = handle.num_recv_rows
         out = self._outputs(max(rows, 1), handle.output_layout, x.dtype)
-        args = _kernel_outputs(out, max(rows, 1))
+        args = _kernel_outputs(out, max(rows, 1), None)  # same routing: the handle's selfmap holds
         # Then the counts barrier: peers read what was just republished (pull) and may refill
-        # pools this rank still unpacks from an earlier dispatch (push).
-        self.ctx.republish(routing.data_ptr(), routing.numel(), counts_dev.data_ptr(), self._next_epoch(),
-                           self._stream().cuda_stream)
+        # pools this rank still unpacks from an earlier dispatch (push). Alone, with this
+        # routing still in place, there is nothing to put back and no one to wait for.
+        if self.world_size > 1 or self._published is not routing:
+            self.ctx.republish(routing.data_ptr(), routing.numel(), counts_dev.data_ptr(), self._next_epoch(),
+                               self._stream().cuda_stream)
+            self._published = routing
         self._move(x, args, handle.output_layout == "expert", handle.alignment, counts_dev)
         return recv_views(out, rows, cached_rows(lay, handle, self.rank)[1])
 
@@ -259,11 +268,13 @@ class _CudaProtocol(Protocol):
         rw = recv_topk_weights.float().contiguous() if recv_topk_weights is not None else None
         out = torch.empty((T, lay.hidden), dtype=y.dtype, device=self.device)
         out_w = torch.empty((T, lay.topk), dtype=torch.float32, device=self.device) if rw is not None else None
-        self.ctx.combine_send(_ptr(y), _ptr(rw), _ptr(handle.recv_src_rank), _ptr(handle.recv_src_token),
-                              _ptr(handle.recv_src_slot), rows, _ptr(self._selfmap), self._next_epoch(), sp)
+        selfmap = handle.cache[2]
+        if self.world_size > 1:  # alone, every row is this rank's own: nothing to send
+            self.ctx.combine_send(_ptr(y), _ptr(rw), _ptr(handle.recv_src_rank), _ptr(handle.recv_src_token),
+                                  _ptr(handle.recv_src_slot), rows, self._next_epoch(), sp)
         self.ctx.combine_reduce(y.element_size(), y.dtype == torch.bfloat16, _ptr(y), _ptr(rw),
                                 _ptr(handle.is_token_in_rank), _ptr(handle.topk_idx), _ptr(handle.topk_weights), T,
-                                _ptr(self._selfmap), _ptr(out), _ptr(out_w), expert_major, self._next_epoch(), sp)
+                                _ptr(selfmap), _ptr(out), _ptr(out_w), expert_major, self._next_epoch(), sp)
         return out, out_w
 
     # -- lifetime --------------------------------------------------------------------------
