@@ -75,38 +75,6 @@ __device__ __forceinline__ void collect_slots(const CombineSources& cs, int64_t 
   if (lane == 0) sl.n = n;
 }
 
-// A token with one contribution (every token, rank-major at world size 1): the same
-// arithmetic as below (0 + y, or 0 + w * y, then the cast), with kSingleU vectors per thread in
-// flight -- no accumulators to hold, so the whole row is one round trip.
-constexpr int kSingleU = 8;
-template <typename T, int NT>
-__device__ __forceinline__ void reduce_single(const CombineSources& cs, const SlotList& sl, int64_t t, T* out) {
-  constexpr int V = 16 / sizeof(T);
-  const int64_t nvec = cs.row_bytes / 16;
-  const int4* src = reinterpret_cast<const int4*>(sl.src[0]);
-  int4* dst = reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(out) + t * cs.row_bytes);
-  const float wj = sl.wt[0];
-  const bool em = cs.expert_major;
-  for (int64_t v0 = threadIdx.x; v0 < nvec; v0 += int64_t(NT) * kSingleU) {
-    int4 raw[kSingleU];
-#pragma unroll
-    for (int u = 0; u < kSingleU; ++u) {
-      const int64_t v = v0 + int64_t(u) * NT;
-      if (v < nvec) raw[u] = src[v];
-    }
-#pragma unroll
-    for (int u = 0; u < kSingleU; ++u) {
-      const int64_t v = v0 + int64_t(u) * NT;
-      if (v >= nvec) continue;
-      float f[V];
-      Vec<T>::load(raw[u], f);
-#pragma unroll
-      for (int i = 0; i < V; ++i) f[i] = em ? __fadd_rn(0.f, __fmul_rn(wj, f[i])) : __fadd_rn(0.f, f[i]);
-      dst[v] = Vec<T>::store(f);
-    }
-  }
-}
-
 // The block (NT threads): out row t = sum of the slots in order; out_w row t likewise when
 // asked. U vectors per thread in flight (scripts/microbench/row_copy.cu times the choices).
 template <typename T, int U = 2, int NT = kReduceThreads>
@@ -116,8 +84,7 @@ __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const Slo
   const int tid = threadIdx.x, n = sl.n;
   const int64_t nvec = cs.row_bytes / 16;
   const bool em = cs.expert_major;
-  if (n == 1) reduce_single<T, NT>(cs, sl, t, out);
-  for (int64_t v0 = n == 1 ? nvec : tid; v0 < nvec; v0 += int64_t(NT) * U) {
+  for (int64_t v0 = tid; v0 < nvec; v0 += int64_t(NT) * U) {
     float acc[U][V];
 #pragma unroll
     for (int u = 0; u < U; ++u)
