@@ -1,5 +1,6 @@
 """The CUDA extension modules compile (no GPU needed), and the kernel header mirrors the layout."""
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -7,7 +8,8 @@ import pytest
 from symmoe import build
 from symmoe.layout import BufferLayout
 
-CSRC = Path(__file__).resolve().parent.parent / "csrc"
+ROOT = Path(__file__).resolve().parent.parent
+CSRC = ROOT / "csrc"
 
 
 def test_layout_header_mirrors_kernel_args():
@@ -77,3 +79,17 @@ def test_compile_error_is_a_build_error_with_compiler_output(tmp_path, monkeypat
     finally:
         build.EXTENSIONS.pop("_broken_for_test", None)
         bad.unlink()
+
+
+@pytest.mark.build
+def test_the_data_kernel_microbenchmark_compiles(tmp_path):
+    """scripts/microbench/row_copy.cu (gpu_check.sh micro) times the kernels' own copy and
+    reduce pieces from csrc/common: a header change that breaks it fails here, not on the GPU."""
+    nvcc = build.nvcc_path()
+    if nvcc is None:
+        pytest.skip("nvcc not found")
+    src = ROOT / "scripts" / "microbench" / "row_copy.cu"
+    out = subprocess.run([str(nvcc), "-std=c++17", "-O3", "-arch=sm_90a", "-o", str(tmp_path / "row_copy"), str(src)],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert (tmp_path / "row_copy").stat().st_size > 0
