@@ -124,8 +124,6 @@ __device__ void fill_padding(const RecvPlan& pl, int Le, const Outputs& o, int64
   }
 }
 
-constexpr int kMetaChunk = 8;  // top-k ids / weights a pull lane holds in registers at once
-
 struct MoveCfg {
   uint32_t slot_bytes;  // bulk piece size (multiple of 16)
   int warps;            // warps per block (each with two slots)
@@ -179,36 +177,20 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
         const int s = pl.source_of_token(g, W);
         const int64_t t = g - pl.tstart[s];
         const int32_t* sidx = reinterpret_cast<const int32_t*>(tp.map(s, L.in_idx)) + t * K;
-        // The position is loaded beside the ids, and ids and weights kMetaChunk at a time into
-        // registers: a load never waits behind a metadata store that might alias it.
-        const int32_t pos = reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos))[t * PC + r];
         bool mine = false;
-        for (int k0 = 0; k0 < K; k0 += kMetaChunk) {
-          int e[kMetaChunk];
-#pragma unroll
-          for (int k = 0; k < kMetaChunk; ++k) e[k] = k0 + k < K ? sidx[k0 + k] : -1;
-#pragma unroll
-          for (int k = 0; k < kMetaChunk; ++k) mine = mine || (e[k] >= 0 && e[k] / Le == r);
+        for (int k = 0; k < K; ++k) {
+          const int e = sidx[k];
+          mine = mine || (e >= 0 && e / Le == r);
         }
-        if (mine) row = pl.rbase[s] + pos;
+        if (mine) row = pl.rbase[s] + reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos))[t * PC + r];
         if (row >= rows) row = -1;  // only with corrupt inputs; never write out of bounds
         if (row >= 0 && off == 0) {
           const float* sw = reinterpret_cast<const float*>(tp.map(s, L.in_w)) + t * K;
-          for (int k0 = 0; k0 < K; k0 += kMetaChunk) {
-            int e[kMetaChunk];
-            float wk[kMetaChunk];
-#pragma unroll
-            for (int k = 0; k < kMetaChunk; ++k) {
-              e[k] = k0 + k < K ? sidx[k0 + k] : -1;
-              wk[k] = k0 + k < K ? sw[k0 + k] : 0.f;
-            }
-#pragma unroll
-            for (int k = 0; k < kMetaChunk; ++k) {
-              if (k0 + k >= K) break;
-              const bool own = e[k] >= 0 && e[k] / Le == r;
-              o.idx[row * K + k0 + k] = own ? int64_t(e[k] - r * Le) : -1;
-              o.w[row * K + k0 + k] = own ? wk[k] : 0.f;
-            }
+          for (int k = 0; k < K; ++k) {
+            const int e = sidx[k];
+            const bool own = e >= 0 && e / Le == r;
+            o.idx[row * K + k] = own ? int64_t(e - r * Le) : -1;
+            o.w[row * K + k] = own ? sw[k] : 0.f;
           }
           o.src_rank[row] = s;
           o.src_token[row] = int32_t(t);
