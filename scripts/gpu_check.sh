@@ -97,10 +97,12 @@ for s in "${SECTIONS[@]}"; do
       if nvcc -std=c++17 -O3 -arch=sm_90a -o "$LOG/row_copy" scripts/microbench/row_copy.cu >"$LOG/micro_build.log" 2>&1; then
         "$LOG/row_copy" 2>&1 | tee "$LOG/micro.txt"; rc=${PIPESTATUS[0]}
         note "microbench exit $rc"; [ "$rc" -ne 0 ] && status=1
+        python3 scripts/microbench/to_json.py "$LOG/micro.txt" --commit "${SYMMOE_COMMIT:-unknown}" \
+          --command "scripts/gpu_check.sh micro" || status=1
       else note "microbench build FAILED"; tail -20 "$LOG/micro_build.log"; status=1; fi ;;
     *) echo "unknown section '$s'"; status=2 ;;
   esac
 done
 
-finish_run bench.json targets_one_gpu.md nccl_bench.json ab_mega/results.json ab_pushpull/results.json micro.txt
+finish_run bench.json targets_one_gpu.md nccl_bench.json ab_mega/results.json ab_pushpull/results.json micro.json
 exit $status
