@@ -44,9 +44,7 @@ status=0
 for s in "${SECTIONS[@]}"; do
   case "$s" in
     build)
-      t0=$SECONDS
-      if python3 -m symmoe.cli build >"$LOG/build.log" 2>&1; then note "build ok ($((SECONDS - t0)) s)"
-      else note "build FAILED"; tail -50 "$LOG/build.log"; status=1; fi ;;
+      build_kernels || status=1 ;;
     test|test-quick)
       sel=(tests/gpu/test_torch_backend.py)
       [ "$s" = test-quick ] && sel+=(-k "not 7168")

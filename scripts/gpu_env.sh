@@ -18,6 +18,13 @@ python3 -m pip install -q -e . --no-deps --no-build-isolation >"$LOG/pip.log" 2>
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOG/device.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$LOG/device.txt"
 
+# Every extension compiled (symmoe build), its log in $LOG/build.log; returns non-zero on failure.
+build_kernels() {
+  local t0=$SECONDS
+  if python3 -m symmoe.cli build >"$LOG/build.log" 2>&1; then note "build ok ($((SECONDS - t0)) s)"
+  else note "build FAILED"; tail -50 "$LOG/build.log"; return 1; fi
+}
+
 # The end of a run: the summary (and the benchmark table) printed last, then $OUT gets
 # summary.txt, logs.tar.gz and each named file of $LOG that exists (a/b.json -> a_b.json).
 finish_run() {

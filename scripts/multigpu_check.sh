@@ -39,9 +39,7 @@ status=0
 # Every extension compiled once, before any step: on a fresh machine the ranks of the first
 # step would otherwise compile inside its time limit (session 8: the check step ran out of its
 # 150 s that way).
-t0=$SECONDS
-if python3 -m symmoe.cli build >"$LOG/build.log" 2>&1; then note "build ok ($((SECONDS - t0)) s)"
-else note "build FAILED"; tail -50 "$LOG/build.log"; status=1; fi
+build_kernels || status=1
 for s in "${STEPS[@]}"; do
   case "$s" in
     check)

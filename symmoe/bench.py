@@ -125,12 +125,16 @@ def _stats(xs: list[float]) -> dict[str, float]:
             "n": len(s)}
 
 
+def _copy_seconds(nbytes: int, repeats: int, sleep_cycles: int = 0) -> float:
+    """Median seconds of ``dst.copy_(src)`` of ``nbytes`` on this device (events)."""
+    src = torch.empty(max(1, nbytes), dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    return statistics.median(_time(lambda: dst.copy_(src), 3, repeats, sleep_cycles, lambda: None))
+
+
 def copy_roofline(nbytes: int = 1 << 30, repeats: int = 20) -> float:
     """Bytes (read + written) per second of a device-to-device copy of ``nbytes``."""
-    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
-    ts = _time(lambda: dst.copy_(src), 3, repeats, 0, lambda: None)
-    return 2 * nbytes / statistics.median(ts)
+    return 2 * nbytes / _copy_seconds(nbytes, repeats)
 
 
 def same_size_copy(sleep_cycles: int, repeats: int = 20) -> Callable[[int], float]:
@@ -141,10 +145,7 @@ def same_size_copy(sleep_cycles: int, repeats: int = 20) -> Callable[[int], floa
 
     def us(nbytes: int) -> float:
         if nbytes not in memo:
-            src = torch.empty(max(1, nbytes // 2), dtype=torch.uint8, device="cuda").random_(0, 255)
-            dst = torch.empty_like(src)
-            memo[nbytes] = statistics.median(_time(lambda: dst.copy_(src), 3, repeats, sleep_cycles, lambda: None)) * 1e6
-            del src, dst
+            memo[nbytes] = _copy_seconds(nbytes // 2, repeats, sleep_cycles) * 1e6
         return memo[nbytes]
     return us
 

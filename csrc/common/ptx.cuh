@@ -53,10 +53,13 @@ __device__ __forceinline__ void bulk_store(void* gmem_dst, const void* smem_src,
                : "memory");
 }
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
-// All committed stores have finished reading shared memory (the slot may be reused).
-__device__ __forceinline__ void bulk_wait_read_all() {
-  asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+// All committed stores but the newest `Pending` groups have finished reading shared memory
+// (their slots may be reused); bulk_wait_read_all: every one.
+template <int Pending>
+__device__ __forceinline__ void bulk_wait_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(Pending) : "memory");
 }
+__device__ __forceinline__ void bulk_wait_read_all() { bulk_wait_read<0>(); }
 // All committed stores are complete (written to global memory).
 __device__ __forceinline__ void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 

@@ -37,7 +37,6 @@ using namespace symmoe;
     }                                                                                          \
   } while (0)
 
-__device__ __forceinline__ void bulk_wait_read_1() { asm volatile("cp.async.bulk.wait_group.read 1;" ::: "memory"); }
 __device__ __forceinline__ int4 ld_nc(const int4* p) {
   int4 v;
   asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
@@ -123,7 +122,7 @@ __global__ void ring_copy(const uint8_t* src, uint8_t* dst, const int* perm, int
     bulk_store(dst + row * R + off, base + int64_t(s) * slot, uint32_t(min(int64_t(slot), R - off)));
     bulk_commit();
     if (j + S - 1 < n) {
-      bulk_wait_read_1();  // the slot of item j - 1 (its store was the group before this one)
+      bulk_wait_read<1>();  // the slot of item j - 1 (its store was the group before this one)
       issue(j + S - 1);
     }
   }

@@ -43,7 +43,7 @@ After a StallError the buffer is unusable (the ranks' barrier epochs diverged).
 from __future__ import annotations
 
 import ctypes
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -69,6 +69,14 @@ def _kernel_outputs(out: dict[str, torch.Tensor | None], cap: int, selfmap: torc
     """The data kernels' view of a dispatch's outputs: their pointers and their rows, and
     where they record the rows this rank kept of its own tokens (None: already recorded)."""
     return {**{k: _ptr(v) for k, v in out.items()}, "capacity": cap, "selfmap": _ptr(selfmap)}
+
+
+class _RoutingState(NamedTuple):
+    """What a dispatch's handle keeps on the device (``handle.cache``)."""
+
+    routing: torch.Tensor   # copy of the published ids, weights and positions (cached dispatch)
+    counts: torch.Tensor    # its counts matrix (unpack, cached dispatch)
+    selfmap: torch.Tensor   # output row of each (token, slot) this rank kept (combine)
 
 
 class _CudaProtocol(Protocol):
@@ -205,7 +213,7 @@ class _CudaProtocol(Protocol):
         self.check()
         return dispatch_result(lay, self._counts_np, me, output_layout, alignment,
                                lambda: tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0])), out, topk_idx,
-                               topk_weights, in_rank, self.buffer_id, cache=(routing, counts_dev, selfmap))
+                               topk_weights, in_rank, self.buffer_id, cache=_RoutingState(routing, counts_dev, selfmap))
 
     def _publish_x(self, x: torch.Tensor) -> None:
         """pull with peers: x into the input region, where they read it (own rows are read
@@ -241,7 +249,7 @@ class _CudaProtocol(Protocol):
         self.check()
         lay = self.layout
         self._check_aligned("x", x)
-        routing, counts_dev, _selfmap = handle.cache
+        routing, counts_dev = handle.cache.routing, handle.cache.counts
         self._publish_x(x)
         rows = handle.num_recv_rows
         out = self._outputs(max(rows, 1), handle.output_layout, x.dtype)
@@ -268,7 +276,7 @@ class _CudaProtocol(Protocol):
         rw = recv_topk_weights.float().contiguous() if recv_topk_weights is not None else None
         out = torch.empty((T, lay.hidden), dtype=y.dtype, device=self.device)
         out_w = torch.empty((T, lay.topk), dtype=torch.float32, device=self.device) if rw is not None else None
-        selfmap = handle.cache[2]
+        selfmap = handle.cache.selfmap
         if self.world_size > 1:  # alone, every row is this rank's own: nothing to send
             self.ctx.combine_send(_ptr(y), _ptr(rw), _ptr(handle.recv_src_rank), _ptr(handle.recv_src_token),
                                   _ptr(handle.recv_src_slot), rows, self._next_epoch(), sp)
