@@ -27,14 +27,14 @@ struct CombineArgs {
   const int32_t* src_rank;   // [rows], -1 on padding
   const int32_t* src_tok;    // [rows]
   const int32_t* src_slot;   // [rows]
-  int32_t* selfmap;          // [T * S] y row of each (token, slot) this rank kept, written here
   ErrorWord* err;
 };
 
 // Block c sends channel c of the received rows (in output order, whatever their source) back
-// to their sources' combine slots t * S + slot and notes where the rows this rank kept lie in
-// y; it signals head[c][me] at every rank, itself included, then waits until channel c of
-// every rank has arrived here. When the kernel ends, every slot the reduction reads is in.
+// to their sources' combine slots t * S + slot (the rows this rank kept stay in y: the dispatch
+// recorded them in its selfmap); it signals head[c][me] at every rank, itself included, then
+// waits until channel c of every rank has arrived here. When the kernel ends, every slot the
+// reduction reads is in. Not launched at world size 1.
 __global__ void __launch_bounds__(kThreads, 1) combine_send_kernel(CombineArgs a) {
   const int W = static_cast<int>(a.lay.world_size), C = a.C, me = a.me, c = blockIdx.x;
   const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots);
@@ -51,11 +51,8 @@ __global__ void __launch_bounds__(kThreads, 1) combine_send_kernel(CombineArgs a
   for (int64_t r = chan_begin(a.rows, c, C) + warp; r < chan_begin(a.rows, c + 1, C); r += kWarps) {
     const int s = a.src_rank[r];
     if (s < 0) continue;  // padding
+    if (s == me) continue;
     const int64_t slot = int64_t(a.src_tok[r]) * S + a.src_slot[r];
-    if (s == me) {
-      if (lane == 0) a.selfmap[slot] = static_cast<int32_t>(r);
-      continue;
-    }
     if (uint8_t* ps = s_peer[s]) {
       warp_copy_row<true>(at_peer(ps, a.base, cx + slot * rb), a.y + r * rb, rb, lane);
       if (a.rw && lane < K) at_peer(ps, a.base, cw)[slot * K + lane] = a.rw[r * K + lane];

@@ -111,6 +111,8 @@ struct DispatchArgs {
   int32_t* out_tok;
   int32_t* out_slot;
   int64_t* out_offsets;      // [L + 1] expert-major, else nullptr
+  int32_t* selfmap;          // [T * S] output row of each (token, slot) this rank keeps of its
+                             // own tokens (combine reduces them in place); nullptr: kept already
   ErrorWord* err;
 };
 
@@ -152,6 +154,7 @@ __device__ __forceinline__ void deliver_row(const DispatchArgs& a, const Geometr
       a.out_rank[rank_row] = src_rank;
       a.out_tok[rank_row] = ent / S;
       a.out_slot[rank_row] = ent % S;
+      if (src_rank == a.me && a.selfmap != nullptr) a.selfmap[ent] = static_cast<int32_t>(rank_row);
     }
     return;
   }
@@ -163,6 +166,7 @@ __device__ __forceinline__ void deliver_row(const DispatchArgs& a, const Geometr
     a.out_rank[o] = src_rank;
     a.out_tok[o] = ent / S;
     a.out_slot[o] = lane;
+    if (src_rank == a.me && a.selfmap != nullptr) a.selfmap[int64_t(ent / S) * S + lane] = static_cast<int32_t>(o);
   }
   int n;
   o = compact_lanes(o >= 0, o, lane, n);

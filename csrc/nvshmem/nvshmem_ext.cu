@@ -165,12 +165,13 @@ void launch_barrier(int64_t base, const std::vector<int64_t>& lay, int me, int64
   cuda_check(cudaGetLastError(), "barrier_kernel launch");
 }
 
-// ptrs: x, idx, w, send_ent, pos, counts, out_x, out_idx, out_w, out_rank, out_tok, out_slot, out_offsets, err
+// ptrs: x, idx, w, send_ent, pos, counts, out_x, out_idx, out_w, out_rank, out_tok, out_slot, out_offsets, err,
+//       selfmap
 void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int channels, int expert_major,
                      int direct, int alignment, int64_t capacity, int64_t epoch, uint64_t timeout_ns,
                      const std::vector<int64_t>& p,
                      int64_t stream) {
-  if (p.size() != 14) throw std::runtime_error("dispatch: expected 14 pointers");
+  if (p.size() != 15) throw std::runtime_error("dispatch: expected 15 pointers");
   allow_smem();
   DispatchArgs a{};
   a.base = ptr<uint8_t>(base);
@@ -197,6 +198,7 @@ void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int 
   a.out_slot = ptr<int32_t>(p[11]);
   a.out_offsets = ptr<int64_t>(p[12]);
   a.err = ptr<ErrorWord>(p[13]);
+  a.selfmap = ptr<int32_t>(p[14]);
   const size_t smem = expert_major ? size_t(Geometry::dyn_bytes(a.lay)) : 0;
   dispatch_kernel<<<2 * a.C, kThreads, smem, ptr<CUstream_st>(stream)>>>(a);
   cuda_check(cudaGetLastError(), "dispatch_kernel launch");
@@ -222,17 +224,18 @@ void launch_combine(int64_t base, const std::vector<int64_t>& lay, int me, int c
   a.src_rank = ptr<const int32_t>(p[2]);
   a.src_tok = ptr<const int32_t>(p[3]);
   a.src_slot = ptr<const int32_t>(p[4]);
-  a.selfmap = ptr<int32_t>(p[5]);
   a.err = ptr<ErrorWord>(p[11]);
-  const CombineSources cs{a.y, a.rw, a.selfmap, a.base + a.lay.combine_x,
+  const CombineSources cs{a.y, a.rw, ptr<const int32_t>(p[5]), a.base + a.lay.combine_x,
                           reinterpret_cast<const float*>(a.base + a.lay.combine_w), ptr<const bool>(p[6]),
                           ptr<const int64_t>(p[7]), ptr<const float>(p[8]), num_tokens, a.lay.row_bytes(),
                           static_cast<int>(a.lay.world_size), static_cast<int>(a.lay.topk),
                           static_cast<int>(a.lay.combine_slots), static_cast<int>(a.lay.local_experts()), me,
                           expert_major != 0};
   auto s = ptr<CUstream_st>(stream);
-  combine_send_kernel<<<a.C, kThreads, 0, s>>>(a);
-  cuda_check(cudaGetLastError(), "combine_send_kernel launch");
+  if (a.lay.world_size > 1) {  // alone, every row is this rank's own: nothing to send or wait for
+    combine_send_kernel<<<a.C, kThreads, 0, s>>>(a);
+    cuda_check(cudaGetLastError(), "combine_send_kernel launch");
+  }
   const int blocks = std::max(1, std::min(num_tokens, reduce_blocks));
   float* out_w = ptr<float>(p[10]);
   switch (elem_kind) {

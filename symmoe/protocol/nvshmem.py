@@ -29,11 +29,11 @@ cached dispatch (``dispatch(x, handle=...)``)
 combine
   5. after another combine only: the device barrier ``combine.done`` (peers may still be
      reducing from the slots this combine writes; a dispatch in between orders them already)
-  6. ``combine_send_kernel``, one block (channel) per SM held, at most ``kernel.num_channels``
-     (the ``head`` words): block c puts channel c of
-     the received rows back into their sources' combine slots ``t * S + slot`` (notes where
-     its own rows lie in y), signals ``head[c][me]`` at every rank and waits for
-     ``head[c][*]`` here (one polling warp; stage ``combine.data``)
+  6. ``combine_send_kernel`` (with peers only), one block (channel) per SM held, at most
+     ``kernel.num_channels`` (the ``head`` words): block c puts channel c of the received rows
+     back into their sources' combine slots ``t * S + slot`` (its own rows stay in y, where
+     the dispatch kernel recorded them in the dispatch's ``selfmap``), signals ``head[c][me]``
+     at every rank and waits for ``head[c][*]`` here (one polling warp; stage ``combine.data``)
   7. ``combine_reduce_kernel``: the reduction the CUDA protocols use
      (``csrc/common/reduce.cuh``), tokens in the fixed order in fp32
 
@@ -124,7 +124,7 @@ class NvshmemPush(Protocol):
 
     def __init__(self, mem, layout, config, buffer_id):
         super().__init__(mem, layout, config, buffer_id)
-        W, E, T, S = layout.world_size, layout.num_experts, layout.max_tokens, layout.combine_slots
+        W, E = layout.world_size, layout.num_experts
         if W + E > MAX_COLUMNS:
             raise InputError(f"world_size + num_experts = {W + E}; the nvshmem routing keeps per-column tables in "
                              f"shared memory and handles at most {MAX_COLUMNS}")
@@ -154,7 +154,6 @@ class NvshmemPush(Protocol):
         self._last_op = ""  # "dispatch" | "combine": a combine right after a combine needs a barrier
         self._route_scratch = torch.empty(self.ext.route_scratch_ints(self.args), dtype=torch.int32, device=dev)
         self._done = torch.zeros(1, dtype=torch.int32, device=dev)  # grid completion counter of the routing
-        self._selfmap = torch.empty(max(1, T * S), dtype=torch.int32, device=dev)
         self._bad_flag = torch.zeros(1, dtype=torch.int32, device=dev)
         # Pinned host memory is device-accessible at the same address (unified addressing):
         # the plan kernel writes the matrix and the bad-id record straight into it.
@@ -214,7 +213,9 @@ class NvshmemPush(Protocol):
                 "pub_w": torch.empty(max(1, T * K), dtype=torch.float32, device=dev),
                 "pos": torch.empty(max(1, T * (W + K)), dtype=torch.int32, device=dev),
                 "send_ent": torch.empty(max(1, T * W), dtype=torch.int32, device=dev),
-                "counts": torch.empty((W, 1 + W + lay.num_experts), dtype=torch.int32, device=dev)}
+                "counts": torch.empty((W, 1 + W + lay.num_experts), dtype=torch.int32, device=dev),
+                # the output row of each (token, slot) this rank keeps: combine reduces it in place
+                "selfmap": torch.empty(max(1, T * lay.combine_slots), dtype=torch.int32, device=dev)}
         src = self._source(x)
         self._dispatches += 1
         self._last_op = "dispatch"
@@ -225,7 +226,7 @@ class NvshmemPush(Protocol):
             "counts_snap": plan["counts"].data_ptr(), "counts_host": self._counts_host.data_ptr(),
             "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream)
         self._counts_event.record(stream)
-        self._send(src, plan, out, cap, em, alignment, epoch)
+        self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
 
         self._counts_event.synchronize()  # the one host wait; the data kernel runs meanwhile
         raise_if_failed(self.mem, "dispatch.counts")
@@ -239,15 +240,17 @@ class NvshmemPush(Protocol):
         return x
 
     def _send(self, src: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], cap: int, em: bool,
-              alignment: int, epoch: int) -> None:
-        """The dispatch kernel from the routing tables ``plan`` into ``o`` (``cap`` rows)."""
+              alignment: int, epoch: int, selfmap: torch.Tensor | None) -> None:
+        """The dispatch kernel from the routing tables ``plan`` into ``o`` (``cap`` rows),
+        recording the rows this rank keeps in ``selfmap`` (None: the same routing recorded them)."""
         self.ext.dispatch(self.mem.local.data_ptr(), self.args, self.me, self.channels, int(em), self.direct,
                           alignment, cap, epoch, self.timeout_ns,
                           [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(),
                            plan["send_ent"].data_ptr(), plan["pos"].data_ptr(), plan["counts"].data_ptr(),
                            o["x"].data_ptr(), o["idx"].data_ptr(), o["w"].data_ptr(), o["src_rank"].data_ptr(),
                            o["src_token"].data_ptr(), o["src_slot"].data_ptr(),
-                           o["expert_offsets"].data_ptr() if em else 0, self.err.data_ptr()],
+                           o["expert_offsets"].data_ptr() if em else 0, self.err.data_ptr(),
+                           selfmap.data_ptr() if selfmap is not None else 0],
                           torch.cuda.current_stream(self.device).cuda_stream)
 
     def dispatch_cached(self, x, handle):
@@ -266,7 +269,7 @@ class NvshmemPush(Protocol):
         self._dispatches += 1
         self._last_op = "dispatch"
         self._send(src, handle.cache, out, cap, handle.output_layout == "expert", handle.alignment,
-                   self._dispatches)
+                   self._dispatches, None)
         return recv_views(out, handle.num_recv_rows, per_expert)
 
     def check(self, synchronize: bool = False) -> None:
@@ -302,7 +305,7 @@ class NvshmemPush(Protocol):
         self._last_op = "combine"
         self._combines += 1
         ptrs = [src.data_ptr(), src_w.data_ptr() if src_w is not None else 0, handle.recv_src_rank.data_ptr(),
-                handle.recv_src_token.data_ptr(), handle.recv_src_slot.data_ptr(), self._selfmap.data_ptr(),
+                handle.recv_src_token.data_ptr(), handle.recv_src_slot.data_ptr(), handle.cache["selfmap"].data_ptr(),
                 handle.is_token_in_rank.data_ptr(), handle.topk_idx.data_ptr(), handle.topk_weights.data_ptr(),
                 out_x.data_ptr(), out_w.data_ptr() if out_w is not None else 0, self.err.data_ptr()]
         self.ext.combine(self.mem.local.data_ptr(), self.args, me, self.combine_channels,
