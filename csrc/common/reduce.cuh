@@ -35,40 +35,52 @@ struct SlotList {  // shared memory: token t's contributions, in order
   int n;
 };
 
-// One warp: token t's valid slots, in order, into `sl`.
-__device__ __forceinline__ void collect_slots(const CombineSources& cs, int64_t t, SlotList& sl, int lane) {
+// Lane c's view of one slot of token t: loaded in one round (no load waits on another), and
+// for the first 32 slots one token ahead of the reduction (reduce_tokens).
+struct SlotRoute {
+  int owner;     // rank holding the slot's row, -1: no row
+  float wt;      // expert-major weight
+  int32_t self;  // selfmap entry (read only when owner is this rank)
+
+  __device__ __forceinline__ static SlotRoute load(const CombineSources& cs, int64_t t, int c) {
+    SlotRoute r{-1, 0.f, 0};
+    const int nc = cs.expert_major ? cs.topk : cs.world;
+    if (t >= cs.tokens || c >= nc) return r;
+    r.self = cs.selfmap[t * cs.slots + c];
+    if (cs.expert_major) {
+      const int64_t e = cs.topk_idx[t * cs.topk + c];
+      r.owner = e >= 0 ? int(e / cs.local_experts) : -1;
+      r.wt = cs.topk_w[t * cs.topk + c];
+    } else {
+      r.owner = cs.in_rank[t * cs.world + c] ? c : -1;
+    }
+    return r;
+  }
+};
+
+// One warp: token t's valid slots, in order, into `sl`; `first` holds slots 0..31 (lane c).
+__device__ __forceinline__ void collect_slots(const CombineSources& cs, int64_t t, const SlotRoute& first,
+                                              SlotList& sl, int lane) {
   const int nc = cs.expert_major ? cs.topk : cs.world;
   const int K = cs.topk, S = cs.slots;
   int n = 0;
   for (int base = 0; base < nc; base += 32) {
     const int c = base + lane;
-    bool valid = false;
-    int owner = -1;
-    float wt = 0.f;
-    if (c < nc) {
-      if (cs.expert_major) {
-        const int64_t e = cs.topk_idx[t * K + c];
-        valid = e >= 0;
-        owner = valid ? int(e / cs.local_experts) : -1;
-        wt = cs.topk_w[t * K + c];
-      } else {
-        valid = cs.in_rank[t * cs.world + c];
-        owner = c;
-      }
-    }
+    const SlotRoute r = base == 0 ? first : SlotRoute::load(cs, t, c);
+    const bool valid = r.owner >= 0;
     const uint32_t bal = __ballot_sync(0xffffffffu, valid);
     if (valid) {
       const int at = n + __popc(bal & lanemask_lt());
       const int64_t slot = t * S + c;
-      if (owner == cs.me) {
-        const int64_t row = cs.selfmap[slot];
+      if (r.owner == cs.me) {
+        const int64_t row = r.self;
         sl.src[at] = cs.y + row * cs.row_bytes;
         sl.wsrc[at] = cs.rw ? cs.rw + row * K : nullptr;
       } else {
         sl.src[at] = cs.cx + slot * cs.row_bytes;
         sl.wsrc[at] = cs.cw + slot * K;
       }
-      sl.wt[at] = wt;
+      sl.wt[at] = r.wt;
     }
     n += __popc(bal);
   }
@@ -125,9 +137,13 @@ __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const Slo
 template <typename T, int U = 2, int NT = kReduceThreads>
 __device__ __forceinline__ void reduce_tokens(const CombineSources& cs, T* out, float* out_w) {
   __shared__ SlotList sl;
+  const bool collector = threadIdx.x < 32;
+  SlotRoute next = collector ? SlotRoute::load(cs, blockIdx.x, threadIdx.x) : SlotRoute{-1, 0.f, 0};
   for (int64_t t = blockIdx.x; t < cs.tokens; t += gridDim.x) {
-    if (threadIdx.x < 32) collect_slots(cs, t, sl, threadIdx.x);
+    if (collector) collect_slots(cs, t, next, sl, threadIdx.x);
     __syncthreads();
+    // The next token's slots are in flight while this one is reduced.
+    if (collector) next = SlotRoute::load(cs, t + gridDim.x, threadIdx.x);
     reduce_slots<T, U, NT>(cs, sl, t, out, out_w);
     __syncthreads();
   }

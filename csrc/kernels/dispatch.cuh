@@ -124,6 +124,34 @@ __device__ void fill_padding(const RecvPlan& pl, int Le, const Outputs& o, int64
   }
 }
 
+// One token's routing as a sender reads it: lane k < K its expert id and weight, lane c < PC
+// its position in column c (ranks, then slots). The three loads go out together and one
+// token ahead of the copies, so a copy is never issued behind a metadata round trip.
+struct TokenRoute {
+  int e;
+  float w;
+  int pos;
+
+  __device__ __forceinline__ static TokenRoute load(const int32_t* idx, const float* wt, const int32_t* pos, int64_t t,
+                                                    int K, int PC, int lane, bool in) {
+    TokenRoute r{-1, 0.f, 0};
+    if (in) {
+      if (lane < K) {
+        r.e = idx[t * K + lane];
+        r.w = wt[t * K + lane];
+      }
+      if (lane < PC) r.pos = pos[t * PC + lane];
+    }
+    return r;
+  }
+  // Column c's position (c per lane or uniform; every lane calls). Columns past the warp's
+  // 32 lanes (world + topk > 32) are read from memory.
+  __device__ __forceinline__ int pos_of(const int32_t* pos_table, int64_t t, int PC, int c) const {
+    const int v = __shfl_sync(0xffffffffu, pos, c & 31);
+    return c < 32 ? v : (c < PC ? pos_table[t * PC + c] : 0);
+  }
+};
+
 struct MoveCfg {
   uint32_t slot_bytes;  // bulk piece size (multiple of 16)
   int warps;            // warps per block (each with two slots)
@@ -276,6 +304,13 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
   const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
+  const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.in_idx);
+  const float* pw = reinterpret_cast<const float*>(tp.local + L.in_w);
+  const int32_t* ppos = reinterpret_cast<const int32_t*>(tp.local + L.in_pos);
+  const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
+  // The first token's routing is in flight while the plan is built (the input region holds
+  // max_tokens rows; a row past this dispatch's tokens is never used).
+  TokenRoute next = TokenRoute::load(pidx, pw, ppos, gw, K, PC, lane, !dead && gw < L.max_tokens);
   SendPlan pl;
   pl.carve(smem_raw, W, Le);
   bool run = !dead && counts_valid(counts, L);
@@ -288,14 +323,12 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
           MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
 
   if (run) {
-    const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.in_idx);
-    const float* pw = reinterpret_cast<const float*>(tp.local + L.in_w);
-    const int32_t* ppos = reinterpret_cast<const int32_t*>(tp.local + L.in_pos);
     const int64_t T = counts[int64_t(me) * L.counts_cols()];
-    const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
     for (int64_t t = gw; t < T; t += nwt) {
-      const int e = lane < K ? pidx[t * K + lane] : -1;
-      const float wt = lane < K ? pw[t * K + lane] : 0.f;
+      const TokenRoute cur = next;
+      next = TokenRoute::load(pidx, pw, ppos, t + nwt, K, PC, lane, t + nwt < T);
+      const int e = cur.e;
+      const float wt = cur.w;
       const int own = e >= 0 ? e / Le : -1;
       uint8_t* dst_x = nullptr;  // lane i < n: destination row address
       int n = 0;
@@ -311,7 +344,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
         for (int i = 0; i < n; ++i) {
           const int fl = __fns(firsts, 0, i + 1);
           const int q = __shfl_sync(0xffffffffu, own, fl);
-          const int64_t row = pl.rbase[q] + ppos[t * PC + q];
+          const int64_t row = pl.rbase[q] + cur.pos_of(ppos, t, PC, q);
           const bool mine = own == q;
           if (q == me) {
             if (lane < K) {
@@ -341,9 +374,10 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
         // the link once however many of the receiver's experts it goes to.
         uint8_t* d = nullptr;
         int64_t out_row = -1;  // this slot's expert-major row in its owner's output
+        const int slot_pos = cur.pos_of(ppos, t, PC, W + lane);
         if (own >= 0) {
           const int j = e - own * Le;
-          out_row = pl.goff[int64_t(own) * (Le + 1) + j] + ppos[t * PC + W + lane];
+          out_row = pl.goff[int64_t(own) * (Le + 1) + j] + slot_pos;
           for (int q = 0; q < me; ++q) out_row += count_at(counts, L, q, 1 + W + e);
         }
         if (own == me) {
@@ -359,7 +393,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
         for (int i = 0; i < __popc(peers); ++i) {
           const int fl = __fns(peers, 0, i + 1);
           const int q = __shfl_sync(0xffffffffu, own, fl);
-          const int64_t prow = pl.rbase[q] + ppos[t * PC + q];
+          const int64_t prow = pl.rbase[q] + cur.pos_of(ppos, t, PC, q);
           if (lane < K) {
             reinterpret_cast<int32_t*>(tp.map(q, L.recv_idx))[prow * K + lane] = own == q ? int32_t(out_row) : -1;
             reinterpret_cast<float*>(tp.map(q, L.recv_w))[prow * K + lane] = own == q ? wt : 0.f;
