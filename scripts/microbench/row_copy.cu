@@ -181,6 +181,14 @@ __global__ void __launch_bounds__(NT) reduce_kernel(CombineSources cs, __nv_bflo
 }
 
 // -- timing --------------------------------------------------------------------------------
+// Keeps the GPU busy while the host enqueues the timed launch (as torch.cuda._sleep does in
+// symmoe.bench), so the events bracket device time, not the host's launch latency.
+__global__ void spin(int64_t cycles) {
+  const int64_t t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
 static float time_us(const std::function<void()>& f, int reps) {
   for (int i = 0; i < 3; ++i) f();
   CK(cudaDeviceSynchronize());
@@ -189,6 +197,7 @@ static float time_us(const std::function<void()>& f, int reps) {
   CK(cudaEventCreate(&a));
   CK(cudaEventCreate(&b));
   for (int i = 0; i < reps; ++i) {
+    spin<<<1, 1>>>(100000);  // ~50 us at 1.98 GHz
     CK(cudaEventRecord(a));
     f();
     CK(cudaEventRecord(b));
