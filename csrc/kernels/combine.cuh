@@ -68,8 +68,7 @@ __global__ void __launch_bounds__(1024) combine_send_kernel(Transport tp, Layout
     }
   }
   mv.flush();
-  if (grid_last_block(sy.done) && !dead)
-    block_barrier(tp, me, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageCombineData);
+  grid_barrier(tp, L, sy, dead, kStageCombineData);
 }
 
 template <class Transport, typename T>
@@ -79,9 +78,7 @@ __global__ void __launch_bounds__(kReduceThreads) combine_reduce_kernel(Transpor
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
   if (!dead) reduce_tokens<T>(cs, out, out_w);
-  if (grid_last_block(sy.done) && !dead)
-    block_barrier(tp, sy.rank, int(L.world_size), L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host,
-                  kStageCombineDone);
+  grid_barrier(tp, L, sy, dead, kStageCombineDone);
 }
 
 }  // namespace symmoe

@@ -36,6 +36,16 @@ struct Sync {  // what every kernel that ends with a cross-rank barrier needs
   unsigned int* done;   // grid completion counter (zero between launches)
 };
 
+// The closing barrier of a data kernel: its last block waits for every rank. Alone there is
+// no one to wait for, and the ticket and system fences would only lengthen the kernel's tail
+// (the next launch on the stream is ordered behind it anyway).
+template <class Transport>
+__device__ __forceinline__ void grid_barrier(const Transport& tp, const Layout& L, const Sync& sy, bool dead,
+                                             int stage) {
+  if (L.world_size > 1 && grid_last_block(sy.done) && !dead)
+    block_barrier(tp, sy.rank, int(L.world_size), L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, stage);
+}
+
 struct Outputs {  // a receiver's output tensors (worst-case sized by the host)
   uint8_t* x;          // [cap, H]
   int64_t* idx;        // [cap, K] rank-major, [cap] expert-major
@@ -283,8 +293,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
     }
   }
   mv.flush();
-  if (grid_last_block(sy.done) && !dead)
-    block_barrier(tp, r, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageDispatchDone);
+  grid_barrier(tp, L, sy, dead, kStageDispatchDone);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -414,8 +423,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
     }
   }
   mv.flush();
-  if (grid_last_block(sy.done) && !dead)
-    block_barrier(tp, me, W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageDispatchData);
+  grid_barrier(tp, L, sy, dead, kStageDispatchData);
 }
 
 // ---------------------------------------------------------------------------------------
