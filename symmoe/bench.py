@@ -13,8 +13,9 @@ Bytes that must move: dispatch reads each received source row once and writes ea
 row once (padding rows included); combine reads each received row once and writes each
 token once. ``ratio_roofline`` = (bytes / roofline) / measured time.
 
-Timing: before each timed call a ``torch.cuda._sleep`` kernel keeps the GPU busy while the
-host enqueues, so the events measure GPU time, not Python launch overhead (dispatch still
+Timing: before each timed call a ``torch.cuda._sleep`` kernel (1 ms: longer than any call's
+host enqueue, which reached 240 µs on a slow host) keeps the GPU busy while the host
+enqueues, so the events measure GPU time, not Python launch overhead (dispatch still
 includes its mid-call host wait for the counts: the data kernel is already queued then).
 ``cached_dispatch``: ``dispatch(x, handle=...)`` along the last dispatch's routing (DeepEP's
 cached dispatch, what its intranode benchmark times); the same bytes as ``dispatch``.
@@ -256,7 +257,7 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
 
 def run_gpu_bench(config: Config, world_size: int = 1, tokens: int = 0, warmup: int = 5, repeats: int = 30,
                   layouts: tuple[str, ...] = ("rank", "expert"), seed: int = 0, baselines: bool = True,
-                  sleep_us: float = 200.0, x_in_buffer: bool = False) -> dict[str, Any]:
+                  sleep_us: float = 1000.0, x_in_buffer: bool = False) -> dict[str, Any]:
     """Time ``config`` (a GPU backend) at ``world_size`` local ranks; returns a JSON-able dict.
     ``x_in_buffer``: x lives in ``Buffer.input_view`` (no publish copy) instead of its own tensor."""
     opts = {"tokens": tokens, "warmup": warmup, "repeats": repeats, "layouts": tuple(layouts), "seed": seed,

@@ -48,17 +48,18 @@ struct RecvPlan {
       tstart[s] = count_at(counts, L, s, 0);
       rbase[s] = count_at(counts, L, s, 1 + r);
     }
-    for (int j = threadIdx.x; j < Le; j += blockDim.x) {
+    // The expert groups (gcnt, goff) only exist in the expert-major layout.
+    for (int j = threadIdx.x; expert_major && j < Le; j += blockDim.x) {
       int32_t c = 0;
       for (int s = 0; s < W; ++s) c += count_at(counts, L, s, 1 + W + int64_t(r) * Le + j);
       gcnt[j] = c;
-      goff[j] = expert_major ? (int64_t(c) + alignment - 1) / alignment * alignment : 0;
+      goff[j] = (int64_t(c) + alignment - 1) / alignment * alignment;
     }
     __syncthreads();
     tstart[W] = 0;  // scanned below; the last slot receives the total
     const int64_t tokens = block_exclusive_scan(tstart, W, tmp);
     const int64_t rows_r = block_exclusive_scan(rbase, W, tmp);
-    const int64_t rows_e = block_exclusive_scan(goff, Le, tmp);
+    const int64_t rows_e = expert_major ? block_exclusive_scan(goff, Le, tmp) : 0;
     if (threadIdx.x == 0) {
       tstart[W] = tokens;
       rbase[W] = rows_r;
