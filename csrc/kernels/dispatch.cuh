@@ -198,56 +198,51 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
           MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
 
   if (run && !expert_major) {
-    // Rank-major: one output row per token, moved in P pieces. Warp w owns items (token,
-    // piece) w, w + nwt, ... (pieces spread the tail over more warps); it reads their routing
-    // 32 items at a time (one per lane), writes the metadata of the tokens whose piece 0 it
-    // owns, then issues the copies back to back, so no load waits on a metadata round trip.
+    // Rank-major: one output row per token, moved in P pieces (pieces spread the tail over
+    // more warps). Warp w owns items (token, piece) w, w + nwt, ...; a token's routing is read
+    // across the lanes in one round (TokenRoute, as push reads it), one item ahead of the
+    // copy, so no copy waits on a metadata round trip.
     const int64_t P = (rb + mc.slot_bytes - 1) / mc.slot_bytes;
     const int64_t items = pl.tstart[W] * P;
     const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
-    for (int64_t first = gw; first < items; first += 32 * nwt) {
-      const int64_t it = first + lane * nwt;
-      int64_t row = -1, off = 0;
-      const uint8_t* src = nullptr;
-      if (it < items) {
-        const int64_t g = it / P;
-        off = (it % P) * mc.slot_bytes;
-        const int s = pl.source_of_token(g, W);
-        const int64_t t = g - pl.tstart[s];
-        const int32_t* sidx = reinterpret_cast<const int32_t*>(tp.map(s, L.in_idx)) + t * K;
-        bool mine = false;
-        for (int k = 0; k < K; ++k) {
-          const int e = sidx[k];
-          mine = mine || (e >= 0 && e / Le == r);
+    auto route_of = [&](int64_t it) {
+      if (it >= items) return TokenRoute{-1, 0.f, 0};
+      const int64_t g = it / P;
+      const int s = pl.source_of_token(g, W);
+      return TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s, L.in_idx)),
+                              reinterpret_cast<const float*>(tp.map(s, L.in_w)),
+                              reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), g - pl.tstart[s], K, PC, lane,
+                              true);
+    };
+    TokenRoute next = route_of(gw);
+    for (int64_t it = gw; it < items; it += nwt) {
+      const TokenRoute cur = next;
+      next = route_of(it + nwt);
+      const int64_t g = it / P, off = (it % P) * mc.slot_bytes;
+      const int s = pl.source_of_token(g, W);
+      const int64_t t = g - pl.tstart[s];
+      const bool own = cur.e >= 0 && cur.e / Le == r;  // lanes < K: this slot's expert is here
+      const bool mine = __ballot_sync(0xffffffffu, own) != 0;
+      const int p = cur.pos_of(reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), t, PC, r);
+      int64_t row = mine ? pl.rbase[s] + p : -1;
+      if (row >= rows) row = -1;  // only with corrupt inputs; never write out of bounds
+      if (row < 0) continue;      // warp-uniform
+      if (off == 0) {
+        if (lane < K) {
+          o.idx[row * K + lane] = own ? int64_t(cur.e - r * Le) : -1;
+          o.w[row * K + lane] = own ? cur.w : 0.f;
         }
-        if (mine) row = pl.rbase[s] + reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos))[t * PC + r];
-        if (row >= rows) row = -1;  // only with corrupt inputs; never write out of bounds
-        if (row >= 0 && off == 0) {
-          const float* sw = reinterpret_cast<const float*>(tp.map(s, L.in_w)) + t * K;
-          for (int k = 0; k < K; ++k) {
-            const int e = sidx[k];
-            const bool own = e >= 0 && e / Le == r;
-            o.idx[row * K + k] = own ? int64_t(e - r * Le) : -1;
-            o.w[row * K + k] = own ? sw[k] : 0.f;
-          }
+        if (lane == 0) {
           o.src_rank[row] = s;
           o.src_token[row] = int32_t(t);
           o.src_slot[row] = r;
           if (s == r && o.selfmap != nullptr) o.selfmap[t * S + r] = int32_t(row);
         }
-        if (row >= 0) src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb + off;
       }
-      uint32_t todo = __ballot_sync(0xffffffffu, row >= 0);
-      while (todo) {
-        const int l = __ffs(todo) - 1;
-        todo &= todo - 1;
-        const int64_t drow = __shfl_sync(0xffffffffu, row, l), doff = __shfl_sync(0xffffffffu, off, l);
-        const uint8_t* dsrc = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(src), l));
-        const uint32_t bytes = uint32_t(min(int64_t(mc.slot_bytes), rb - doff));
-        if (lane == 0) mv.next_dsts()[0] = o.x + drow * rb + doff;
-        __syncwarp();
-        mv.push(dsrc, 1, bytes);
-      }
+      const uint8_t* src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb + off;
+      if (lane == 0) mv.next_dsts()[0] = o.x + row * rb + off;
+      __syncwarp();
+      mv.push(src, 1, uint32_t(min(int64_t(mc.slot_bytes), rb - off)));
     }
   }
   if (run && expert_major) {
