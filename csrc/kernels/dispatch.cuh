@@ -116,10 +116,14 @@ __global__ void __launch_bounds__(kRouteThreads) republish_kernel(Transport tp, 
                 kStageDispatchCounts);
 }
 
-// Zero-filled padding rows of the expert-major output (ids -1, weights 0, sources -1).
-__device__ void fill_padding(const RecvPlan& pl, int Le, const Outputs& o, int64_t row_bytes) {
+// Zero-filled padding rows of the expert-major output (ids -1, weights 0, sources -1), and
+// the group starts. goff: [Le + 1] padded starts; count(j): group j's unpadded rows.
+template <class Count>
+__device__ void fill_padding(const int64_t* goff, Count count, int Le, const Outputs& o, int64_t row_bytes) {
+  if (blockIdx.x == 0)
+    for (int j = threadIdx.x; j <= Le; j += blockDim.x) o.expert_offsets[j] = goff[j];
   for (int j = blockIdx.x; j < Le; j += gridDim.x) {
-    const int64_t a = pl.goff[j] + pl.gcnt[j], b = pl.goff[j + 1];
+    const int64_t a = goff[j] + count(j), b = goff[j + 1];
     if (a >= b || b > o.capacity) continue;
     const int64_t nvec = (b - a) * row_bytes / 16;
     int4* x = reinterpret_cast<int4*>(o.x + a * row_bytes);
@@ -187,11 +191,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   if (!dead) rows = pl.build(counts, L, r, expert_major, alignment);
   const bool run = !dead && rows <= o.capacity && counts_valid(counts, L);
 
-  if (run && expert_major) {
-    fill_padding(pl, Le, o, rb);
-    if (blockIdx.x == 0)
-      for (int j = threadIdx.x; j <= Le; j += blockDim.x) o.expert_offsets[j] = pl.goff[j];
-  }
+  if (run && expert_major) fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, Le, o, rb);
 
   WarpMover mv;
   mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes,
@@ -322,6 +322,10 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
     pl.build(counts, L, me, expert_major, alignment);
     for (int q = 0; q < W; ++q) run = run && pl.rows[q] <= L.recv_rows && (q != me || pl.rows[q] <= o.capacity);
   }
+  // Alone, no unpack follows (nothing was pushed to a pool): the group starts and the
+  // padding rows of the expert-major output are written here.
+  if (run && expert_major && W == 1)
+    fill_padding(pl.goff, [&](int j) { return count_at(counts, L, 0, 2 + j); }, Le, o, rb);
   WarpMover mv;
   mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes,
           MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
@@ -443,11 +447,7 @@ __global__ void __launch_bounds__(1024) unpack_kernel(Transport tp, Layout L, co
   pl.carve(smem_raw, W, Le);
   const int64_t rows = pl.build(counts, L, r, expert_major, alignment);
   if (rows > o.capacity || rows > L.recv_rows) return;
-  if (expert_major) {
-    fill_padding(pl, Le, o, rb);
-    if (blockIdx.x == 0)
-      for (int j = threadIdx.x; j <= Le; j += blockDim.x) o.expert_offsets[j] = pl.goff[j];
-  }
+  if (expert_major) fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, Le, o, rb);
   const uint8_t* px = tp.local + L.recv_x;
   const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.recv_idx);
   const float* pw = reinterpret_cast<const float*>(tp.local + L.recv_w);

@@ -230,7 +230,7 @@ class _CudaProtocol(Protocol):
             self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
         else:
             self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)
-            if self.world_size > 1 or expert_major:  # alone, rank-major: push wrote every row
+            if self.world_size > 1:  # alone, push wrote every row, group start and padding row
                 self.ctx.unpack(counts_dev.data_ptr(), args, expert_major, alignment, sp)
 
     def _routing_span(self, T: int) -> torch.Tensor:
