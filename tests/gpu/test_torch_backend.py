@@ -45,6 +45,16 @@ def test_bitwise_equal_to_reference(world_size, hidden, protocol):
     assert _run(world_size, cfg, 4242 + world_size + hidden) == [len(CHECK_ROUTINGS) * 2] * world_size
 
 
+@pytest.mark.parametrize("protocol", ["pull", "push"])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_routing_split_over_many_chunks(world_size, protocol):
+    """1024-2048 tokens per rank: the routing runs in 8-16 chunks of 128 tokens (one block
+    each), and every position must continue across chunks as the reference numbers rows."""
+    cfg = gpu_config(protocol=protocol, **{"buffer.hidden": 64, "buffer.max_tokens_per_rank": 2048,
+                                          "kernel.num_sms": 32})
+    assert _run(world_size, cfg, 555 + world_size, CHECK_ROUTINGS[:4]) == [8] * world_size
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_other_payload_dtypes(dtype):
     cfg = gpu_config(**{"buffer.dtype": dtype, "buffer.hidden": 136})
