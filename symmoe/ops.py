@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 OPS = ("dispatch", "cached_dispatch", "combine")
+BASE_OPS = ("dispatch", "combine")  # what baselines and targets know; a cached dispatch counts as dispatch
 BASE_OP = {"dispatch": "dispatch", "cached_dispatch": "dispatch", "combine": "combine"}
 LABEL = {"dispatch": "dispatch", "cached_dispatch": "cached dispatch", "combine": "combine"}
 

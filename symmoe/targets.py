@@ -38,12 +38,12 @@ import sys
 from typing import Any, Callable
 
 from .errors import SymmoeError
-from .ops import BASE_OP, LABEL, ops_of
-from .ops import OPS as BENCH_OPS
+from .ops import BASE_OP, BASE_OPS, LABEL, OPS, ops_of
 
 TARGET_RATIO = 0.80  # issue 7: at least 80 % of the NVLink all-to-all ceiling
 TARGET_SPEEDUP = 1.5  # issue 7: the best backend at least 1.5x the all_to_all_single baseline
 ROUTING = ("route", "plan")  # kernel names that compute the routing, not move rows
+SCHEMA = "symmoe.targets/1"
 
 
 def protocol_label(protocol: Any, x_in_buffer: Any) -> str:
@@ -57,8 +57,7 @@ def kernel_us(kernels: dict[str, float]) -> tuple[float, float]:
     total = sum(kernels.values())
     data = sum(v for k, v in kernels.items() if not any(r in k for r in ROUTING))
     return total, data
-SCHEMA = "symmoe.targets/1"
-OPS = ("dispatch", "combine")  # what the baselines and ab time; bench adds cached_dispatch (symmoe.ops)
+
 
 DEFINITIONS = [
     "NVLink all-to-all ceiling = NCCL all_to_all algbw measured in the same run (the slowest rank's "
@@ -187,7 +186,7 @@ def compute(bench: dict[str, Any], baselines: dict[str, Any], ab: dict[str, Any]
                "p2p_min_GBps": (p2p or {}).get("min_GBps"), "p2p_median_GBps": (p2p or {}).get("median_GBps")}
     if ceiling["p2p_min_GBps"] is None:
         notes.append(f"baselines: no P2P copy pairs ({(p2p or {}).get('gpus', 0)} GPU(s) visible to rank 0)")
-    a2a = {op: P.num(f"results.a2a.{op}.median_us") for op in OPS}
+    a2a = {op: P.num(f"results.a2a.{op}.median_us") for op in BASE_OPS}
     a2a_ranks = P.get("results.a2a.ranks")
     a2a_row_bytes = {int(P.num(f"results.a2a.ranks.{i}.row_bytes")) for i in range(len(a2a_ranks))}
     a2a_rows = [int(P.num(f"results.a2a.ranks.{i}.recv_rows")) for i in range(len(a2a_ranks))]
@@ -198,7 +197,7 @@ def compute(bench: dict[str, Any], baselines: dict[str, Any], ab: dict[str, Any]
     a2a_bytes = max(a2a_rows) * max(a2a_row_bytes) if a2a_rows else None
     if len(a2a_row_bytes) > 1:
         notes.append(f"baselines: ranks report different a2a row_bytes {sorted(a2a_row_bytes)}")
-    for op in OPS:
+    for op in BASE_OPS:
         rows.append(_row("a2a baseline", "all_to_all_single", str(bw.get("backend", "?")), "rank", op, a2a[op],
                          a2a_bytes, algbw, a2a[op], target=False))
 
@@ -358,7 +357,7 @@ def _ab_rows(A: _Doc, W: int, algbw: float, a2a: dict[str, float], shape: dict[s
 def _summary(rows: list[dict[str, Any]], bench_rows: list[dict[str, Any]]) -> dict[str, Any]:
     judged = [r for r in rows if r["target_met"] is not None]
     best = {}
-    for op in BENCH_OPS:
+    for op in OPS:
         cands = [r for r in bench_rows if r["op"] == op and r["speedup_vs_a2a"] is not None]
         if cands:
             b = max(cands, key=lambda r: r["speedup_vs_a2a"])

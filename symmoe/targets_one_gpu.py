@@ -31,19 +31,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from .ops import BASE_OP, LABEL, ops_of
+from .ops import BASE_OP, BASE_OPS, LABEL, ops_of
 from .targets import TargetsError, _Doc, cli, kernel_us, load_json, protocol_label
 
 TARGET_RATIO = 0.85
 TARGET_SPEEDUP = 2.0  # expert-major dispatch of the torch backend vs plain torch
-OPS = ("dispatch", "combine")
 
 # (backend, layout, op; a cached dispatch as dispatch) -> ("ratio", 0.85) or ("speedup", 2.0); absent: no target.
 TARGETS: dict[tuple[str, str, str], tuple[str, float]] = {
     ("torch", "rank", "dispatch"): ("ratio", TARGET_RATIO),
     ("torch", "rank", "combine"): ("ratio", TARGET_RATIO),
     ("torch", "expert", "dispatch"): ("speedup", TARGET_SPEEDUP),
-    **{(b, lay, op): ("ratio", TARGET_RATIO) for b in ("nvshmem", "nccl") for lay in ("rank", "expert") for op in OPS},
+    **{(b, lay, op): ("ratio", TARGET_RATIO)
+       for b in ("nvshmem", "nccl") for lay in ("rank", "expert") for op in BASE_OPS},
 }
 
 

@@ -264,7 +264,6 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
         my_row = pl.src_offset(counts, L, r, s, j) + spos[W + lane];
         if (my_row >= rows) my_row = -1;
       }
-      const uint32_t ok = __ballot_sync(0xffffffffu, my_row >= 0);
       if (my_row >= 0) {
         o.idx[my_row] = e - r * Le;
         o.w[my_row] = sw[lane];
@@ -273,10 +272,8 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
         o.src_slot[my_row] = lane;
         if (s == r && o.selfmap != nullptr) o.selfmap[t * S + lane] = int32_t(my_row);
       }
-      // compact the destinations into lanes 0..n-1 (lane i takes the i-th set lane)
-      const int n = __popc(ok);
-      const int from = lane < n ? int(__fns(ok, 0, lane + 1)) : 0;
-      my_row = __shfl_sync(0xffffffffu, my_row, from);
+      int n;
+      my_row = compact_lanes(my_row >= 0, my_row, lane, n);
       if (n == 0) continue;
       const uint8_t* src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb;
       for (int64_t off = 0; off < rb; off += mc.slot_bytes) {

@@ -175,9 +175,6 @@ class _CudaProtocol(Protocol):
         return DispatchLayout(per_rank, per_expert, in_rank)
 
     # -- dispatch --------------------------------------------------------------------------
-    def _capacity(self, output_layout: str) -> int:
-        return min(self.layout.recv_rows, self.layout.worst_case_rows(output_layout))
-
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                  output_layout: str, alignment: int) -> tuple[RecvResult, DispatchHandle]:
         self.check()

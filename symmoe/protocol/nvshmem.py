@@ -204,7 +204,7 @@ class NvshmemPush(Protocol):
         topk_weights = topk_weights.float().contiguous()
         # Outputs sized for the worst case, allocated before the launches so they follow each
         # other closely; the host's wait for the counts overlaps the data kernel.
-        cap = min(lay.recv_rows, lay.worst_case_rows(output_layout))
+        cap = self._capacity(output_layout)
         out = self._outputs(cap, output_layout, x.dtype)
         in_rank = torch.empty((T, W), dtype=torch.bool, device=dev)
         # The routing's outputs, which only this rank reads: plain device memory of this
