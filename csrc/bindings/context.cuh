@@ -217,7 +217,7 @@ struct Ctx {
 
   void unpack(uintptr_t counts, const py::dict& out, bool expert_major, int alignment, uintptr_t stream) {
     const size_t smem = size_t(RecvPlan::bytes(int(L.world_size), int(L.local_experts())));
-    unpack_kernel<Transport><<<grid, 512, smem, S(stream)>>>(tp, L, P<const int32_t>(counts), outputs(out), expert_major,
+    unpack_kernel<Transport><<<grid, kUnpackThreads, smem, S(stream)>>>(tp, L, P<const int32_t>(counts), outputs(out), expert_major,
                                                              alignment, err, rank);
     check(cudaGetLastError(), "unpack_kernel launch");
   }

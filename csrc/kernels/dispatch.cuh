@@ -248,25 +248,36 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   if (run && expert_major) {
     const int64_t total_tokens = pl.tstart[W];
     const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
+    // A token's routing is read one token ahead, across the lanes in one round (TokenRoute),
+    // as in the rank-major path: with peers it is a round trip over the link.
+    auto route_of = [&](int64_t g) {
+      if (g >= total_tokens) return TokenRoute{-1, 0.f, 0};
+      const int s = pl.source_of_token(g, W);
+      return TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s, L.in_idx)),
+                              reinterpret_cast<const float*>(tp.map(s, L.in_w)),
+                              reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), g - pl.tstart[s], K, PC, lane,
+                              true);
+    };
+    TokenRoute next = route_of(gw);
     for (int64_t g = gw; g < total_tokens; g += nwt) {
+      const TokenRoute cur = next;
+      next = route_of(g + nwt);
       const int s = pl.source_of_token(g, W);
       const int64_t t = g - pl.tstart[s];
-      const int32_t* sidx = reinterpret_cast<const int32_t*>(tp.map(s, L.in_idx)) + t * K;
-      const float* sw = reinterpret_cast<const float*>(tp.map(s, L.in_w)) + t * K;
-      const int32_t* spos = reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)) + t * PC;
-      const int e = lane < K ? sidx[lane] : -1;
+      const int e = cur.e;  // -1 on lanes >= K
       const bool mine = e >= 0 && e / Le == r;
       const uint32_t bal = __ballot_sync(0xffffffffu, mine);
       if (bal == 0) continue;
+      const int slot_pos = cur.pos_of(reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), t, PC, W + lane);
       int64_t my_row = -1;  // lane k: destination row of slot k
       if (mine) {
         const int j = e - r * Le;
-        my_row = pl.src_offset(counts, L, r, s, j) + spos[W + lane];
+        my_row = pl.src_offset(counts, L, r, s, j) + slot_pos;
         if (my_row >= rows) my_row = -1;
       }
       if (my_row >= 0) {
         o.idx[my_row] = e - r * Le;
-        o.w[my_row] = sw[lane];
+        o.w[my_row] = cur.w;
         o.src_rank[my_row] = s;
         o.src_token[my_row] = int32_t(t);
         o.src_slot[my_row] = lane;
@@ -425,8 +436,10 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
 // ---------------------------------------------------------------------------------------
 // Local: copy the rows peers pushed into this rank's pool to the outputs (expert-major: one
 // copy per slot, so each row crossed the link once); padding rows.
+constexpr int kUnpackThreads = 512;
+
 template <class Transport>
-__global__ void __launch_bounds__(1024) unpack_kernel(Transport tp, Layout L, const int32_t* counts, Outputs o,
+__global__ void __launch_bounds__(kUnpackThreads, 1) unpack_kernel(Transport tp, Layout L, const int32_t* counts, Outputs o,
                                                       bool expert_major, int alignment, ErrorWord* err, int rank) {
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), r = rank;
