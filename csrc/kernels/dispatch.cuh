@@ -197,27 +197,29 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes,
           MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
 
+  // Warp w owns items w, w + nwt, ...; item it of `items` (P per token) belongs to token
+  // g = it / P of all sources. A token's routing is read across the lanes in one round
+  // (TokenRoute, as push reads it), one item ahead of the copy: with peers it is a round trip
+  // over the link, and no copy waits on it.
+  const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
+  auto it_route = [&](int64_t it, int64_t items, int64_t P) {
+    if (it >= items) return TokenRoute{-1, 0.f, 0};
+    const int64_t g = it / P;
+    const int s = pl.source_of_token(g, W);
+    return TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s, L.in_idx)),
+                            reinterpret_cast<const float*>(tp.map(s, L.in_w)),
+                            reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), g - pl.tstart[s], K, PC, lane, true);
+  };
+
   if (run && !expert_major) {
     // Rank-major: one output row per token, moved in P pieces (pieces spread the tail over
-    // more warps). Warp w owns items (token, piece) w, w + nwt, ...; a token's routing is read
-    // across the lanes in one round (TokenRoute, as push reads it), one item ahead of the
-    // copy, so no copy waits on a metadata round trip.
+    // more warps).
     const int64_t P = (rb + mc.slot_bytes - 1) / mc.slot_bytes;
     const int64_t items = pl.tstart[W] * P;
-    const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
-    auto route_of = [&](int64_t it) {
-      if (it >= items) return TokenRoute{-1, 0.f, 0};
-      const int64_t g = it / P;
-      const int s = pl.source_of_token(g, W);
-      return TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s, L.in_idx)),
-                              reinterpret_cast<const float*>(tp.map(s, L.in_w)),
-                              reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), g - pl.tstart[s], K, PC, lane,
-                              true);
-    };
-    TokenRoute next = route_of(gw);
+    TokenRoute next = it_route(gw, items, P);
     for (int64_t it = gw; it < items; it += nwt) {
       const TokenRoute cur = next;
-      next = route_of(it + nwt);
+      next = it_route(it + nwt, items, P);
       const int64_t g = it / P, off = (it % P) * mc.slot_bytes;
       const int s = pl.source_of_token(g, W);
       const int64_t t = g - pl.tstart[s];
@@ -246,22 +248,12 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
     }
   }
   if (run && expert_major) {
+    // One item per token; its routing is read one token ahead, as in the rank-major path.
     const int64_t total_tokens = pl.tstart[W];
-    const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
-    // A token's routing is read one token ahead, across the lanes in one round (TokenRoute),
-    // as in the rank-major path: with peers it is a round trip over the link.
-    auto route_of = [&](int64_t g) {
-      if (g >= total_tokens) return TokenRoute{-1, 0.f, 0};
-      const int s = pl.source_of_token(g, W);
-      return TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s, L.in_idx)),
-                              reinterpret_cast<const float*>(tp.map(s, L.in_w)),
-                              reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), g - pl.tstart[s], K, PC, lane,
-                              true);
-    };
-    TokenRoute next = route_of(gw);
+    TokenRoute next = it_route(gw, total_tokens, 1);
     for (int64_t g = gw; g < total_tokens; g += nwt) {
       const TokenRoute cur = next;
-      next = route_of(g + nwt);
+      next = it_route(g + nwt, total_tokens, 1);
       const int s = pl.source_of_token(g, W);
       const int64_t t = g - pl.tstart[s];
       const int e = cur.e;  // -1 on lanes >= K
