@@ -19,6 +19,7 @@
 #   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_WORLD_SIZES=1,4 BENCH_PROTOCOLS=pull,push BENCH_REPEATS=30   bench choices
 #   BENCH_SET='kernel.num_channels=32 kernel.num_sms=64'   config values for every bench run
 #   BENCH_X_IN_BUFFER=no|yes|both   x built in Buffer.input_view (no publish copy); both: each run twice
+#   MPS=off                          no MPS daemon (world size 1 runs only)
 # Later backends add their own sections in the case statement below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -27,9 +28,12 @@ SECTIONS=("$@")
 source scripts/gpu_env.sh
 
 # -- MPS: several ranks on the one GPU run concurrently -------------------------------------
+# MPS=off leaves it out (world size 1 only: e.g. to see whether the host's waits change without it).
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mpslog
 mkdir -p "$CUDA_MPS_PIPE_DIRECTORY" "$CUDA_MPS_LOG_DIRECTORY"
-if nvidia-cuda-mps-control -d; then
+if [ "${MPS:-on}" = off ]; then
+  note "MPS off (MPS=off)"
+elif nvidia-cuda-mps-control -d; then
   trap 'echo quit | nvidia-cuda-mps-control' EXIT
   note "MPS started"
 else
