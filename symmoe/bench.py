@@ -46,6 +46,7 @@ from .config import PROTOCOLS, Config, from_dict, parse_key_value
 from .layout import MAX_CHANNELS
 from .ops import BASE_OP, LABEL, ops_of
 
+HOST_PHASES = ("before_wait", "wait", "after_wait")  # a dispatch's host time, split at its counts wait
 DEEPSEEK_V3 = {"buffer.max_tokens_per_rank": 4096, "buffer.hidden": 7168, "buffer.topk": 8,
                "buffer.num_experts": 256, "buffer.dtype": "bfloat16", "buffer.expert_alignment": 1}
 
@@ -216,7 +217,11 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
             state: dict[str, Any] = {}
 
             def dispatch() -> None:
+                t0 = time.perf_counter()
                 state["d"] = proto.dispatch(x, idx, w, layout, b.expert_alignment)
+                if state.get("phases") is not None and proto.wait_marks is not None:
+                    w0, w1 = proto.wait_marks
+                    state["phases"].append((w0 - t0, w1 - w0, time.perf_counter() - w1))
 
             def combine() -> None:
                 recv, handle = state["d"]
@@ -232,8 +237,13 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
             # dispatch's wait for the counts would include the sleep): for dispatch the launches,
             # the wait for the routing kernels and the work after it; for combine the launches.
             host: dict[str, list[float]] = {op: [] for op in fns}
+            phases: list[tuple[float, float, float]] = []
             for op, f in fns.items():
+                state["phases"] = [] if op == "dispatch" else None
                 _time(f, 1, repeats, 0, sync, host[op])
+                if op == "dispatch":
+                    phases = state["phases"]  # dispatch's host time before, in and after its counts wait
+            state["phases"] = None
             recv, handle = state["d"]
             rows = recv.x.shape[0]
             real = int((recv.src_rank >= 0).sum())
@@ -247,6 +257,8 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
                 "rows": rows, "real_rows": real, "kernels_us": kernels, "host_ops_us": host_ops,
                 **{op: _stats(t) for op, t in gpu.items()}, "api_dispatch": _stats(api_d),
                 **{f"{op}_host": _stats(t) for op, t in host.items()},
+                **({"dispatch_host_phases": {k: _stats([p[i] for p in phases]) for i, k in enumerate(HOST_PHASES)}}
+                   if phases else {}),
                 "dispatch_bytes": (unique_src + rows) * rb, "combine_bytes": (real + T) * rb,
                 "cached_dispatch_bytes": (unique_src + rows) * rb,
             }
@@ -345,6 +357,14 @@ def table(results: list[dict[str, Any]]) -> str:
                     top = ", ".join(f"{k} {v:.0f}" for k, v in list(hs.items())[:6])
                     lines.append(f"  {r['backend']:<8} {r['protocol']:<5} {r['world_size']:>2} {layout:<6} {LABEL[op]:<15} "
                                  f"total {sum(hs.values()):.0f}: {top}")
+    phased = [(r, layout, ph) for r in results for layout in r["layouts"]
+              if (ph := r["ranks"][0][layout].get("dispatch_host_phases"))]
+    if phased:
+        lines.append("dispatch, host wall time before / in / after its counts wait (rank 0, median µs; "
+                     "the data kernel runs during the last two):")
+    for r, layout, ph in phased:
+        lines.append(f"  {r['backend']:<8} {r['protocol']:<5} {r['world_size']:>2} {layout:<6} "
+                     + " / ".join(f"{ph[k]['median_us']:.0f}" for k in HOST_PHASES))
     roofs = sorted({round(r['copy_roofline_TBps'], 2) for r in results})
     lines.append(f"copy roofline (read + write, whole device): {', '.join(map(str, roofs))} TB/s; "
                  "%copy: a copy of the op's bytes (per GPU) timed the same way, over the op's time; "

@@ -123,3 +123,15 @@ def test_a_cached_dispatch_is_summarised_with_dispatch_bytes_and_named_in_the_ta
     line = next(ln for ln in text.splitlines() if " rank   cached dispatch " in ln)
     assert line.split()[6] == "200.0"  # backend proto W layout "cached dispatch" µs
     assert "cached dispatch: dispatch(x, handle=...)" in text
+
+
+def test_the_table_splits_dispatch_host_time_at_the_counts_wait(two_ranks):
+    ranks = [rank_result(300.0, 250.0, 80.0, 8000), rank_result(400.0, 200.0, 120.0, 8200)]
+    ranks[0]["rank"]["dispatch_host_phases"] = {"before_wait": stats(61.0), "wait": stats(33.0),
+                                                "after_wait": stats(47.0)}
+    s = bench.summarize(bench.bench_config("push", 66), 2, ranks, roof=4.0e12)
+    lines = bench.table([s]).splitlines()
+    head = next(i for i, ln in enumerate(lines) if ln.startswith("dispatch, host wall time before / in / after"))
+    assert lines[head + 1].split() == ["torch", "push", "2", "rank", "61", "/", "33", "/", "47"]
+    assert not lines[head + 2].startswith("  torch")  # the expert layout had no phases
+    assert "dispatch, host wall time" not in bench.table([two_ranks])

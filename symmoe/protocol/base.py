@@ -6,6 +6,7 @@ calls in here; a protocol may still raise CapacityError once the counts are exch
 """
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 
 import torch
@@ -31,9 +32,18 @@ class Protocol(ABC):
     # True: dispatch checks the expert ids (range, duplicates) inside its routing kernel and
     # raises InputError on every rank, so Buffer skips its host-side check (a device sync).
     checks_topk_values: bool = False
+    # Host clock (time.perf_counter) just before and after the last dispatch's wait for the
+    # counts (GPU protocols; None before the first): the bench splits a dispatch's host time there.
+    wait_marks: tuple[float, float] | None = None
 
     def __init__(self, mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int):
         self.mem, self.layout, self.config, self.buffer_id = mem, layout, config, buffer_id
+
+    def _wait_counts(self, event: torch.cuda.Event) -> None:
+        """The one host wait of a GPU dispatch (the routing kernels' counts), with its marks."""
+        t0 = time.perf_counter()
+        event.synchronize()
+        self.wait_marks = (t0, time.perf_counter())
 
     @abstractmethod
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:

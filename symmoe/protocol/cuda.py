@@ -206,7 +206,7 @@ class _CudaProtocol(Protocol):
         self._move(x, args, expert_major, alignment, counts_dev)
         self._published = routing
 
-        self._counts_event.synchronize()  # the data kernel keeps the GPU busy meanwhile
+        self._wait_counts(self._counts_event)  # the data kernel keeps the GPU busy meanwhile
         self.check()
         return dispatch_result(lay, self._counts_np, me, output_layout, alignment,
                                lambda: tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0])), out, topk_idx,

@@ -228,7 +228,7 @@ class NvshmemPush(Protocol):
         self._counts_event.record(stream)
         self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
 
-        self._counts_event.synchronize()  # the one host wait; the data kernel runs meanwhile
+        self._wait_counts(self._counts_event)  # the one host wait; the data kernel runs meanwhile
         raise_if_failed(self.mem, "dispatch.counts")
         return dispatch_result(lay, self._counts_host.numpy(), me, output_layout, alignment, self._bad_info.tolist,
                                out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=plan)
