@@ -17,6 +17,9 @@
 #   STEP_LIMIT_S=1200                         each torchrun step is interrupted after this
 #   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_PROTOCOLS=pull,push BENCH_REPEATS=20
 #   BENCH_X_IN_BUFFER=no|yes|both             bench with x built in Buffer.input_view (no publish copy)
+#   CHECK_CONFIGS="configs/nccl.yaml"         the configs `check` runs (default: torch, nvshmem, nccl)
+#   CHECK_SET="--set protocol=push"           more config values for `check`
+#   CHECK_X_IN_BUFFER=no                      skip check's second pass (x built in Buffer.input_view)
 # $OUT receives at most 8 files: summary.txt, logs.tar.gz and the JSON / Markdown results.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -34,6 +37,7 @@ run() {
     python3 -m torch.distributed.run --nproc-per-node "$N" --master-port $((20000 + RANDOM % 20000)) "$@"
 }
 CHECK_SHAPE=(--set buffer.max_tokens_per_rank=512 --set kernel.timeout_s=60)
+read -r -a CHECK_CONFIGS <<< "${CHECK_CONFIGS:-configs/torch.yaml configs/nvshmem.yaml configs/nccl.yaml}"
 
 status=0
 # Every extension compiled once, before any step: on a fresh machine the ranks of the first
@@ -43,13 +47,15 @@ build_kernels || status=1
 for s in "${STEPS[@]}"; do
   case "$s" in
     check)
-      run -m symmoe.cli check configs/torch.yaml configs/nvshmem.yaml configs/nccl.yaml "${CHECK_SHAPE[@]}" --cached \
+      run -m symmoe.cli check "${CHECK_CONFIGS[@]}" "${CHECK_SHAPE[@]}" ${CHECK_SET:-} --cached \
         2>&1 | tee "$LOG/check.log"
-      rc=${PIPESTATUS[0]}; note "check (torch, nvshmem, nccl at W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1
-      # x built in Buffer.input_view (pull reads it in place): the same checks again
-      run -m symmoe.cli check configs/torch.yaml configs/nvshmem.yaml configs/nccl.yaml "${CHECK_SHAPE[@]}" --x-in-buffer \
-        2>&1 | tee "$LOG/check_x_in_buffer.log"
-      rc=${PIPESTATUS[0]}; note "check, x in buffer (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
+      rc=${PIPESTATUS[0]}; note "check (${CHECK_CONFIGS[*]} ${CHECK_SET:-} at W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1
+      if [ "${CHECK_X_IN_BUFFER:-yes}" = yes ]; then
+        # x built in Buffer.input_view (pull reads it in place): the same checks again
+        run -m symmoe.cli check "${CHECK_CONFIGS[@]}" "${CHECK_SHAPE[@]}" ${CHECK_SET:-} --x-in-buffer \
+          2>&1 | tee "$LOG/check_x_in_buffer.log"
+        rc=${PIPESTATUS[0]}; note "check, x in buffer (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1
+      fi ;;
     ab)
       run -m symmoe.ab configs/ab/v1_v2_mega.yaml --out "$LOG/ab" --no-fallback 2>&1 | tee "$LOG/ab.log"
       rc=${PIPESTATUS[0]}; note "ab v1_v2_mega (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;

@@ -20,7 +20,8 @@ includes its mid-call host wait for the counts: the data kernel is already queue
 ``cached_dispatch``: ``dispatch(x, handle=...)`` along the last dispatch's routing (DeepEP's
 cached dispatch, what its intranode benchmark times); the same bytes as ``dispatch``.
 ``api_*`` numbers time ``Buffer.dispatch``/``combine`` with their input validation.
-``host_us``: the host's wall time inside a call, timed in a second pass without the sleep.
+``host_us``: the host's wall time inside a call, timed in a second pass without the sleep;
+``dispatch_host_phases``: that pass's dispatch split at its counts wait (before / in / after).
 
 Several ranks on one GPU (MPS) all get the same active thread percentage, whatever the
 backend (``launch.mps_share``); the roofline is measured by the launching process on the whole
