@@ -216,13 +216,14 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
         ys = {}
         for layout in opts["layouts"]:
             state: dict[str, Any] = {}
+            phases: list[tuple[float, float, float]] = []  # each dispatch's host time before / in / after its wait
 
             def dispatch() -> None:
                 t0 = time.perf_counter()
                 state["d"] = proto.dispatch(x, idx, w, layout, b.expert_alignment)
-                if state.get("phases") is not None and proto.wait_marks is not None:
+                if proto.wait_marks is not None:
                     w0, w1 = proto.wait_marks
-                    state["phases"].append((w0 - t0, w1 - w0, time.perf_counter() - w1))
+                    phases.append((w0 - t0, w1 - w0, time.perf_counter() - w1))
 
             def combine() -> None:
                 recv, handle = state["d"]
@@ -238,13 +239,10 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
             # dispatch's wait for the counts would include the sleep): for dispatch the launches,
             # the wait for the routing kernels and the work after it; for combine the launches.
             host: dict[str, list[float]] = {op: [] for op in fns}
-            phases: list[tuple[float, float, float]] = []
+            first = len(phases)  # the dispatches of this pass, the only ones timed without the sleep
             for op, f in fns.items():
-                state["phases"] = [] if op == "dispatch" else None
                 _time(f, 1, repeats, 0, sync, host[op])
-                if op == "dispatch":
-                    phases = state["phases"]  # dispatch's host time before, in and after its counts wait
-            state["phases"] = None
+            host_phases = phases[first:]
             recv, handle = state["d"]
             rows = recv.x.shape[0]
             real = int((recv.src_rank >= 0).sum())
@@ -258,8 +256,8 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
                 "rows": rows, "real_rows": real, "kernels_us": kernels, "host_ops_us": host_ops,
                 **{op: _stats(t) for op, t in gpu.items()}, "api_dispatch": _stats(api_d),
                 **{f"{op}_host": _stats(t) for op, t in host.items()},
-                **({"dispatch_host_phases": {k: _stats([p[i] for p in phases]) for i, k in enumerate(HOST_PHASES)}}
-                   if phases else {}),
+                **({"dispatch_host_phases": {k: _stats([p[i] for p in host_phases]) for i, k in enumerate(HOST_PHASES)}}
+                   if host_phases else {}),
                 "dispatch_bytes": (unique_src + rows) * rb, "combine_bytes": (real + T) * rb,
                 "cached_dispatch_bytes": (unique_src + rows) * rb,
             }
