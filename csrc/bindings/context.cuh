@@ -48,6 +48,7 @@ struct Ctx {
   MoveCfg move;        // data kernels' bulk piece size and warps per block (for plan_bytes = 0)
   int32_t* counts_host = nullptr;  // where a dispatch's routing kernels leave the counts matrix
   int32_t* counts_snap = nullptr;
+  uint8_t* routing_copy = nullptr;
   BadInput bad{nullptr, nullptr};  // in-kernel expert-id checks of dispatch (set_input_check)
 
   Ctx(const std::vector<int64_t>& layout, int rank_, Transport tp_, uintptr_t err_dev, uintptr_t err_host_dev,
@@ -162,6 +163,8 @@ struct Ctx {
       a.pub_idx = reinterpret_cast<int32_t*>(tp.local + L.in_idx);
       a.pub_w = reinterpret_cast<float*>(tp.local + L.in_w);
       a.bad = bad;
+      a.mirror = routing_copy;
+      a.pub_base = tp.local + L.in_idx;
     }
     route_count_kernel<Idx><<<B, kRouteThreads, big ? 0 : size_t(C * 4), st>>>(a, sc, per_rank, per_expert, err, done + 5);
     check(cudaGetLastError(), "route_count_kernel launch");
@@ -174,10 +177,13 @@ struct Ctx {
     check(cudaGetLastError(), "route_place_kernel launch");
   }
 
-  // host: device-side address of host-mapped memory; snap: device memory; each [W][1 + W + E] int32.
-  void set_counts_outputs(uintptr_t host, uintptr_t snap) {
+  // Where the next dispatch's routing kernels leave the counts matrix ([W][1 + W + E] int32:
+  // host, the device-side address of host-mapped memory; snap, device memory) and a copy of the
+  // routing they publish (routing_copy: the bytes from in_idx to the last position; 0: none).
+  void set_routing_outputs(uintptr_t host, uintptr_t snap, uintptr_t copy) {
     counts_host = P<int32_t>(host);
     counts_snap = P<int32_t>(snap);
+    routing_copy = P<uint8_t>(copy);
   }
 
   // flag: device int32 (zero); info: device-side address of host-mapped int64[4].
@@ -306,7 +312,7 @@ void bind_context(py::module_& m, Init init) {
       .def("layout_scratch_bytes", &C::layout_scratch_bytes)
       .def("set_copy_bytes", &C::set_copy_bytes, py::arg("max_piece"))
       .def("set_input_check", &C::set_input_check, py::arg("flag"), py::arg("info"))
-      .def("set_counts_outputs", &C::set_counts_outputs, py::arg("host"), py::arg("snap"))
+      .def("set_routing_outputs", &C::set_routing_outputs, py::arg("host"), py::arg("snap"), py::arg("copy"))
       .def("layout", &C::layout, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"), py::arg("scratch"),
            py::arg("in_rank"), py::arg("per_rank"), py::arg("per_expert"), py::arg("publish"), py::arg("epoch"),
            py::arg("stream"))

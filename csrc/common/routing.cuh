@@ -38,6 +38,17 @@ struct RoutingArgs {
   int32_t* pub_idx;      // [T, K] int32 copy (nullptr: skip)
   float* pub_w;          // [T, K] copy (nullptr: skip)
   BadInput bad;          // id checks (bad.flag == nullptr: the host checked them)
+  // A copy of everything published (ids, weights, positions) at the same byte offsets from
+  // `mirror` as from `pub_base`: the dispatch's handle keeps it for a cached dispatch, and
+  // writing it here saves a copy launch (nullptr: no copy).
+  uint8_t* mirror = nullptr;
+  const uint8_t* pub_base = nullptr;
+
+  template <typename T>
+  __device__ __forceinline__ void publish(T* at, T v) const {
+    *at = v;
+    if (mirror) *reinterpret_cast<T*>(mirror + (reinterpret_cast<const uint8_t*>(at) - pub_base)) = v;
+  }
 
   __device__ __forceinline__ int columns() const { return W + E; }
   // Block b's tokens [first, last): contiguous chunks, the same split in both passes.
@@ -69,8 +80,8 @@ __device__ void route_count_chunk(const RoutingArgs<Idx>& a, int32_t* cnt) {
     const Idx v = a.idx[p];
     const int e = static_cast<int>(v);
     if (a.pub_idx) {
-      a.pub_idx[p] = e;
-      a.pub_w[p] = a.w[p];
+      a.publish(a.pub_idx + p, e);
+      a.publish(a.pub_w + p, a.w[p]);
     }
     if (a.bad.flag) {
       int64_t kind = (v < -1 || v >= a.E) ? kBadRange : 0;
@@ -161,8 +172,12 @@ __device__ void route_place_chunk(const RoutingArgs<Idx>& a, const int32_t* base
     const int e = static_cast<int>(a.idx[p]);
     if (e < 0) continue;
     const int o = e / L;
-    a.pos[int64_t(t) * PC + a.W + k] += h[a.W + e];
-    if (first_slot_of_owner(a.idx + int64_t(t) * a.K, k, o, L)) a.pos[int64_t(t) * PC + o] += h[o];
+    int32_t* pe = a.pos + int64_t(t) * PC + a.W + k;
+    a.publish(pe, *pe + h[a.W + e]);
+    if (first_slot_of_owner(a.idx + int64_t(t) * a.K, k, o, L)) {
+      int32_t* pr = a.pos + int64_t(t) * PC + o;
+      a.publish(pr, *pr + h[o]);
+    }
   }
   __syncthreads();
 }

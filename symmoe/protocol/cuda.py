@@ -197,13 +197,13 @@ class _CudaProtocol(Protocol):
         # This dispatch's own device copy of the counts matrix (unpack reads it after peers
         # may have moved on; a cached dispatch reuses it), written by the routing kernel.
         counts_dev = torch.empty(self._counts_shape, dtype=torch.int32, device=self.device)
-        self.ctx.set_counts_outputs(self._counts_mapped[1], counts_dev.data_ptr())
+        # The published routing, for a cached dispatch after other dispatches overwrote it:
+        # the routing kernels store this copy as they publish (no copy launch).
+        routing = torch.empty(self._routing_bytes(T), dtype=torch.uint8, device=self.device)
+        self.ctx.set_routing_outputs(self._counts_mapped[1], counts_dev.data_ptr(), routing.data_ptr())
         self._layout(topk_idx, topk_weights, True, None, None, in_rank)
         self._counts_event.record(stream)
         self._move(x, args, expert_major, alignment, counts_dev)
-        # The published routing, for a cached dispatch after other dispatches overwrote it
-        # (queued behind the data kernel: only this rank's next dispatch writes it).
-        routing = self._routing_span(T).clone()
         self._published = routing
 
         self._wait_counts(self._counts_event)  # the data kernel keeps the GPU busy meanwhile
@@ -230,13 +230,13 @@ class _CudaProtocol(Protocol):
             if self.world_size > 1:  # alone, push wrote every row, group start and padding row
                 self.ctx.unpack(counts_dev.data_ptr(), args, expert_major, alignment, sp)
 
-    def _routing_span(self, T: int) -> torch.Tensor:
-        """Bytes of the input region the routing kernel publishes (ids, weights, then the
-        positions of T tokens; whole 16-byte vectors): what the data kernels read besides x
-        and the counts."""
+    def _routing_bytes(self, T: int) -> int:
+        """Bytes of the input region, from ``in_idx`` on, that the routing kernels publish (ids,
+        weights, then the positions of T tokens; whole 16-byte vectors): what the data kernels
+        read besides x and the counts."""
         start, pos = self._offs["in_idx"], self._offs["in_pos"]
         n = pos - start + 4 * T * (self.world_size + self.layout.topk)
-        return self.mem.view(start, torch.uint8, ((n + 15) // 16 * 16,))
+        return (n + 15) // 16 * 16
 
     def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle) -> RecvResult:
         """The routing of ``handle`` put back (its published ids, weights and positions, and
