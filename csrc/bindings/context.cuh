@@ -16,6 +16,7 @@
 #include "../common/layout.cuh"
 #include "../kernels/combine.cuh"
 #include "../kernels/dispatch.cuh"
+#include "host_wait.h"
 
 namespace symmoe {
 namespace py = pybind11;
@@ -49,6 +50,7 @@ struct Ctx {
   int32_t* counts_host = nullptr;  // where a dispatch's routing kernels leave the counts matrix
   int32_t* counts_snap = nullptr;
   uint8_t* routing_copy = nullptr;
+  int64_t* counts_ready = nullptr;
   BadInput bad{nullptr, nullptr};  // in-kernel expert-id checks of dispatch (set_input_check)
 
   Ctx(const std::vector<int64_t>& layout, int rank_, Transport tp_, uintptr_t err_dev, uintptr_t err_host_dev,
@@ -156,7 +158,8 @@ struct Ctx {
     const int B = route_blocks(T);
     const bool big = route_big();
     RouteScratch sc{scratch, scratch + int64_t(route_max_blocks()) * C,
-                    big ? scratch + int64_t(route_max_blocks()) * C + C : nullptr, counts_host, counts_snap};
+                    big ? scratch + int64_t(route_max_blocks()) * C + C : nullptr, counts_host, counts_snap,
+                    publish ? counts_ready : nullptr};
     RoutingArgs<Idx> a{idx, w, int(T), int(L.topk), int(L.world_size), int(L.num_experts), nullptr, in_rank, nullptr, nullptr,
                        BadInput{nullptr, nullptr}};
     if (publish) {
@@ -178,12 +181,14 @@ struct Ctx {
   }
 
   // Where the next dispatch's routing kernels leave the counts matrix ([W][1 + W + E] int32:
-  // host, the device-side address of host-mapped memory; snap, device memory) and a copy of the
-  // routing they publish (routing_copy: the bytes from in_idx to the last position; 0: none).
-  void set_routing_outputs(uintptr_t host, uintptr_t snap, uintptr_t copy) {
+  // host, the device-side address of host-mapped memory; snap, device memory), a copy of the
+  // routing they publish (copy: the bytes from in_idx to the last position; 0: none), and the
+  // host-mapped int64 that receives the dispatch's epoch once the host copy is complete (ready).
+  void set_routing_outputs(uintptr_t host, uintptr_t snap, uintptr_t copy, uintptr_t ready) {
     counts_host = P<int32_t>(host);
     counts_snap = P<int32_t>(snap);
     routing_copy = P<uint8_t>(copy);
+    counts_ready = P<int64_t>(ready);
   }
 
   // flag: device int32 (zero); info: device-side address of host-mapped int64[4].
@@ -290,6 +295,7 @@ void bind_context(py::module_& m, Init init) {
                               py::arg("combine.done") = int(kStageCombineDone),
                               py::arg("barrier") = int(kStageMemoryBarrier),
                               py::arg("bulk copy") = int(kStageBulkCopy));
+  bind_wait_mapped(m);
   m.def("host_alloc_mapped", [](size_t nbytes) {
     void* h = nullptr;
     check(cudaHostAlloc(&h, nbytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");
@@ -312,7 +318,8 @@ void bind_context(py::module_& m, Init init) {
       .def("layout_scratch_bytes", &C::layout_scratch_bytes)
       .def("set_copy_bytes", &C::set_copy_bytes, py::arg("max_piece"))
       .def("set_input_check", &C::set_input_check, py::arg("flag"), py::arg("info"))
-      .def("set_routing_outputs", &C::set_routing_outputs, py::arg("host"), py::arg("snap"), py::arg("copy"))
+      .def("set_routing_outputs", &C::set_routing_outputs, py::arg("host"), py::arg("snap"), py::arg("copy"),
+           py::arg("ready"))
       .def("layout", &C::layout, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"), py::arg("scratch"),
            py::arg("in_rank"), py::arg("per_rank"), py::arg("per_expert"), py::arg("publish"), py::arg("epoch"),
            py::arg("stream"))
