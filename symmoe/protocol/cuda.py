@@ -118,6 +118,7 @@ class _CudaProtocol(Protocol):
         self._counts_mapped = self.mod.host_alloc_mapped(4 * cells)
         self._counts_np = np.ctypeslib.as_array((ctypes.c_int32 * cells).from_address(self._counts_mapped[0])).reshape(W, 1 + W + E)
         self._counts_event = torch.cuda.Event()
+        self._counts_ready = self.mod.host_alloc_mapped(8)  # the dispatch's epoch once the matrix is in
         self._counts_shape = (W, 1 + W + E)
         self._bad_flag = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._bad_info = self.mod.host_alloc_mapped(32)  # kind, token, slot, value (int64 each)
