@@ -3,8 +3,9 @@
 # the kernels, run the GPU tests, benchmarks and A/B runs; a short table is printed last.
 #
 #   scripts/gpu_check.sh [section ...]      default: build test bench
-#   sections: build | test | test-quick | bench | bench-quick | nccl | nvshmem | ab | micro
-#   (setup and MPS always run; micro: scripts/microbench/row_copy.cu, copy and reduce strategies)
+#   sections: build | test | test-quick | bench | bench-quick | nccl | nvshmem | ab | micro | host
+#   (setup and MPS always run; micro: scripts/microbench/row_copy.cu, copy and reduce strategies;
+#   host: scripts/host_profile.py, cProfile of each call's host time)
 # Every log and JSON goes to $LOG (default /tmp/symmoe-gpu); at the end $OUT receives at
 # most 8 files (what the device tool brings back): summary.txt, logs.tar.gz and the JSONs.
 # One call stays inside the 10-minute limit with e.g. "build test nccl", then "nvshmem bench ab".
@@ -102,9 +103,13 @@ for s in "${SECTIONS[@]}"; do
         python3 scripts/microbench/to_json.py "$LOG/micro.txt" --commit "${SYMMOE_COMMIT:-unknown}" \
           --command "scripts/gpu_check.sh micro" || status=1
       else note "microbench build FAILED"; tail -20 "$LOG/micro_build.log"; status=1; fi ;;
+    host)  # where each call's host time goes (cProfile, world size 1; BENCH_BACKENDS / BENCH_PROTOCOLS)
+      python3 scripts/host_profile.py --backends "${BENCH_BACKENDS:-torch,nccl}" --protocols "${BENCH_PROTOCOLS:-push}" \
+        2>&1 | tee "$LOG/host_profile.txt"
+      rc=${PIPESTATUS[0]}; note "host profile exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     *) echo "unknown section '$s'"; status=2 ;;
   esac
 done
 
-finish_run bench.json targets_one_gpu.md nccl_bench.json ab_mega/results.json ab_pushpull/results.json micro.json
+finish_run bench.json targets_one_gpu.md nccl_bench.json ab_mega/results.json ab_pushpull/results.json micro.json host_profile.txt
 exit $status

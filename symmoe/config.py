@@ -46,7 +46,7 @@ class KernelConfig:
     num_sms: int = 24
     num_channels: int = 8
     timeout_s: float = 30.0
-    copy_bytes: int = 0  # bulk-copy piece (multiple of 128); 0 = whole rows up to 16 KB
+    copy_bytes: int = 0  # bulk-copy piece (multiple of 128); 0 = whole rows up to 16 KB, 3584 B expert-major
 
 
 @dataclass(frozen=True)

@@ -33,7 +33,9 @@ __device__ __forceinline__ int group_of(const T* goff, int L, int64_t o) {
 __device__ __forceinline__ void warp_fanout_row(uint8_t* dst, int n, const uint8_t* src, int64_t bytes, int lane) {
   const int4* s = reinterpret_cast<const int4*>(src);
   const int64_t nv = bytes / 16;
-  constexpr int U = 4;  // pieces in flight per lane
+  // Pieces in flight per lane. Row-copy microbenchmark, each of 4096 rows of 14336 B to 8 rows:
+  // 146 µs with 7, 174 µs with 4 (session 11).
+  constexpr int U = 7;
   for (int64_t i0 = 0; i0 < nv; i0 += 32 * U) {
     int4 v[U];
 #pragma unroll

@@ -87,12 +87,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(Transport tp
   block_barrier(tp, sy.rank, a.W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageDispatchCounts);
   // Every row has arrived: hand the matrix to the host (mapped memory: no copy launch) and
   // to the snapshot, before a peer's next dispatch can overwrite it.
-  const int32_t* m = reinterpret_cast<const int32_t*>(tp.local + L.counts);
-  for (int64_t i = threadIdx.x; i < int64_t(a.W) * row; i += blockDim.x) {
-    const int32_t v = __ldcg(m + i);
-    if (sc.counts_host) sc.counts_host[i] = v;
-    if (sc.counts_snap) sc.counts_snap[i] = v;
-  }
+  hand_counts(reinterpret_cast<const int32_t*>(tp.local + L.counts), int64_t(a.W) * row, sc.counts_host, sc.counts_snap,
+              sc.counts_ready, sy.epoch);
 }
 
 // Cached dispatch (dispatch(x, handle=...)): the routing a handle kept goes back where the

@@ -20,7 +20,24 @@ struct RouteScratch {  // global scratch of the two routing kernels (sized by th
   int32_t* big;     // nullptr, or [blocks][kRouteWarps + 1][C] when C is too large for shared memory
   int32_t* counts_host;  // host-mapped copy of the whole counts matrix after the barrier (or nullptr)
   int32_t* counts_snap;  // device copy of it, for kernels that run after peers moved on (or nullptr)
+  int64_t* counts_ready;  // host-mapped: the dispatch's epoch once counts_host is complete (or nullptr)
 };
+
+// The exchanged counts matrix m[n] into host-mapped memory and the device snapshot (each may
+// be nullptr), then the epoch into the host-mapped `ready` word. The host spins on that word:
+// waiting for an event after the routing kernels took tens of µs to wake. Whole block calls.
+__device__ __forceinline__ void hand_counts(const int32_t* m, int64_t n, int32_t* host, int32_t* snap, int64_t* ready,
+                                            int64_t epoch) {
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    const int32_t v = __ldcg(m + i);
+    if (host) host[i] = v;
+    if (snap) snap[i] = v;
+  }
+  if (ready == nullptr) return;
+  __threadfence_system();  // this thread's part of the matrix is visible to the host first
+  __syncthreads();
+  if (threadIdx.x == 0) *reinterpret_cast<volatile int64_t*>(ready) = epoch;
+}
 
 // Pass 1 (grid of blocks, one chunk of tokens each): column counts per chunk, the published
 // int32 ids / weights, is_token_in_rank; the last block to finish sums the chunks' counts.

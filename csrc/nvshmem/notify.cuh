@@ -44,7 +44,8 @@ struct PlanArgs {
   uint64_t timeout_ns;
   int32_t* send_ent;     // [T * W] this rank's rows in send order, each t * S + destination
   int32_t* counts_snap;  // [W][1 + W + E] device copy of the exchanged matrix (this dispatch's own)
-  int32_t* counts_host;  // the same, host-mapped: the host's one wait
+  int32_t* counts_host;  // the same, host-mapped
+  int64_t* counts_ready;  // host-mapped: the epoch once counts_host is complete (the host's one wait)
   ErrorWord* err;
 };
 
@@ -86,11 +87,7 @@ __global__ void __launch_bounds__(kRouteThreads) plan_kernel(RoutingArgs<Idx> a,
   for (int c = threadIdx.x; c < row; c += blockDim.x)
     m[p.me * row + c] = c == 0 ? (bad ? -1 : a.T) : __ldcg(sc.totals + c - 1);
   exchange_counts(p.base, p.lay, p.me, p.epoch, p.timeout_ns, p.err);
-  for (int64_t i = threadIdx.x; i < int64_t(W) * row; i += blockDim.x) {
-    const int32_t v = __ldcg(m + i);
-    p.counts_snap[i] = v;
-    p.counts_host[i] = v;
-  }
+  hand_counts(m, int64_t(W) * row, p.counts_host, p.counts_snap, p.counts_ready, p.epoch);
 }
 
 // Flag barrier over `barrier[W]` with signals (SymmetricMemory.barrier).

@@ -42,6 +42,7 @@
 #include "device.cuh"
 #include "dispatch.cuh"
 #include "notify.cuh"
+#include "../bindings/host_wait.h"
 
 namespace py = pybind11;
 
@@ -124,14 +125,15 @@ void allow_smem() {
 // Routing of one dispatch (plan = true: count + place/send list/counts exchange) or of
 // get_dispatch_layout (plan = false: counts and is_token_in_rank only).
 // ptrs: idx, w, scratch, in_rank, per_rank, per_expert, pub_idx, pub_w, pos, send_ent,
-//       counts_snap, counts_host, bad_flag, bad_info, err, done
+//       counts_snap, counts_host, bad_flag, bad_info, err, done, counts_ready
 template <typename Idx>
 void route(const Layout& l, int64_t base, int me, int64_t T, bool plan, int64_t epoch,
            uint64_t timeout_ns, const std::vector<int64_t>& p, cudaStream_t st) {
   allow_smem();
   const int C = static_cast<int>(l.world_size + l.num_experts);
   const int B = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(route_max_blocks(), (T + 127) / 128)));
-  RouteScratch sc{ptr<int32_t>(p[2]), ptr<int32_t>(p[2]) + int64_t(route_max_blocks()) * C, nullptr, nullptr, nullptr};
+  RouteScratch sc{ptr<int32_t>(p[2]), ptr<int32_t>(p[2]) + int64_t(route_max_blocks()) * C, nullptr, nullptr, nullptr,
+                  nullptr};
   RoutingArgs<Idx> a{ptr<const Idx>(p[0]), ptr<const float>(p[1]), static_cast<int>(T), static_cast<int>(l.topk),
                      static_cast<int>(l.world_size), static_cast<int>(l.num_experts), ptr<int32_t>(p[8]),
                      ptr<bool>(p[3]), ptr<int32_t>(p[6]), ptr<float>(p[7]),
@@ -143,14 +145,14 @@ void route(const Layout& l, int64_t base, int me, int64_t T, bool plan, int64_t 
   cuda_check(cudaGetLastError(), "route_count_kernel launch");
   if (!plan) return;
   PlanArgs pa{ptr<uint8_t>(base), l, me, epoch, timeout_ns, ptr<int32_t>(p[9]), ptr<int32_t>(p[10]),
-              ptr<int32_t>(p[11]), err};
+              ptr<int32_t>(p[11]), ptr<int64_t>(p[16]), err};
   plan_kernel<Idx><<<B, kRouteThreads, size_t(kRouteWarps + 1) * C * 4, st>>>(a, sc, pa, done);
   cuda_check(cudaGetLastError(), "plan_kernel launch");
 }
 
 void launch_route(int64_t base, const std::vector<int64_t>& lay, int me, bool idx64, int64_t T, bool plan,
                   int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int64_t stream) {
-  if (p.size() != 16) throw std::runtime_error("route: expected 16 pointers");
+  if (p.size() != 17) throw std::runtime_error("route: expected 17 pointers");
   Layout l = layout_from(lay);
   auto st = ptr<CUstream_st>(stream);
   if (idx64) route<int64_t>(l, base, me, T, plan, epoch, timeout_ns, p, st);
@@ -279,6 +281,7 @@ PYBIND11_MODULE(symmoe_nvshmem, m) {
   m.def("ptr", [](int64_t addr, int pe) {
     return static_cast<int64_t>(reinterpret_cast<uintptr_t>(nvshmem_ptr(reinterpret_cast<void*>(addr), pe)));
   });
+  symmoe::bind_wait_mapped(m);
   m.def("route", &launch_route);
   m.def("reset_error", &reset_error);
   m.def("route_scratch_ints", &route_scratch_ints);

@@ -8,6 +8,10 @@
 //           ldst<U>  16-byte loads/stores, U in flight per thread (nc: non-coherent loads and
 //                    no-L1-allocate stores), grid-stride over the whole copy
 //           warprow<U> one warp per row, U vectors per lane in flight
+//   fan-out each row to K rows through a permutation, as the expert-major dispatch at world
+//           size 1 writes them: mover (push's), bulk-load ring with K bulk stores per piece,
+//           warp rows with plain / no-L1-allocate / streaming (.cs) stores; cudaMemset of the
+//           written rows is the write-only reference
 //   reduce  csrc/common/reduce.cuh: rank-major (one slot per token) and expert-major (8
 //           weighted slots per token), U vectors per thread, NT threads per block
 //
@@ -174,6 +178,92 @@ __global__ void warprow_copy(const int4* src, int4* dst, const int* perm, int64_
   }
 }
 
+// -- fan-out variants (expert-major dispatch: each row to K output rows) --------------------
+// out_row[t * K + k]: the output row of token t's slot k (a permutation of N * K rows).
+__global__ void mover_fanout(const uint8_t* src, uint8_t* dst, const int* out_row, int64_t N, int K, int64_t R,
+                             uint32_t slot, int warps) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  WarpMover mv;
+  mv.init(dyn_smem() + int64_t(warp) * WarpMoverSmem::per_warp_bytes(slot), slot);
+  const int64_t P = (R + slot - 1) / slot, items = N * P;
+  const int64_t gw = int64_t(blockIdx.x) * warps + warp, nwt = int64_t(gridDim.x) * warps;
+  for (int64_t it = gw; it < items; it += nwt) {
+    const int64_t t = it / P, off = (it % P) * slot;
+    const uint32_t bytes = uint32_t(min(int64_t(slot), R - off));
+    if (lane < K) mv.next_dsts()[lane] = dst + int64_t(out_row[t * K + lane]) * R + off;
+    __syncwarp();
+    mv.push(src + t * R + off, K, bytes);
+  }
+  mv.flush();
+}
+
+// One warp per token: U vectors per lane loaded once, stored to each of the K rows.
+// ST 0: plain stores, 1: L1::no_allocate, 2: st.global.cs (evict-first streaming).
+template <int U, int ST>
+__global__ void warprow_fanout(const int4* src, int4* dst, const int* out_row, int64_t N, int K, int64_t nv) {
+  const int lane = threadIdx.x & 31;
+  const int64_t gw = (blockIdx.x * int64_t(blockDim.x) + threadIdx.x) >> 5, nwt = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t t = gw; t < N; t += nwt) {
+    const int4* s = src + t * nv;
+    const int64_t my_row = lane < K ? int64_t(out_row[t * K + lane]) : 0;
+    for (int64_t c0 = lane; c0 < nv; c0 += 32 * U) {
+      int4 r[U];
+#pragma unroll
+      for (int u = 0; u < U; ++u)
+        if (c0 + u * 32 < nv) r[u] = ld_nc(s + c0 + u * 32);
+      for (int k = 0; k < K; ++k) {
+        int4* d = dst + __shfl_sync(0xffffffffu, my_row, k) * nv;
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+          if (c0 + u * 32 >= nv) continue;
+          if (ST == 0) d[c0 + u * 32] = r[u];
+          else if (ST == 1) st_na(d + c0 + u * 32, r[u]);
+          else __stcs(d + c0 + u * 32, r[u]);
+        }
+      }
+    }
+  }
+}
+
+// Lane 0 of each warp keeps S-1 bulk loads in flight and stores each landed piece to K rows.
+template <int S>
+__global__ void ring_fanout(const uint8_t* src, uint8_t* dst, const int* out_row, int64_t N, int K, int64_t R,
+                            uint32_t slot, int warps) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  uint8_t* base = dyn_smem() + int64_t(warp) * ring_warp_bytes<S>(slot);
+  uint64_t* bar = reinterpret_cast<uint64_t*>(base + int64_t(S) * slot);
+  if (lane != 0) return;
+  for (int s = 0; s < S; ++s) mbar_init(&bar[s], 1);
+  mbar_init_fence();
+  const int64_t P = (R + slot - 1) / slot, items = N * P;
+  const int64_t gw = int64_t(blockIdx.x) * warps + warp, nwt = int64_t(gridDim.x) * warps;
+  const int64_t n = items > gw ? (items - gw + nwt - 1) / nwt : 0;
+  auto issue = [&](int64_t j) {
+    const int64_t it = gw + j * nwt, t = it / P, off = (it % P) * slot;
+    const uint32_t bytes = uint32_t(min(int64_t(slot), R - off));
+    const int s = int(j % S);
+    mbar_arrive_expect_tx(&bar[s], bytes);
+    bulk_load(base + int64_t(s) * slot, src + t * R + off, bytes, &bar[s]);
+  };
+  for (int64_t j = 0; j < min(n, int64_t(S - 1)); ++j) issue(j);
+  uint32_t phase = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    const int s = int(j % S);
+    while (!mbar_try_wait(&bar[s], (phase >> s) & 1u)) {
+    }
+    phase ^= 1u << s;
+    const int64_t it = gw + j * nwt, t = it / P, off = (it % P) * slot;
+    const uint32_t bytes = uint32_t(min(int64_t(slot), R - off));
+    for (int k = 0; k < K; ++k) bulk_store(dst + int64_t(out_row[t * K + k]) * R + off, base + int64_t(s) * slot, bytes);
+    bulk_commit();
+    if (j + S - 1 < n) {
+      bulk_wait_read<1>();  // the slot of item j - 1 (its stores were the group before this one)
+      issue(j + S - 1);
+    }
+  }
+  bulk_wait_all();
+}
+
 // -- reduce variants ---------------------------------------------------------------------
 template <int U, int NT>
 __global__ void __launch_bounds__(NT) reduce_kernel(CombineSources cs, __nv_bfloat16* out, float* out_w) {
@@ -326,6 +416,76 @@ int main(int argc, char** argv) {
     ldst(warprow_copy<7>, "warprow U=7", 512, 4);
     ldst(warprow_copy<7>, "warprow U=7", 256, 4);
     ldst(warprow_copy<14>, "warprow U=14", 256, 4);
+  }
+
+  // -- fan-out -------------------------------------------------------------------------------
+  {
+    uint8_t* fref;
+    int* out_row;
+    CK(cudaMalloc(&fref, N * K * R));
+    CK(cudaMalloc(&out_row, N * K * 4));
+    std::vector<int> orow(N * K);
+    for (int64_t i = 0; i < N * K; ++i) orow[i] = int(i);
+    std::shuffle(orow.begin(), orow.end(), rng);
+    CK(cudaMemcpy(out_row, orow.data(), N * K * 4, cudaMemcpyHostToDevice));
+    const double fan_bytes = double(N) * R * (K + 1);  // each row read once, written K times
+    std::printf("-- fan-out, each row to %d rows (expert-major dispatch; %.0f MB read + written)\n", K, fan_bytes / 1e6);
+    const float same = time_us([&] { CK(cudaMemcpyAsync(fref, ybig, int64_t(fan_bytes / 2), cudaMemcpyDeviceToDevice)); }, reps);
+    report("cudaMemcpy of the same bytes", same, fan_bytes, 0);
+    const float ms = time_us([&] { CK(cudaMemsetAsync(fref, 1, N * K * R)); }, reps);
+    report("cudaMemset of the written rows", ms, double(N) * K * R, 0);
+    auto fan_mover = [&](uint32_t slot, bool is_ref) {
+      const int64_t per = WarpMoverSmem::per_warp_bytes(slot);
+      const int warps = int(std::min<int64_t>(16, (optin - 1024) / per));
+      const size_t smem = size_t(warps * per);
+      CK(cudaFuncSetAttribute(mover_fanout, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      uint8_t* o = is_ref ? fref : ybig;
+      CK(cudaMemset(o, 0, N * K * R));
+      const float us = time_us([&] { mover_fanout<<<sms, warps * 32, smem>>>(src, o, out_row, N, K, R, slot, warps); }, reps);
+      char name[64];
+      std::snprintf(name, sizeof name, "mover slot %u (%d warps)%s", slot, warps, is_ref ? " [current]" : "");
+      report(name, us, fan_bytes, is_ref ? 0 : check(ybig, fref, N * K * R));
+    };
+    fan_mover(uint32_t(R), true);
+    fan_mover(uint32_t(R / 2), false);
+    fan_mover(uint32_t(R / 4), false);
+    auto fan_ring = [&](auto S_, uint32_t slot, int blocks_per_sm) {
+      constexpr int S = decltype(S_)::value;
+      const int64_t per = ring_warp_bytes<S>(slot);
+      const int warps = int(std::min<int64_t>(32, (optin - 1024) / blocks_per_sm / per));
+      if (warps < 1) return;
+      const size_t smem = size_t(warps * per);
+      CK(cudaFuncSetAttribute(ring_fanout<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CK(cudaMemset(ybig, 0, N * K * R));
+      const float us = time_us(
+          [&] { ring_fanout<S><<<sms * blocks_per_sm, warps * 32, smem>>>(src, ybig, out_row, N, K, R, slot, warps); }, reps);
+      char name[64];
+      std::snprintf(name, sizeof name, "ring S=%d slot %u (%dx%d warps)", S, slot, blocks_per_sm, warps);
+      report(name, us, fan_bytes, check(ybig, fref, N * K * R));
+    };
+    fan_ring(std::integral_constant<int, 2>{}, uint32_t(R), 1);
+    fan_ring(std::integral_constant<int, 4>{}, uint32_t(R / 2), 1);
+    fan_ring(std::integral_constant<int, 8>{}, uint32_t(R / 4), 1);
+    fan_ring(std::integral_constant<int, 4>{}, uint32_t(R / 4), 2);
+    auto fan_warp = [&](auto f, const char* name, int threads, int blocks_per_sm) {
+      CK(cudaMemset(ybig, 0, N * K * R));
+      const float us = time_us([&] { f<<<sms * blocks_per_sm, threads>>>(reinterpret_cast<const int4*>(src),
+                                                                         reinterpret_cast<int4*>(ybig), out_row, N, K, nv); },
+                               reps);
+      char full[64];
+      std::snprintf(full, sizeof full, "%s (%dx%d)", name, blocks_per_sm, threads);
+      report(full, us, fan_bytes, check(ybig, fref, N * K * R));
+    };
+    fan_warp(warprow_fanout<4, 0>, "warprow U=4 st", 512, 4);
+    fan_warp(warprow_fanout<7, 0>, "warprow U=7 st", 256, 4);
+    fan_warp(warprow_fanout<4, 1>, "warprow U=4 st.na", 512, 4);
+    fan_warp(warprow_fanout<7, 1>, "warprow U=7 st.na", 256, 4);
+    fan_warp(warprow_fanout<4, 2>, "warprow U=4 st.cs", 512, 4);
+    fan_warp(warprow_fanout<7, 2>, "warprow U=7 st.cs", 256, 4);
+    // the reduce section below reads ybig as its expert-major source
+    fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(ybig), N * K * R / 2, 2u);
+    CK(cudaFree(fref));
+    CK(cudaFree(out_row));
   }
 
   // -- reduce -------------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
+from typing import Callable
 
 import torch
 
@@ -39,10 +40,16 @@ class Protocol(ABC):
     def __init__(self, mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int):
         self.mem, self.layout, self.config, self.buffer_id = mem, layout, config, buffer_id
 
-    def _wait_counts(self, event: torch.cuda.Event) -> None:
-        """The one host wait of a GPU dispatch (the routing kernels' counts), with its marks."""
+    def _wait_counts(self, event: torch.cuda.Event, wait_mapped: Callable[[float], bool]) -> None:
+        """The one host wait of a GPU dispatch, with its marks. ``wait_mapped(max_s)`` spins on
+        the host-mapped word the routing kernel sets once the counts matrix is in host memory
+        (True also when a device wait failed: the caller checks the error word). Every max_s
+        without it the stream is asked: a fault raises there, and finished routing kernels mean
+        the matrix is in place. Spinning wakes within a microsecond; ``event.synchronize()``
+        woke tens of µs after the kernel."""
         t0 = time.perf_counter()
-        event.synchronize()
+        while not wait_mapped(1e-3) and not event.query():
+            pass
         self.wait_marks = (t0, time.perf_counter())
 
     @abstractmethod

@@ -118,6 +118,7 @@ class _CudaProtocol(Protocol):
         self._counts_mapped = self.mod.host_alloc_mapped(4 * cells)
         self._counts_np = np.ctypeslib.as_array((ctypes.c_int32 * cells).from_address(self._counts_mapped[0])).reshape(W, 1 + W + E)
         self._counts_event = torch.cuda.Event()
+        self._counts_ready = self.mod.host_alloc_mapped(8)  # the dispatch's epoch once the matrix is in
         self._counts_shape = (W, 1 + W + E)
         self._bad_flag = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._bad_info = self.mod.host_alloc_mapped(32)  # kind, token, slot, value (int64 each)
@@ -200,13 +201,17 @@ class _CudaProtocol(Protocol):
         # The published routing, for a cached dispatch after other dispatches overwrote it:
         # the routing kernels store this copy as they publish (no copy launch).
         routing = torch.empty(self._routing_bytes(T), dtype=torch.uint8, device=self.device)
-        self.ctx.set_routing_outputs(self._counts_mapped[1], counts_dev.data_ptr(), routing.data_ptr())
+        self.ctx.set_routing_outputs(self._counts_mapped[1], counts_dev.data_ptr(), routing.data_ptr(),
+                                     self._counts_ready[1])
         self._layout(topk_idx, topk_weights, True, None, None, in_rank)
+        epoch = self._epoch  # the routing kernel writes it to _counts_ready after the matrix
         self._counts_event.record(stream)
         self._move(x, args, expert_major, alignment, counts_dev)
         self._published = routing
 
-        self._wait_counts(self._counts_event)  # the data kernel keeps the GPU busy meanwhile
+        # The data kernel keeps the GPU busy meanwhile.
+        self._wait_counts(self._counts_event,
+                          lambda max_s: self.mod.wait_mapped(self._counts_ready[0], epoch, self._err[0], max_s))
         self.check()
         return dispatch_result(lay, self._counts_np, me, output_layout, alignment,
                                lambda: tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0])), out, topk_idx,
@@ -291,7 +296,7 @@ class _CudaProtocol(Protocol):
             torch.cuda.synchronize(self.device)
         except Exception:
             pass
-        for h in (self._err[0], getattr(self, "_counts_mapped", (0, 0))[0], getattr(self, "_bad_info", (0, 0))[0]):
+        for h in (self._err[0], *(getattr(self, a, (0, 0))[0] for a in ("_counts_mapped", "_bad_info", "_counts_ready"))):
             try:
                 self.mod.host_free(h)
             except Exception:

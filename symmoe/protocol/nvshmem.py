@@ -69,7 +69,7 @@ _ELEM_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 MAX_COLUMNS = 4096
 # The pointers of the extension's route(), in its order.
 _ROUTE_PTRS = ("idx", "w", "scratch", "in_rank", "per_rank", "per_expert", "pub_idx", "pub_w", "pos", "send_ent",
-               "counts_snap", "counts_host", "bad_flag", "bad_info", "err", "done")
+               "counts_snap", "counts_host", "bad_flag", "bad_info", "err", "done", "counts_ready")
 
 
 def _include_dirs() -> list[str]:
@@ -160,6 +160,7 @@ class NvshmemPush(Protocol):
         self._bad_info = torch.zeros(4, dtype=torch.int64, pin_memory=True)
         self._counts_host = torch.zeros((W, 1 + W + E), dtype=torch.int32, pin_memory=True)
         self._counts_event = torch.cuda.Event()
+        self._counts_ready = torch.zeros(1, dtype=torch.int64, pin_memory=True)  # epoch once the matrix is in
         # Peers reachable by load/store get plain stores; the others puts, which read their
         # source from symmetric memory (IBGDA needs registered memory). SYMMOE_NVSHMEM_STAGE=1
         # takes the put path for every peer (tests: the path of a multi-node job).
@@ -224,11 +225,14 @@ class NvshmemPush(Protocol):
             "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": plan["pub_idx"].data_ptr(),
             "pub_w": plan["pub_w"].data_ptr(), "pos": plan["pos"].data_ptr(), "send_ent": plan["send_ent"].data_ptr(),
             "counts_snap": plan["counts"].data_ptr(), "counts_host": self._counts_host.data_ptr(),
+            "counts_ready": self._counts_ready.data_ptr(),
             "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream)
         self._counts_event.record(stream)
         self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
 
-        self._wait_counts(self._counts_event)  # the one host wait; the data kernel runs meanwhile
+        # The one host wait; the data kernel runs meanwhile.
+        ready, err = self._counts_ready.data_ptr(), self.err.data_ptr()
+        self._wait_counts(self._counts_event, lambda max_s: self.ext.wait_mapped(ready, epoch, err, max_s))
         raise_if_failed(self.mem, "dispatch.counts")
         return dispatch_result(lay, self._counts_host.numpy(), me, output_layout, alignment, self._bad_info.tolist,
                                out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=plan)

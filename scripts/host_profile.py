@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Where the host time of each protocol call goes, at world size 1 on the DeepSeek-V3 shape.
+
+The bench's host table (``host_ops_us``) puts all Python, extension calls and waits into one
+bucket; this prints cProfile's functions by own time per call instead. Each call runs with
+the GPU idle (a synchronize after it, outside the profile), as in the bench's host pass.
+
+  python3 scripts/host_profile.py --backends torch,nccl --protocols push,pull --calls 40 --top 12
+"""
+from __future__ import annotations
+
+import argparse
+import cProfile
+import pstats
+import time
+
+import torch
+
+from symmoe.bench import _inputs, bench_config
+from symmoe.buffer import Buffer
+
+
+def profile_op(fn, calls: int, top: int) -> str:
+    fn()
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    wall = 0.0
+    for _ in range(calls):
+        t0 = time.perf_counter()
+        prof.enable()
+        fn()
+        prof.disable()
+        wall += time.perf_counter() - t0
+        torch.cuda.synchronize()
+    st = pstats.Stats(prof)
+    rows = sorted(st.stats.items(), key=lambda kv: -kv[1][2])[:top]  # (file, line, name) -> (cc, nc, tt, ct, callers)
+    lines = [f"    wall {wall / calls * 1e6:8.1f} µs per call (profiled)"]
+    for (file, line, name), (_cc, nc, tt, ct, _callers) in rows:
+        where = name if file == "~" else f"{file.rsplit('/', 2)[-2]}/{file.rsplit('/', 1)[-1]}:{line} {name}"
+        lines.append(f"    {tt / calls * 1e6:8.1f} own  {ct / calls * 1e6:8.1f} cum  {nc / calls:5.1f}x  {where[:90]}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--backends", default="torch")
+    p.add_argument("--protocols", default="push")
+    p.add_argument("--layouts", default="rank,expert")
+    p.add_argument("--calls", type=int, default=40)
+    p.add_argument("--top", type=int, default=12)
+    a = p.parse_args()
+    for backend in a.backends.split(","):
+        for proto_name in a.protocols.split(","):
+            if backend == "nvshmem" and proto_name == "pull":
+                continue  # nvshmem pushes only
+            cfg = bench_config(proto_name, backend=backend)
+            b = cfg.buffer
+            x, idx, w = _inputs(b.max_tokens_per_rank, b.hidden, b.topk, b.num_experts, 1, 0, 0, torch.device("cuda", 0))
+            with Buffer(None, cfg) as buf:
+                proto = buf._protocol
+                for layout in a.layouts.split(","):
+                    state = {"d": proto.dispatch(x, idx, w, layout, b.expert_alignment)}
+                    ops = {
+                        "dispatch": lambda: state.__setitem__("d", proto.dispatch(x, idx, w, layout, b.expert_alignment)),
+                        "cached dispatch": lambda: proto.dispatch_cached(x, state["d"][1]),
+                        "combine": lambda: proto.combine(state["d"][0].x, state["d"][1], None),
+                    }
+                    for op, fn in ops.items():
+                        print(f"{backend} {proto_name} {layout} {op}:")
+                        print(profile_op(fn, a.calls, a.top), flush=True)
+
+
+if __name__ == "__main__":
+    main()
