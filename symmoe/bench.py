@@ -17,6 +17,9 @@ Timing: before each timed call a ``torch.cuda._sleep`` kernel (1 ms: longer than
 host enqueue, which reached 240 µs on a slow host) keeps the GPU busy while the host
 enqueues, so the events measure GPU time, not Python launch overhead (dispatch still
 includes its mid-call host wait for the counts: the data kernel is already queued then).
+With several ranks a device barrier follows the sleep (``Protocol.barrier_on_stream``): the
+hosts leave the gloo barrier before each call tens of µs apart, and without it each call's
+first cross-rank wait would carry that skew (session 10, W=2: route_place 24-175 µs).
 ``cached_dispatch``: ``dispatch(x, handle=...)`` along the last dispatch's routing (DeepEP's
 cached dispatch, what its intranode benchmark times); the same bytes as ``dispatch``.
 ``api_*`` numbers time ``Buffer.dispatch``/``combine`` with their input validation.
@@ -62,8 +65,10 @@ def bench_config(protocol: str = "pull", num_sms: int = 132, **over: Any) -> Con
 
 
 def _time(fn: Callable[[], Any], warmup: int, repeats: int, sleep_cycles: int, sync: Callable[[], None],
-          host: list[float] | None = None) -> list[float]:
-    """GPU seconds per call (events); ``host`` receives the host's wall seconds per call."""
+          host: list[float] | None = None, align: Callable[[], None] | None = None) -> list[float]:
+    """GPU seconds per call (events); ``host`` receives the host's wall seconds per call.
+    ``align``: queued after the sleep, before the start event: a device barrier of the ranks,
+    so every rank's call starts together however far apart their hosts left ``sync``."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -73,6 +78,8 @@ def _time(fn: Callable[[], Any], warmup: int, repeats: int, sleep_cycles: int, s
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         if sleep_cycles:
             torch.cuda._sleep(sleep_cycles)
+        if align is not None:
+            align()
         start.record()
         t0 = time.perf_counter()
         fn()
@@ -208,9 +215,12 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
     warmup, repeats = opts["warmup"], opts["repeats"]
     sleep = opts["sleep_cycles"]
     sync = (lambda: dist.barrier()) if world_size > 1 else (lambda: None)
+    align = None
     res: dict[str, Any] = {"tokens": T, "seed": opts["seed"]}  # then one entry per output layout
     with Buffer(None, cfg) as buf:
         proto = buf._protocol
+        if world_size > 1:  # the hosts leave the (gloo) barrier tens of µs apart
+            align = proto.barrier_on_stream
         if opts["x_in_buffer"]:  # built where the layer before would write it: nothing to publish
             x = buf.input_view(T).copy_(x)
         ys = {}
@@ -234,7 +244,7 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
 
             # In this order: combine and the cached dispatch use the last dispatch's handle.
             fns = {"dispatch": dispatch, "combine": combine, "cached_dispatch": cached}
-            gpu = {op: _time(f, warmup, repeats, sleep, sync) for op, f in fns.items()}
+            gpu = {op: _time(f, warmup, repeats, sleep, sync, align=align) for op, f in fns.items()}
             # The host's wall time per call, without the sleep kernel in front (with it, the
             # dispatch's wait for the counts would include the sleep): for dispatch the launches,
             # the wait for the routing kernels and the work after it; for combine the launches.
@@ -249,7 +259,8 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
             unique_src = int(torch.unique(recv.src_rank.long() * (T + 1) + recv.src_token.long()).numel()
                              - (1 if real < rows else 0))
             ys[layout] = recv.x
-            api_d = _time(lambda: buf.dispatch(x, idx, w, output_layout=layout), 2, max(5, repeats // 3), sleep, sync)
+            api_d = _time(lambda: buf.dispatch(x, idx, w, output_layout=layout), 2, max(5, repeats // 3), sleep, sync,
+                          align=align)
             kernels = {op: kernel_breakdown(f, sync=sync) for op, f in fns.items()}
             host_ops = {op: kernel_breakdown(f, sync=sync, host=True) for op, f in fns.items()}
             res[layout] = {

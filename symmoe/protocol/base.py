@@ -99,6 +99,12 @@ class Protocol(ABC):
         """x is the input region itself (built there by the caller): nothing to publish."""
         return x.data_ptr() == self.mem.local.data_ptr() + self.layout.offsets()["in_x"]
 
+    def barrier_on_stream(self) -> None:
+        """Queue a device barrier of all ranks on the current stream (no host wait): the
+        ranks' streams leave it together. A wait past the timeout is raised by the next call
+        (stage "barrier"). The GPU benchmark lines up the ranks' starts with it."""
+        raise NotImplementedError(f"{type(self).__name__} has no stream-ordered barrier")
+
     def check(self, synchronize: bool = False) -> None:
         """Raise StallError if a device wait of an earlier call expired (after waiting for the
         stream when ``synchronize``). Host protocols finish inside each call: nothing to check."""

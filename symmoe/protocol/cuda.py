@@ -153,6 +153,11 @@ class _CudaProtocol(Protocol):
                 what = f"no arrival from rank {int(word[1])} at barrier epoch {int(word[2])}"
             raise StallError(self.rank, stage, self.timeout_s, f"{what}; this Buffer is unusable now")
 
+    def barrier_on_stream(self) -> None:
+        self.check()
+        self.ctx.barrier(self._offs["barrier"], self._next_epoch(), self.mod.STAGES["barrier"],
+                         self._stream().cuda_stream)
+
     def _check_aligned(self, name: str, t: torch.Tensor) -> None:
         if t.numel() and t.data_ptr() % 16:
             raise InputError(f"{name} starts at an address that is not 16-byte aligned ({t.data_ptr():#x}); "

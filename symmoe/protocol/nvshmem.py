@@ -276,6 +276,10 @@ class NvshmemPush(Protocol):
                    self._dispatches, None)
         return recv_views(out, handle.num_recv_rows, per_expert)
 
+    def barrier_on_stream(self) -> None:
+        raise_if_failed(self.mem, "barrier")
+        self.mem.barrier_on_stream("barrier")
+
     def check(self, synchronize: bool = False) -> None:
         """Raise StallError if a device wait of an earlier call expired."""
         if synchronize:
