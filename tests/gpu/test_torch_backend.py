@@ -116,7 +116,7 @@ def _absent_peer(rank: int, world_size: int, cfg_dict: dict, stage: str) -> tupl
         if rank == 1 and stage == "dispatch.counts":
             time.sleep(3 * timeout + 2)  # arrives only after rank 0 gave up
             return ("absent",)
-        if stage == "combine.data":
+        if stage in ("combine.data", "barrier"):
             rx, ri, rw, _, handle, _ = buf.dispatch(x, idx, w)
             if rank == 1:
                 time.sleep(3 * timeout + 2)
@@ -125,6 +125,9 @@ def _absent_peer(rank: int, world_size: int, cfg_dict: dict, stage: str) -> tupl
         try:
             if stage == "dispatch.counts":
                 buf.dispatch(x, idx, w)
+            elif stage == "barrier":  # the stream-ordered barrier the benchmark starts calls with
+                buf._protocol.barrier_on_stream()
+                buf.synchronize()
             else:
                 buf.combine(rx, handle)
                 buf.synchronize()
@@ -133,7 +136,7 @@ def _absent_peer(rank: int, world_size: int, cfg_dict: dict, stage: str) -> tupl
         return ("no error",)
 
 
-@pytest.mark.parametrize("stage", ["dispatch.counts", "combine.data"])
+@pytest.mark.parametrize("stage", ["dispatch.counts", "combine.data", "barrier"])
 def test_absent_rank_raises_stall_error_naming_the_stage(stage):
     timeout = 2.0
     cfg = gpu_config(**{"kernel.timeout_s": timeout})
