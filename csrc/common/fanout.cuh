@@ -26,16 +26,16 @@ __device__ __forceinline__ int group_of(const T* goff, int L, int64_t o) {
   return lo;
 }
 
-// A warp copies one row into n rows, reading each 16-byte piece once. Lane m < n holds
-// destination m (the other lanes' `dst` is ignored); bytes % 16 == 0. The
-// source is read with ld.global.cg (L2, not L1): rows that peers stored may still sit stale
-// in L1 otherwise. Whole warp calls.
+// A warp copies one row into n rows, reading each 16-byte piece once, U pieces in flight per
+// lane. Lane m < n holds destination m (the other lanes' `dst` is ignored); bytes % 16 == 0.
+// The source is read with ld.global.cg (L2, not L1): rows that peers stored may still sit stale
+// in L1 otherwise. Row-copy microbenchmark's warp-row fan-out (non-coherent loads there), each
+// of 4096 rows of 14336 B to 8 rows: 146 µs with U = 7, 174 µs with U = 4 (session 11). Whole
+// warp calls.
+template <int U = 7>
 __device__ __forceinline__ void warp_fanout_row(uint8_t* dst, int n, const uint8_t* src, int64_t bytes, int lane) {
   const int4* s = reinterpret_cast<const int4*>(src);
   const int64_t nv = bytes / 16;
-  // Pieces in flight per lane. Row-copy microbenchmark, each of 4096 rows of 14336 B to 8 rows:
-  // 146 µs with 7, 174 µs with 4 (session 11).
-  constexpr int U = 7;
   for (int64_t i0 = 0; i0 < nv; i0 += 32 * U) {
     int4 v[U];
 #pragma unroll
