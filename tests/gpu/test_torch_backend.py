@@ -11,7 +11,7 @@ import torch
 
 from symmoe.config import Config, from_dict
 from symmoe.launch import spawn
-from symmoe.testing import CHECK_ROUTINGS, check_cached_dispatch, check_dispatch_combine
+from symmoe.testing import CHECK_ROUTINGS, check_cached_dispatch, check_dispatch_combine, check_num_worst_tokens
 
 pytestmark = pytest.mark.gpu
 
@@ -86,6 +86,21 @@ def test_cached_dispatch_moves_new_rows_along_the_handles_routing(world_size, pr
         got = [check_cached_dispatch(0, 1, *args)]
     else:
         got = spawn(check_cached_dispatch, world_size, args=args, env=ENV, timeout_s=300.0)
+    assert got == [len(CHECK_ROUTINGS) * 2] * world_size
+
+
+@pytest.mark.parametrize("protocol", ["pull", "push"])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_num_worst_tokens_returns_the_worst_case_outputs_without_a_copy(world_size, protocol):
+    """num_worst_tokens=N: N rows, the reference's first, then x 0, ids -1, weights 0; a cached
+    dispatch too; N below the most rows any rank receives raises CapacityError on every rank."""
+    cfg = gpu_config(protocol=protocol)
+    args = (cfg, 131 + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda")
+    if world_size == 1:
+        os.environ.update(ENV)
+        got = [check_num_worst_tokens(0, 1, *args)]
+    else:
+        got = spawn(check_num_worst_tokens, world_size, args=args, env=ENV, timeout_s=300.0)
     assert got == [len(CHECK_ROUTINGS) * 2] * world_size
 
 
