@@ -74,7 +74,10 @@ __global__ void count_diff(const int4* a, const int4* b, int64_t n, unsigned lon
 }
 
 // -- copy variants -----------------------------------------------------------------------
-__global__ void mover_copy(const uint8_t* src, uint8_t* dst, const int* perm, int64_t N, int64_t R, uint32_t slot,
+// The kernels' mover (WarpMover). Copy (kFan false): row r of dst from row idx[r] of src.
+// Fan-out (kFan true): row t of src to rows idx[t * K + k] of dst, k < K.
+template <bool kFan>
+__global__ void mover_move(const uint8_t* src, uint8_t* dst, const int* idx, int64_t N, int K, int64_t R, uint32_t slot,
                            int warps, int depth) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   WarpMover mv;
@@ -84,9 +87,13 @@ __global__ void mover_copy(const uint8_t* src, uint8_t* dst, const int* perm, in
   for (int64_t it = gw; it < items; it += nwt) {
     const int64_t row = it / P, off = (it % P) * slot;
     const uint32_t bytes = uint32_t(min(int64_t(slot), R - off));
-    if (lane == 0) mv.next_dsts()[0] = dst + row * R + off;
+    if (kFan) {
+      if (lane < K) mv.next_dsts()[lane] = dst + int64_t(idx[row * K + lane]) * R + off;
+    } else if (lane == 0) {
+      mv.next_dsts()[0] = dst + row * R + off;
+    }
     __syncwarp();
-    mv.push(src + int64_t(perm[row]) * R + off, 1, bytes);
+    mv.push(src + int64_t(kFan ? row : idx[row]) * R + off, kFan ? K : 1, bytes);
   }
   mv.flush();
 }
@@ -96,8 +103,11 @@ __host__ __device__ int64_t ring_warp_bytes(uint32_t slot) {
   return (int64_t(S) * slot + S * 8 + 127) / 128 * 128;
 }
 
-template <int S>
-__global__ void ring_copy(const uint8_t* src, uint8_t* dst, const int* perm, int64_t N, int64_t R, uint32_t slot,
+// Lane 0 of each warp keeps S-1 bulk loads in flight (S slots) and stores each piece as it
+// lands. Copy (kFan false): row r of dst from row idx[r] of src. Fan-out (kFan true): row t of
+// src to rows idx[t * K + k] of dst, k < K.
+template <int S, bool kFan>
+__global__ void ring_move(const uint8_t* src, uint8_t* dst, const int* idx, int64_t N, int K, int64_t R, uint32_t slot,
                           int warps) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   uint8_t* base = dyn_smem() + int64_t(warp) * ring_warp_bytes<S>(slot);
@@ -113,7 +123,7 @@ __global__ void ring_copy(const uint8_t* src, uint8_t* dst, const int* perm, int
     const uint32_t bytes = uint32_t(min(int64_t(slot), R - off));
     const int s = int(j % S);
     mbar_arrive_expect_tx(&bar[s], bytes);
-    bulk_load(base + int64_t(s) * slot, src + int64_t(perm[row]) * R + off, bytes, &bar[s]);
+    bulk_load(base + int64_t(s) * slot, src + int64_t(kFan ? row : idx[row]) * R + off, bytes, &bar[s]);
   };
   for (int64_t j = 0; j < min(n, int64_t(S - 1)); ++j) issue(j);
   uint32_t phase = 0;
@@ -123,10 +133,14 @@ __global__ void ring_copy(const uint8_t* src, uint8_t* dst, const int* perm, int
     }
     phase ^= 1u << s;
     const int64_t it = gw + j * nwt, row = it / P, off = (it % P) * slot;
-    bulk_store(dst + row * R + off, base + int64_t(s) * slot, uint32_t(min(int64_t(slot), R - off)));
+    const uint32_t bytes = uint32_t(min(int64_t(slot), R - off));
+    if (kFan)
+      for (int k = 0; k < K; ++k) bulk_store(dst + int64_t(idx[row * K + k]) * R + off, base + int64_t(s) * slot, bytes);
+    else
+      bulk_store(dst + row * R + off, base + int64_t(s) * slot, bytes);
     bulk_commit();
     if (j + S - 1 < n) {
-      bulk_wait_read<1>();  // the slot of item j - 1 (its store was the group before this one)
+      bulk_wait_read<1>();  // the slot of item j - 1 (its stores were the group before this one)
       issue(j + S - 1);
     }
   }
@@ -180,23 +194,6 @@ __global__ void warprow_copy(const int4* src, int4* dst, const int* perm, int64_
 
 // -- fan-out variants (expert-major dispatch: each row to K output rows) --------------------
 // out_row[t * K + k]: the output row of token t's slot k (a permutation of N * K rows).
-__global__ void mover_fanout(const uint8_t* src, uint8_t* dst, const int* out_row, int64_t N, int K, int64_t R,
-                             uint32_t slot, int warps, int depth) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  WarpMover mv;
-  mv.init(dyn_smem() + int64_t(warp) * WarpMoverSmem::per_warp_bytes(slot, depth), slot, depth);
-  const int64_t P = (R + slot - 1) / slot, items = N * P;
-  const int64_t gw = int64_t(blockIdx.x) * warps + warp, nwt = int64_t(gridDim.x) * warps;
-  for (int64_t it = gw; it < items; it += nwt) {
-    const int64_t t = it / P, off = (it % P) * slot;
-    const uint32_t bytes = uint32_t(min(int64_t(slot), R - off));
-    if (lane < K) mv.next_dsts()[lane] = dst + int64_t(out_row[t * K + lane]) * R + off;
-    __syncwarp();
-    mv.push(src + t * R + off, K, bytes);
-  }
-  mv.flush();
-}
-
 // One warp per token: U vectors per lane loaded once, stored to each of the K rows.
 // ST 0: plain stores, 1: L1::no_allocate, 2: st.global.cs (evict-first streaming).
 template <int U, int ST>
@@ -223,45 +220,6 @@ __global__ void warprow_fanout(const int4* src, int4* dst, const int* out_row, i
       }
     }
   }
-}
-
-// Lane 0 of each warp keeps S-1 bulk loads in flight and stores each landed piece to K rows.
-template <int S>
-__global__ void ring_fanout(const uint8_t* src, uint8_t* dst, const int* out_row, int64_t N, int K, int64_t R,
-                            uint32_t slot, int warps) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  uint8_t* base = dyn_smem() + int64_t(warp) * ring_warp_bytes<S>(slot);
-  uint64_t* bar = reinterpret_cast<uint64_t*>(base + int64_t(S) * slot);
-  if (lane != 0) return;
-  for (int s = 0; s < S; ++s) mbar_init(&bar[s], 1);
-  mbar_init_fence();
-  const int64_t P = (R + slot - 1) / slot, items = N * P;
-  const int64_t gw = int64_t(blockIdx.x) * warps + warp, nwt = int64_t(gridDim.x) * warps;
-  const int64_t n = items > gw ? (items - gw + nwt - 1) / nwt : 0;
-  auto issue = [&](int64_t j) {
-    const int64_t it = gw + j * nwt, t = it / P, off = (it % P) * slot;
-    const uint32_t bytes = uint32_t(min(int64_t(slot), R - off));
-    const int s = int(j % S);
-    mbar_arrive_expect_tx(&bar[s], bytes);
-    bulk_load(base + int64_t(s) * slot, src + t * R + off, bytes, &bar[s]);
-  };
-  for (int64_t j = 0; j < min(n, int64_t(S - 1)); ++j) issue(j);
-  uint32_t phase = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    const int s = int(j % S);
-    while (!mbar_try_wait(&bar[s], (phase >> s) & 1u)) {
-    }
-    phase ^= 1u << s;
-    const int64_t it = gw + j * nwt, t = it / P, off = (it % P) * slot;
-    const uint32_t bytes = uint32_t(min(int64_t(slot), R - off));
-    for (int k = 0; k < K; ++k) bulk_store(dst + int64_t(out_row[t * K + k]) * R + off, base + int64_t(s) * slot, bytes);
-    bulk_commit();
-    if (j + S - 1 < n) {
-      bulk_wait_read<1>();  // the slot of item j - 1 (its stores were the group before this one)
-      issue(j + S - 1);
-    }
-  }
-  bulk_wait_all();
 }
 
 // -- reduce variants ---------------------------------------------------------------------
@@ -357,12 +315,12 @@ int main(int argc, char** argv) {
       const int64_t per = WarpMoverSmem::per_warp_bytes(slot, depth);
       const int warps = int(std::min<int64_t>(16, (optin - 1024) / per));
       const size_t smem = size_t(warps * per);
-      CK(cudaFuncSetAttribute(mover_copy, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CK(cudaFuncSetAttribute(mover_move<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       return std::make_pair(warps, smem);
     };
     {
       auto [w, smem] = mover(uint32_t(R), 2);
-      mover_copy<<<sms, w * 32, smem>>>(src, ref, perm, N, R, uint32_t(R), w, 2);
+      mover_move<false><<<sms, w * 32, smem>>>(src, ref, perm, N, 1, R, uint32_t(R), w, 2);
       CK(cudaDeviceSynchronize());
     }
     for (const auto& sd : {std::pair<uint32_t, int>{uint32_t(R), 2}, {uint32_t(R / 2), 2}, {uint32_t(R / 4), 2},
@@ -373,7 +331,8 @@ int main(int argc, char** argv) {
       const int w = cfg.first;
       const size_t smem = cfg.second;
       CK(cudaMemset(dst, 0, N * R));
-      const float us = time_us([&] { mover_copy<<<sms, w * 32, smem>>>(src, dst, perm, N, R, slot, w, depth); }, reps);
+      const float us =
+          time_us([&] { mover_move<false><<<sms, w * 32, smem>>>(src, dst, perm, N, 1, R, slot, w, depth); }, reps);
       char name[64];
       std::snprintf(name, sizeof name, "mover slot %u depth %d (%d warps)", slot, depth, w);
       report(name, us, copy_bytes, check(dst, ref, N * R));
@@ -385,10 +344,11 @@ int main(int argc, char** argv) {
       const int warps = int(std::min<int64_t>(32, budget / per));
       if (warps < 1) return;
       const size_t smem = size_t(warps * per);
-      CK(cudaFuncSetAttribute(ring_copy<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CK(cudaFuncSetAttribute(ring_move<S, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       CK(cudaMemset(dst, 0, N * R));
       const float us = time_us(
-          [&] { ring_copy<S><<<sms * blocks_per_sm, warps * 32, smem>>>(src, dst, perm, N, R, slot, warps); }, reps);
+          [&] { ring_move<S, false><<<sms * blocks_per_sm, warps * 32, smem>>>(src, dst, perm, N, 1, R, slot, warps); },
+          reps);
       char name[64];
       std::snprintf(name, sizeof name, "ring S=%d slot %u (%dx%d warps)", S, slot, blocks_per_sm, warps);
       report(name, us, copy_bytes, check(dst, ref, N * R));
@@ -441,11 +401,11 @@ int main(int argc, char** argv) {
       const int64_t per = WarpMoverSmem::per_warp_bytes(slot, depth);
       const int warps = int(std::min<int64_t>(16, (optin - 1024) / per));
       const size_t smem = size_t(warps * per);
-      CK(cudaFuncSetAttribute(mover_fanout, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CK(cudaFuncSetAttribute(mover_move<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       uint8_t* o = is_ref ? fref : ybig;
       CK(cudaMemset(o, 0, N * K * R));
-      const float us =
-          time_us([&] { mover_fanout<<<sms, warps * 32, smem>>>(src, o, out_row, N, K, R, slot, warps, depth); }, reps);
+      const float us = time_us(
+          [&] { mover_move<true><<<sms, warps * 32, smem>>>(src, o, out_row, N, K, R, slot, warps, depth); }, reps);
       char name[64];
       std::snprintf(name, sizeof name, "mover slot %u depth %d (%d warps)%s", slot, depth, warps,
                     is_ref ? " [current]" : "");
@@ -462,10 +422,11 @@ int main(int argc, char** argv) {
       const int warps = int(std::min<int64_t>(32, (optin - 1024) / blocks_per_sm / per));
       if (warps < 1) return;
       const size_t smem = size_t(warps * per);
-      CK(cudaFuncSetAttribute(ring_fanout<S>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CK(cudaFuncSetAttribute(ring_move<S, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       CK(cudaMemset(ybig, 0, N * K * R));
       const float us = time_us(
-          [&] { ring_fanout<S><<<sms * blocks_per_sm, warps * 32, smem>>>(src, ybig, out_row, N, K, R, slot, warps); }, reps);
+          [&] { ring_move<S, true><<<sms * blocks_per_sm, warps * 32, smem>>>(src, ybig, out_row, N, K, R, slot, warps); },
+          reps);
       char name[64];
       std::snprintf(name, sizeof name, "ring S=%d slot %u (%dx%d warps)", S, slot, blocks_per_sm, warps);
       report(name, us, fan_bytes, check(ybig, fref, N * K * R));
