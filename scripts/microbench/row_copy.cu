@@ -8,10 +8,11 @@
 //           ldst<U>  16-byte loads/stores, U in flight per thread (nc: non-coherent loads and
 //                    no-L1-allocate stores), grid-stride over the whole copy
 //           warprow<U> one warp per row, U vectors per lane in flight
-//   fan-out each row to K rows through a permutation, as the expert-major dispatch at world
-//           size 1 writes them: mover (push's), bulk-load ring with K bulk stores per piece,
-//           warp rows with plain / no-L1-allocate / streaming (.cs) stores; cudaMemset of the
-//           written rows is the write-only reference
+//   fan-out each row to K rows, to random rows and in the expert-major order of a uniform
+//           top-K routing (as the expert-major dispatch at world size 1 writes them): mover
+//           (push's), bulk-load ring with K bulk stores per piece (also with an L2 evict-first
+//           policy), warp rows with plain / no-L1-allocate / streaming (.cs) stores; cudaMemset
+//           of the written rows is the write-only reference
 //   reduce  csrc/common/reduce.cuh: rank-major (one slot per token) and expert-major (8
 //           weighted slots per token), U vectors per thread, NT threads per block
 //
@@ -106,7 +107,15 @@ __host__ __device__ int64_t ring_warp_bytes(uint32_t slot) {
 // Lane 0 of each warp keeps S-1 bulk loads in flight (S slots) and stores each piece as it
 // lands. Copy (kFan false): row r of dst from row idx[r] of src. Fan-out (kFan true): row t of
 // src to rows idx[t * K + k] of dst, k < K.
-template <int S, bool kFan>
+// shared -> global with an L2 evict-first policy: rows written once and not read again soon.
+__device__ __forceinline__ void bulk_store_evict_first(void* gmem_dst, const void* smem_src, uint32_t bytes,
+                                                       uint64_t policy) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;" ::"l"(gmem_dst),
+               "r"(smem_addr(smem_src)), "r"(bytes), "l"(policy)
+               : "memory");
+}
+
+template <int S, bool kFan, bool kEvictFirst = false>
 __global__ void ring_move(const uint8_t* src, uint8_t* dst, const int* idx, int64_t N, int K, int64_t R, uint32_t slot,
                           int warps) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -134,7 +143,12 @@ __global__ void ring_move(const uint8_t* src, uint8_t* dst, const int* idx, int6
     phase ^= 1u << s;
     const int64_t it = gw + j * nwt, row = it / P, off = (it % P) * slot;
     const uint32_t bytes = uint32_t(min(int64_t(slot), R - off));
-    if (kFan)
+    if (kFan && kEvictFirst) {
+      uint64_t policy;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      for (int k = 0; k < K; ++k)
+        bulk_store_evict_first(dst + int64_t(idx[row * K + k]) * R + off, base + int64_t(s) * slot, bytes, policy);
+    } else if (kFan)
       for (int k = 0; k < K; ++k) bulk_store(dst + int64_t(idx[row * K + k]) * R + off, base + int64_t(s) * slot, bytes);
     else
       bulk_store(dst + row * R + off, base + int64_t(s) * slot, bytes);
@@ -382,74 +396,101 @@ int main(int argc, char** argv) {
   }
 
   // -- fan-out -------------------------------------------------------------------------------
+  // Two patterns of destination rows: a random permutation of the N * K rows, and the real
+  // expert-major order (uniform top-K routing; each expert's rows in token order).
   {
     uint8_t* fref;
     int* out_row;
     CK(cudaMalloc(&fref, N * K * R));
     CK(cudaMalloc(&out_row, N * K * 4));
-    std::vector<int> orow(N * K);
-    for (int64_t i = 0; i < N * K; ++i) orow[i] = int(i);
-    std::shuffle(orow.begin(), orow.end(), rng);
-    CK(cudaMemcpy(out_row, orow.data(), N * K * 4, cudaMemcpyHostToDevice));
+    std::vector<int> rand_rows(N * K), expert_rows(N * K);
+    for (int64_t i = 0; i < N * K; ++i) rand_rows[i] = int(i);
+    std::shuffle(rand_rows.begin(), rand_rows.end(), rng);
+    {
+      const int E = 256;
+      std::vector<int> e_of(N * K), cnt(E, 0), start(E + 1, 0);
+      std::vector<int> ids(E);
+      for (int e = 0; e < E; ++e) ids[e] = e;
+      for (int64_t t = 0; t < N; ++t) {
+        std::shuffle(ids.begin(), ids.end(), rng);  // K distinct experts
+        for (int k = 0; k < K; ++k) ++cnt[e_of[t * K + k] = ids[k]];
+      }
+      for (int e = 0; e < E; ++e) start[e + 1] = start[e] + cnt[e];
+      for (int64_t i = 0; i < N * K; ++i) expert_rows[i] = start[e_of[i]]++;
+    }
     const double fan_bytes = double(N) * R * (K + 1);  // each row read once, written K times
-    std::printf("-- fan-out, each row to %d rows (expert-major dispatch; %.0f MB read + written)\n", K, fan_bytes / 1e6);
     const float same = time_us([&] { CK(cudaMemcpyAsync(fref, ybig, int64_t(fan_bytes / 2), cudaMemcpyDeviceToDevice)); }, reps);
-    report("cudaMemcpy of the same bytes", same, fan_bytes, 0);
     const float ms = time_us([&] { CK(cudaMemsetAsync(fref, 1, N * K * R)); }, reps);
-    report("cudaMemset of the written rows", ms, double(N) * K * R, 0);
-    auto fan_mover = [&](uint32_t slot, int depth, bool is_ref) {
-      const int64_t per = WarpMoverSmem::per_warp_bytes(slot, depth);
-      const int warps = int(std::min<int64_t>(16, (optin - 1024) / per));
-      const size_t smem = size_t(warps * per);
-      CK(cudaFuncSetAttribute(mover_move<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      uint8_t* o = is_ref ? fref : ybig;
-      CK(cudaMemset(o, 0, N * K * R));
-      const float us = time_us(
-          [&] { mover_move<true><<<sms, warps * 32, smem>>>(src, o, out_row, N, K, R, slot, warps, depth); }, reps);
-      char name[64];
-      std::snprintf(name, sizeof name, "mover slot %u depth %d (%d warps)%s", slot, depth, warps,
-                    is_ref ? " [current]" : "");
-      report(name, us, fan_bytes, is_ref ? 0 : check(ybig, fref, N * K * R));
-    };
-    fan_mover(uint32_t(R / 4), 2, true);
-    fan_mover(uint32_t(R), 2, false);
-    fan_mover(uint32_t(R / 2), 2, false);
-    fan_mover(uint32_t(R / 4), 4, false);
-    fan_mover(uint32_t(R / 8), 8, false);
-    auto fan_ring = [&](auto S_, uint32_t slot, int blocks_per_sm) {
-      constexpr int S = decltype(S_)::value;
-      const int64_t per = ring_warp_bytes<S>(slot);
-      const int warps = int(std::min<int64_t>(32, (optin - 1024) / blocks_per_sm / per));
-      if (warps < 1) return;
-      const size_t smem = size_t(warps * per);
-      CK(cudaFuncSetAttribute(ring_move<S, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      CK(cudaMemset(ybig, 0, N * K * R));
-      const float us = time_us(
-          [&] { ring_move<S, true><<<sms * blocks_per_sm, warps * 32, smem>>>(src, ybig, out_row, N, K, R, slot, warps); },
-          reps);
-      char name[64];
-      std::snprintf(name, sizeof name, "ring S=%d slot %u (%dx%d warps)", S, slot, blocks_per_sm, warps);
-      report(name, us, fan_bytes, check(ybig, fref, N * K * R));
-    };
-    fan_ring(std::integral_constant<int, 2>{}, uint32_t(R), 1);
-    fan_ring(std::integral_constant<int, 4>{}, uint32_t(R / 2), 1);
-    fan_ring(std::integral_constant<int, 8>{}, uint32_t(R / 4), 1);
-    fan_ring(std::integral_constant<int, 4>{}, uint32_t(R / 4), 2);
-    auto fan_warp = [&](auto f, const char* name, int threads, int blocks_per_sm) {
-      CK(cudaMemset(ybig, 0, N * K * R));
-      const float us = time_us([&] { f<<<sms * blocks_per_sm, threads>>>(reinterpret_cast<const int4*>(src),
-                                                                         reinterpret_cast<int4*>(ybig), out_row, N, K, nv); },
-                               reps);
-      char full[64];
-      std::snprintf(full, sizeof full, "%s (%dx%d)", name, blocks_per_sm, threads);
-      report(full, us, fan_bytes, check(ybig, fref, N * K * R));
-    };
-    fan_warp(warprow_fanout<4, 0>, "warprow U=4 st", 512, 4);
-    fan_warp(warprow_fanout<7, 0>, "warprow U=7 st", 256, 4);
-    fan_warp(warprow_fanout<4, 1>, "warprow U=4 st.na", 512, 4);
-    fan_warp(warprow_fanout<7, 1>, "warprow U=7 st.na", 256, 4);
-    fan_warp(warprow_fanout<4, 2>, "warprow U=4 st.cs", 512, 4);
-    fan_warp(warprow_fanout<7, 2>, "warprow U=7 st.cs", 256, 4);
+    for (int pat = 0; pat < 2; ++pat) {
+      const bool random = pat == 0;
+      CK(cudaMemcpy(out_row, (random ? rand_rows : expert_rows).data(), N * K * 4, cudaMemcpyHostToDevice));
+      std::printf("-- fan-out to %s, each row to %d rows (expert-major dispatch; %.0f MB read + written)\n",
+                  random ? "random rows" : "expert-major order", K, fan_bytes / 1e6);
+      report("cudaMemcpy of the same bytes", same, fan_bytes, 0);
+      report("cudaMemset of the written rows", ms, double(N) * K * R, 0);
+      auto fan_mover = [&](uint32_t slot, bool is_ref, int depth = 2) {
+        const int64_t per = WarpMoverSmem::per_warp_bytes(slot, depth);
+        const int warps = int(std::min<int64_t>(16, (optin - 1024) / per));
+        const size_t smem = size_t(warps * per);
+        CK(cudaFuncSetAttribute(mover_move<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        uint8_t* o = is_ref ? fref : ybig;
+        CK(cudaMemset(o, 0, N * K * R));
+        const float us =
+            time_us([&] { mover_move<true><<<sms, warps * 32, smem>>>(src, o, out_row, N, K, R, slot, warps, depth); },
+                    reps);
+        char name[64];
+        std::snprintf(name, sizeof name, "mover slot %u depth %d (%d warps)%s", slot, depth, warps,
+                      slot == R / 4 && depth == 2 ? " [current]" : "");
+        report(name, us, fan_bytes, is_ref ? 0 : check(ybig, fref, N * K * R));
+      };
+      auto fan_ring = [&](auto S_, auto hint_, uint32_t slot, int blocks_per_sm) {
+        constexpr int S = decltype(S_)::value;
+        constexpr bool hint = decltype(hint_)::value;
+        const int64_t per = ring_warp_bytes<S>(slot);
+        const int warps = int(std::min<int64_t>(32, (optin - 1024) / blocks_per_sm / per));
+        if (warps < 1) return;
+        const size_t smem = size_t(warps * per);
+        CK(cudaFuncSetAttribute(ring_move<S, true, hint>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        CK(cudaMemset(ybig, 0, N * K * R));
+        const float us = time_us(
+            [&] {
+              ring_move<S, true, hint><<<sms * blocks_per_sm, warps * 32, smem>>>(src, ybig, out_row, N, K, R, slot, warps);
+            },
+            reps);
+        char name[64];
+        std::snprintf(name, sizeof name, "ring S=%d slot %u%s (%dx%d warps)", S, slot, hint ? " evict-first" : "",
+                      blocks_per_sm, warps);
+        report(name, us, fan_bytes, check(ybig, fref, N * K * R));
+      };
+      auto fan_warp = [&](auto f, const char* name, int threads, int blocks_per_sm) {
+        CK(cudaMemset(ybig, 0, N * K * R));
+        const float us = time_us([&] { f<<<sms * blocks_per_sm, threads>>>(reinterpret_cast<const int4*>(src),
+                                                                           reinterpret_cast<int4*>(ybig), out_row, N, K, nv); },
+                                 reps);
+        char full[64];
+        std::snprintf(full, sizeof full, "%s (%dx%d)", name, blocks_per_sm, threads);
+        report(full, us, fan_bytes, check(ybig, fref, N * K * R));
+      };
+      using no = std::false_type;
+      using yes = std::true_type;
+      fan_mover(uint32_t(R), true);
+      fan_mover(uint32_t(R / 4), false);
+      fan_mover(uint32_t(R / 4), false, 4);
+      fan_mover(uint32_t(R / 8), false, 8);
+      fan_ring(std::integral_constant<int, 8>{}, no{}, uint32_t(R / 4), 1);
+      fan_ring(std::integral_constant<int, 8>{}, yes{}, uint32_t(R / 4), 1);
+      fan_warp(warprow_fanout<7, 0>, "warprow U=7 st", 256, 4);
+      if (!random) continue;
+      fan_mover(uint32_t(R / 2), false);
+      fan_ring(std::integral_constant<int, 2>{}, no{}, uint32_t(R), 1);
+      fan_ring(std::integral_constant<int, 4>{}, no{}, uint32_t(R / 2), 1);
+      fan_ring(std::integral_constant<int, 4>{}, no{}, uint32_t(R / 4), 2);
+      fan_warp(warprow_fanout<4, 0>, "warprow U=4 st", 512, 4);
+      fan_warp(warprow_fanout<4, 1>, "warprow U=4 st.na", 512, 4);
+      fan_warp(warprow_fanout<7, 1>, "warprow U=7 st.na", 256, 4);
+      fan_warp(warprow_fanout<4, 2>, "warprow U=4 st.cs", 512, 4);
+      fan_warp(warprow_fanout<7, 2>, "warprow U=7 st.cs", 256, 4);
+    }
     // the reduce section below reads ybig as its expert-major source
     fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(ybig), N * K * R / 2, 2u);
     CK(cudaFree(fref));
