@@ -21,6 +21,8 @@
 #   BENCH_SET='kernel.num_channels=32 kernel.num_sms=64'   config values for every bench run
 #   BENCH_X_IN_BUFFER=no|yes|both   x built in Buffer.input_view (no publish copy); both: each run twice
 #   MPS=off                          no MPS daemon (world size 1 runs only)
+#   BENCH_CPU=2                      bench pinned to these CPUs (taskset -c; world size 1: ranks inherit it): is the
+#                                    host's two-speed mode the core it lands on?
 # Later backends add their own sections in the case statement below.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -65,7 +67,8 @@ for s in "${SECTIONS[@]}"; do
       [ "$s" = bench-quick ] && { ws=1; rep=10; }
       export SYMMOE_BENCH_COMMAND="scripts/gpu_check.sh $s"
       sets=(); for kv in ${BENCH_SET:-}; do sets+=(--set "$kv"); done
-      python3 -m symmoe.bench --backends $backends --world-sizes $ws --protocols $protos --repeats $rep "${sets[@]}" \
+      pin=(); [ -n "${BENCH_CPU:-}" ] && command -v taskset >/dev/null && pin=(taskset -c "$BENCH_CPU")
+      ${pin[@]+"${pin[@]}"} python3 -m symmoe.bench --backends $backends --world-sizes $ws --protocols $protos --repeats $rep "${sets[@]}" \
         --x-in-buffer "${BENCH_X_IN_BUFFER:-no}" --json "$LOG/bench.json" \
         2>&1 | tee "$LOG/bench.log"
       rc=${PIPESTATUS[0]}

@@ -88,24 +88,31 @@ class Buffer:
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor | None = None,
                  topk_weights: torch.Tensor | None = None, *, handle: DispatchHandle | None = None,
                  output_layout: str | None = None, expert_alignment: int | None = None,
-                 previous_event: EventOverlap | None = None):
+                 num_worst_tokens: int = 0, previous_event: EventOverlap | None = None):
         """Send each token to the ranks holding its experts.
 
         Returns ``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list,
         handle, event)`` with the meaning ``symmoe.reference`` defines for ``output_layout``
         ('rank' or 'expert'; default from ``buffer.output_layout``).
 
+        ``num_worst_tokens`` > 0 (DeepEP's name): the three tensors have that many rows, the
+        received ones first, then rows with x 0, expert ids -1 and weights 0
+        (``reference.pad_recv``); the GPU protocols return their worst-case outputs as they
+        are, with no copy. Every rank raises CapacityError when some rank receives more.
+        ``handle.num_recv_rows`` stays the rows received: combine takes that many rows.
+
         ``handle=`` (a cached dispatch, instead of ``topk_idx``/``topk_weights``): x moves
         along the routing of the dispatch that returned the handle, into the same rows, and
         the same handle comes back. Every rank passes its handle of that same dispatch. The
         GPU protocols skip the routing and never wait on the host (DeepEP's cached dispatch,
         e.g. the backward of combine)."""
+        validate.check_num_worst_tokens(num_worst_tokens)
         if handle is not None:
             validate.check_cached_dispatch(x, handle, topk_idx, topk_weights, self.layout, self.dtype, self.device,
                                            output_layout, expert_alignment, id(self))
             if previous_event is not None:
                 previous_event.current_stream_wait()
-            recv = self._protocol.dispatch_cached(x, handle)
+            recv = self._protocol.dispatch_cached(x, handle, num_worst_tokens)
         else:
             output_layout = output_layout or self.config.buffer.output_layout
             alignment = self.config.buffer.expert_alignment if expert_alignment is None else expert_alignment
@@ -113,7 +120,8 @@ class Buffer:
                                     output_layout, alignment, values=not self._protocol.checks_topk_values)
             if previous_event is not None:
                 previous_event.current_stream_wait()
-            recv, handle = self._protocol.dispatch(x, topk_idx, topk_weights, output_layout, alignment)
+            recv, handle = self._protocol.dispatch(x, topk_idx, topk_weights, output_layout, alignment,
+                                                   num_worst_tokens)
         return (recv.x, recv.topk_idx, recv.topk_weights, recv.num_recv_tokens_per_expert.tolist(), handle,
                 EventOverlap.record(self.device))
 

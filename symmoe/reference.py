@@ -14,6 +14,8 @@ per rank. Ordering and reduction rules that make results bitwise reproducible:
   grouped by local expert, inside a group ordered by ``s`` then ``t``; each group is
   padded with zero rows up to a multiple of ``alignment`` (what grouped GEMMs consume).
   Padding rows have expert id -1 and weight 0.
+* Worst-case-sized outputs (``num_worst_tokens=N``, DeepEP's name): the same rows, then rows up
+  to N with x 0, expert ids -1, weights 0 and sources -1 (``pad_recv``).
 * Combine accumulates in fp32 and casts once. Rank-major: plain sum over destination
   ranks in ascending order (the expert computation applied the weights). Expert-major:
   ``sum_k fp32(w[t, k]) * fp32(y[row(t, k)])`` in ascending ``k``, each product rounded
@@ -21,7 +23,7 @@ per rank. Ordering and reduction rules that make results bitwise reproducible:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Sequence
 
 import torch
@@ -49,6 +51,30 @@ class RecvResult:
     src_rank: torch.Tensor  # [rows] int32, -1 on padding
     src_token: torch.Tensor  # [rows] int32, -1 on padding
     expert_offsets: torch.Tensor | None  # [L + 1] int64 padded group starts (expert-major)
+
+
+def fill_tail(recv: RecvResult, rows: int) -> None:
+    """The rows of ``recv`` from ``rows`` on, in place: x 0, expert ids -1, weights 0, sources -1."""
+    recv.x[rows:].zero_()
+    recv.topk_idx[rows:].fill_(-1)
+    recv.topk_weights[rows:].zero_()
+    recv.src_rank[rows:].fill_(-1)
+    recv.src_token[rows:].fill_(-1)
+
+
+def pad_recv(recv: RecvResult, n: int) -> RecvResult:
+    """``recv`` grown to ``n`` rows (worst-case-sized outputs; ``n`` >= its rows)."""
+    rows = recv.x.shape[0]
+    if n <= rows:
+        return recv
+
+    def grow(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t, t.new_empty((n - rows, *t.shape[1:]))])
+
+    out = replace(recv, x=grow(recv.x), topk_idx=grow(recv.topk_idx), topk_weights=grow(recv.topk_weights),
+                  src_rank=grow(recv.src_rank), src_token=grow(recv.src_token))
+    fill_tail(out, rows)
+    return out
 
 
 @dataclass(frozen=True)

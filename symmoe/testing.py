@@ -160,6 +160,65 @@ def check_cached_dispatch(rank: int, world_size: int, config: dict[str, Any], se
     return checked
 
 
+def check_num_worst_tokens(rank: int, world_size: int, config: dict[str, Any], seed: int,
+                           routings: tuple[Routing, ...] = CHECK_ROUTINGS, layouts: tuple[str, ...] = ("rank", "expert"),
+                           device: str = "cpu") -> int:
+    """``dispatch(..., num_worst_tokens=N)``, DeepEP's worst-case-sized outputs: N rows, the
+    reference's rows first, then x 0, expert ids -1 and weights 0 (``reference.pad_recv``),
+    for a dispatch and a cached dispatch; combine takes the received rows and stays exact.
+    N one short of the most rows any rank receives raises CapacityError on every rank, and
+    the buffer stays usable. Returns the number of cases checked."""
+    from .errors import CapacityError
+
+    cfg: Config = from_dict(config)
+    b = cfg.buffer
+    dev = torch.device(device)
+    checked = 0
+    with Buffer(None, cfg) as buf:
+        for layout in layouts:
+            for i, routing in enumerate(routings):
+                case_seed = seed + 7919 * i
+                inputs = _case_inputs(routing, world_size, cfg, case_seed)
+                mine = inputs[rank]
+                ref = reference.dispatch([i.x for i in inputs], [i.topk_idx for i in inputs],
+                                         [i.topk_weights for i in inputs], b.num_experts, layout, b.expert_alignment)
+                want = ref.recv[rank]
+                most = max(r.x.shape[0] for r in ref.recv)
+                ctx = (f"rank {rank}/{world_size} {cfg.backend}/{buf.protocol} num_worst_tokens routing={routing.kind} "
+                       f"layout={layout} seed={case_seed}")
+                args = (mine.x.to(dev), mine.topk_idx.to(dev), mine.topk_weights.to(dev))
+                if most > 0:
+                    try:
+                        buf.dispatch(*args, output_layout=layout, expert_alignment=b.expert_alignment,
+                                     num_worst_tokens=most - 1)
+                    except CapacityError as e:
+                        if "num_worst_tokens" not in str(e):
+                            raise AssertionError(f"{ctx}: the CapacityError does not name num_worst_tokens: {e}")
+                    else:
+                        raise AssertionError(f"{ctx}: num_worst_tokens={most - 1} < {most} rows did not raise")
+                worst = most + 3
+                padded = reference.pad_recv(want, worst)
+                rx, ri, rw, per_expert, handle, event = buf.dispatch(
+                    *args, output_layout=layout, expert_alignment=b.expert_alignment, num_worst_tokens=worst)
+                event.synchronize()
+                _check_recv(rx, ri, rw, per_expert, padded, ctx)
+                n = want.x.shape[0]
+                if not (bool((rx[n:] == 0).all()) and bool((ri[n:] == -1).all()) and bool((rw[n:] == 0).all())):
+                    raise AssertionError(f"{ctx}: rows past the {n} received are not x 0, ids -1, weights 0")
+                if handle.num_recv_rows != want.x.shape[0]:
+                    raise AssertionError(f"{ctx}: handle.num_recv_rows {handle.num_recv_rows} != {want.x.shape[0]}")
+                xs = [torch.randn(i.x.shape, generator=torch.Generator().manual_seed(case_seed * 13 + r)).to(i.x.dtype)
+                      for r, i in enumerate(inputs)]
+                ref2 = reference.dispatch(xs, [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
+                                          b.num_experts, layout, b.expert_alignment)
+                rx, ri, rw, per_expert, _, event = buf.dispatch(xs[rank].to(dev), handle=handle, num_worst_tokens=worst)
+                event.synchronize()
+                _check_recv(rx, ri, rw, per_expert, reference.pad_recv(ref2.recv[rank], worst), f"{ctx} cached")
+                _check_combines(buf, handle, ref, inputs, rank, world_size, cfg, layout, dev, ctx, case_seed, 1)
+                checked += 1
+    return checked
+
+
 def _check_combines(buf: Buffer, handle, ref, inputs, rank: int, world_size: int, cfg: Config, layout: str,
                     dev: torch.device, ctx: str, seed: int, combines: int) -> None:
     b = cfg.buffer

@@ -60,6 +60,11 @@ def duplicate_expert(expert: int, token: int) -> str:
     return f"topk_idx row {token} names expert {expert} twice; the experts of one token must be distinct (or -1)"
 
 
+def check_num_worst_tokens(n: object) -> None:
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise InputError(f"num_worst_tokens={n!r}; allowed: an integer >= 0 (0: outputs of exactly the rows received)")
+
+
 def check_dispatch(x: object, topk_idx: object, topk_weights: object, lay: BufferLayout,
                    dtype: torch.dtype, device: torch.device, output_layout: str, alignment: int,
                    values: bool = True) -> None:

@@ -4,7 +4,7 @@ import pytest
 
 from conftest import small_config
 from symmoe.launch import spawn
-from symmoe.testing import CHECK_ROUTINGS, check_cached_dispatch, check_dispatch_combine
+from symmoe.testing import CHECK_ROUTINGS, check_cached_dispatch, check_dispatch_combine, check_num_worst_tokens
 
 
 @pytest.mark.parametrize("protocol", ["push", "pull"])
@@ -72,3 +72,11 @@ def test_cached_dispatch_moves_new_rows_along_the_handles_routing(protocol, x_in
     cfg = small_config(protocol=protocol)
     assert spawn(check_cached_dispatch, 4, args=(cfg.to_dict(), seed + 12, CHECK_ROUTINGS, ("rank", "expert"), "cpu",
                                                  x_in_buffer)) == [len(CHECK_ROUTINGS) * 2] * 4
+
+
+@pytest.mark.parametrize("protocol", ["push", "pull"])
+@pytest.mark.parametrize("world_size", [1, 4])
+def test_num_worst_tokens_returns_worst_case_sized_outputs(world_size, protocol, seed):
+    cfg = small_config(protocol=protocol)
+    checked = spawn(check_num_worst_tokens, world_size, args=(cfg.to_dict(), seed + 31))
+    assert checked == [len(CHECK_ROUTINGS) * 2] * world_size

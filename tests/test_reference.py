@@ -77,3 +77,16 @@ def test_combine_rounds_each_product_before_adding():
     a = torch.tensor(1 / 3) * torch.tensor(0.1)
     b = torch.tensor(1 / 7) * torch.tensor(0.1)
     assert got.item() == (torch.tensor(0.0) + a + b).item()
+
+
+def test_worst_case_outputs_append_rows_with_zero_x_no_expert_and_no_source():
+    xs, idx, w = inputs()
+    recv = reference.dispatch(xs, idx, w, 4, "rank").recv[1]  # 2 rows
+    padded = reference.pad_recv(recv, 4)
+    assert padded.x.tolist() == recv.x.tolist() + [[0.0, 0.0]] * 2
+    assert padded.topk_idx.tolist() == recv.topk_idx.tolist() + [[-1, -1]] * 2
+    assert padded.topk_weights.tolist() == recv.topk_weights.tolist() + [[0.0, 0.0]] * 2
+    assert padded.src_rank.tolist() == recv.src_rank.tolist() + [-1, -1]
+    assert padded.src_token.tolist() == recv.src_token.tolist() + [-1, -1]
+    assert padded.num_recv_tokens_per_expert is recv.num_recv_tokens_per_expert
+    assert reference.pad_recv(recv, 2) is recv  # no more rows than received: unchanged

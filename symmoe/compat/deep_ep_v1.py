@@ -36,7 +36,7 @@ import torch.distributed as dist
 from .. import reference, validate
 from ..buffer import Buffer as SymmoeBuffer
 from ..config import Config as SymmoeConfig
-from ..errors import CapacityError, InputError
+from ..errors import InputError
 from ..handle import DispatchHandle
 from ._common import (EventHandle, EventOverlap, UnsupportedArgument, UnsupportedCall, Unavailable, align_up,
                       capture, check_int, check_not_fp8, describe, hidden_from_bytes, pad_rows, reject, resolve,
@@ -280,9 +280,10 @@ class Buffer:
                 raise InputError(f"{api}: a cached dispatch (handle=...) takes no topk_idx/topk_weights; it reuses "
                                  "the routing of the dispatch that made the handle")
             # symmoe's own cached dispatch: the same rows in the same order, no routing.
-            recv_x, _, _, _, _, event = self.symmoe.dispatch(x, handle=handle.symmoe)
             # As many rows as the handle's dispatch returned (DeepEP sizes by its recv_src_idx).
-            return pad_rows(recv_x, handle.num_worst_tokens, 0), None, None, None, None, EventOverlap(event)
+            recv_x, _, _, _, _, event = self.symmoe.dispatch(x, handle=handle.symmoe,
+                                                             num_worst_tokens=handle.num_worst_tokens)
+            return recv_x, None, None, None, None, EventOverlap(event)
         if topk_idx is None or topk_weights is None:
             missing = "topk_idx" if topk_idx is None else "topk_weights"
             raise UnsupportedArgument(api, missing, None,
@@ -295,12 +296,11 @@ class Buffer:
         self._check_layout(topk_idx, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert)
         # The handle keeps its own copy of the routing (DeepEP's does too), so the caller may
         # reuse its topk tensors before the backward pass runs.
+        # num_worst_tokens: worst-case-sized outputs straight from symmoe (no copy); every rank
+        # raises CapacityError when some rank receives more.
         recv_x, recv_idx, recv_w, per_expert, sh, event = self.symmoe.dispatch(
-            x, topk_idx.clone(), topk_weights.clone(), output_layout="rank", expert_alignment=1)
-        n = sh.num_recv_rows
-        if num_worst_tokens and n > num_worst_tokens:
-            raise CapacityError(f"{api}: num_worst_tokens={num_worst_tokens} but rank {self.rank} received {n} "
-                                f"tokens; num_worst_tokens must be at least the most any rank receives")
+            x, topk_idx.clone(), topk_weights.clone(), output_layout="rank", expert_alignment=1,
+            num_worst_tokens=num_worst_tokens)
         # DeepEP counts each local expert's tokens rounded up to expert_alignment (the rows
         # themselves are not padded: recv_x is rank-major); symmoe reports them unpadded.
         per_expert_list = [] if num_worst_tokens else [align_up(c, expert_alignment) for c in per_expert]
@@ -308,10 +308,8 @@ class Buffer:
         rank_prefix_matrix = counts[:, 1:1 + self.group_size].cumsum(0).to(torch.int32)
         recv_src_idx = sh.recv_src_token
         if num_worst_tokens:
-            # DeepEP's worst-case outputs: n real rows, then rows whose topk_idx is -1 (it
+            # DeepEP's worst-case outputs: the real rows, then rows whose topk_idx is -1 (it
             # leaves their x/weights uninitialised; here they are 0).
-            recv_x, recv_w = pad_rows(recv_x, num_worst_tokens, 0), pad_rows(recv_w, num_worst_tokens, 0)
-            recv_idx = pad_rows(recv_idx, num_worst_tokens, -1)
             recv_src_idx = pad_rows(recv_src_idx, num_worst_tokens, -1)
         new_handle = Handle((rank_prefix_matrix, _internal("channel_prefix_matrix"),
                              _internal("recv_channel_prefix_matrix"), recv_src_idx, sh.is_token_in_rank,

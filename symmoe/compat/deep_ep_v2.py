@@ -125,6 +125,12 @@ class EPHandle:
         return self._unit_weights
 
 
+def _worst_rows(do_expand: bool, W: int, nmax: int, K: int, L: int, alignment: int) -> int:
+    """DeepEP's worst-case output rows without CPU sync: every rank's every token, expanded
+    to its local experts (at most min(K, L) each) plus each group's padding."""
+    return align_up(W * nmax * min(K, L) + (alignment - 1) * L, alignment) if do_expand else W * nmax
+
+
 def _unsupported(name: str, why: str, static: bool = False) -> Any:
     return unsupported(_API, name, why, static)
 
@@ -290,31 +296,31 @@ class ElasticBuffer:
             topk_idx.shape, dtype=torch.float32, device=topk_idx.device)
         routing = topk_idx.clone() if (do_handle_copy and not cached) else topk_idx
         layout = "expert" if do_expand else "rank"
+        # Without CPU sync DeepEP returns worst-case-sized outputs; their tail rows are
+        # unspecified there (zeros, -1 expert ids and zero weights here, no copy: symmoe's
+        # num_worst_tokens).
+        worst = _worst_rows(do_expand, self.num_ranks, nmax, topk_idx.shape[1], num_experts // self.num_ranks,
+                            alignment) if padded else 0
         if cached and topk_weights is None:
             # symmoe's own cached dispatch (no routing); new weights need the full dispatch.
-            recv_x, recv_idx, recv_w, per_expert, sh, event = self.symmoe.dispatch(x, handle=handle.symmoe)
+            recv_x, recv_idx, recv_w, per_expert, sh, event = self.symmoe.dispatch(x, handle=handle.symmoe,
+                                                                                   num_worst_tokens=worst)
         else:
             recv_x, recv_idx, recv_w, per_expert, sh, event = self.symmoe.dispatch(
-                x, routing, weights, output_layout=layout, expert_alignment=alignment if do_expand else 1)
+                x, routing, weights, output_layout=layout, expert_alignment=alignment if do_expand else 1,
+                num_worst_tokens=worst)
         unaligned = torch.tensor(per_expert, dtype=torch.int64)
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats.add_(unaligned.to(cumulative_local_expert_recv_stats.device,
                                                                  cumulative_local_expert_recv_stats.dtype))
-        if cached:
-            allocated = handle.allocated_rows
-        else:
-            handle = self._make_handle(sh, routing, recv_idx, unaligned, do_expand, num_experts, alignment, nmax,
+        if not cached:  # the handle keeps the received rows' ids, not the worst-case tail
+            handle = self._make_handle(sh, routing, recv_idx[:sh.num_recv_rows], unaligned, do_expand, num_experts,
+                                       alignment, nmax,
                                        num_sms or self.get_theoretical_num_sms(num_experts, topk_idx.shape[1]),
                                        padded)
-            allocated = handle.allocated_rows
         if do_expand:
             recv_idx = None  # DeepEP's expanded layout carries the expert in the row's group
-        # Without CPU sync DeepEP returns worst-case-sized outputs; their tail rows are
-        # unspecified there (zeros, -1 expert ids and zero weights here).
-        recv_x = pad_rows(recv_x, allocated, 0)
-        recv_idx = pad_rows(recv_idx, allocated, -1) if recv_idx is not None else None
-        recv_w = pad_rows(recv_w, allocated, 0) if topk_weights is not None else None
-        return recv_x, recv_idx, recv_w, handle, EventOverlap(event)
+        return recv_x, recv_idx, recv_w if topk_weights is not None else None, handle, EventOverlap(event)
 
     def _make_handle(self, sh: DispatchHandle, routing: torch.Tensor, recv_idx: torch.Tensor,
                      unaligned: torch.Tensor, do_expand: bool, num_experts: int, alignment: int, nmax: int,
@@ -334,8 +340,8 @@ class ElasticBuffer:
         num_recv, num_expanded, per_expert_list = tokens, int(aligned.sum()), aligned.tolist()
         if padded:
             # DeepEP's worst-case sizes without CPU sync (and no per-expert list then).
-            num_recv = nmax * W
-            num_expanded = align_up(W * nmax * min(K, L) + (alignment - 1) * L, alignment)
+            num_recv, num_expanded = _worst_rows(False, W, nmax, K, L, alignment), _worst_rows(True, W, nmax, K, L,
+                                                                                             alignment)
             per_expert_list = []
             meta = pad_rows(meta, num_recv, -1)
         return EPHandle(

@@ -58,15 +58,17 @@ class Protocol(ABC):
 
     @abstractmethod
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
-                 output_layout: str, alignment: int) -> tuple[RecvResult, DispatchHandle]:
-        """Collective. Returns this rank's received rows (as ``symmoe.reference`` defines them)."""
+                 output_layout: str, alignment: int, worst: int = 0) -> tuple[RecvResult, DispatchHandle]:
+        """Collective. Returns this rank's received rows (as ``symmoe.reference`` defines them);
+        ``worst`` > 0: outputs of that many rows (``reference.pad_recv``), CapacityError on
+        every rank when some rank receives more."""
 
-    def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle) -> RecvResult:
+    def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle, worst: int = 0) -> RecvResult:
         """Collective: ``x`` along the routing of ``handle`` (every rank passes its handle of
         the same earlier dispatch); the rows land where that dispatch put them. This default
         runs the whole dispatch again from the handle's routing; the GPU protocols keep the
         routing's device state in ``handle.cache`` and skip the routing and the host wait."""
-        return self.dispatch(x, handle.topk_idx, handle.topk_weights, handle.output_layout, handle.alignment)[0]
+        return self.dispatch(x, handle.topk_idx, handle.topk_weights, handle.output_layout, handle.alignment, worst)[0]
 
     @abstractmethod
     def combine(self, y: torch.Tensor, handle: DispatchHandle,

@@ -12,10 +12,10 @@ import numpy as np
 import torch
 
 from .. import validate
-from ..errors import InputError
+from ..errors import CapacityError, InputError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
-from ..reference import RecvResult
+from ..reference import RecvResult, fill_tail
 
 
 def received_rows(lay: BufferLayout, counts: np.ndarray, rank: int, output_layout: str,
@@ -30,6 +30,17 @@ def received_rows(lay: BufferLayout, counts: np.ndarray, rank: int, output_layou
         totals = ((per_expert + alignment - 1) // alignment * alignment).sum(1)
     lay.check_capacity(totals.tolist(), output_layout)
     return totals, per_expert[rank].astype(np.int32)
+
+
+def check_worst_rows(totals: Sequence[int], worst: int) -> None:
+    """``num_worst_tokens=worst`` (0: exact outputs) against the rows each receiver gets
+    (``totals``, the same on every rank): every rank raises when any receiver has more."""
+    if not worst:
+        return
+    for r, n in enumerate(int(t) for t in totals):
+        if n > worst:
+            raise CapacityError(f"num_worst_tokens={worst} but rank {r} receives {n} rows: num_worst_tokens must be "
+                                "at least the most rows any rank receives")
 
 
 def bad_input_error(lay: BufferLayout, counts: np.ndarray, rank: int, info: "tuple[int, int, int, int]") -> InputError:
@@ -49,17 +60,19 @@ def bad_input_error(lay: BufferLayout, counts: np.ndarray, rank: int, info: "tup
 def dispatch_result(lay: BufferLayout, counts: np.ndarray, rank: int, output_layout: str, alignment: int,
                     bad_info: Callable[[], Sequence[int]], out: dict[str, torch.Tensor | None], topk_idx: torch.Tensor,
                     topk_weights: torch.Tensor, in_rank: torch.Tensor,
-                    buffer_id: int, cache: Any = None) -> tuple[RecvResult, DispatchHandle]:
+                    buffer_id: int, cache: Any = None, worst: int = 0) -> tuple[RecvResult, DispatchHandle]:
     """The end of a GPU dispatch, after its one host wait: the matrix read once, the errors
     every rank raises together, and views of this rank's ``rows`` rows of the worst-case
-    outputs ``out`` (x, idx, w, src_rank, src_token, src_slot, expert_offsets); ``cache``
-    goes into the handle for cached dispatch."""
+    outputs ``out`` (x, idx, w, src_rank, src_token, src_slot, expert_offsets), or of
+    ``worst`` rows (``num_worst_tokens``; ``out`` has that many); ``cache`` goes into the
+    handle for cached dispatch."""
     counts = counts.copy()  # the mapped memory changes with the next dispatch
     if (counts[:, 0] < 0).any():
         raise bad_input_error(lay, counts, rank, bad_info())
     totals, per_expert = received_rows(lay, counts, rank, output_layout, alignment)
+    check_worst_rows(totals, worst)
     rows = int(totals[rank])
-    recv = recv_views(out, rows, torch.from_numpy(per_expert))
+    recv = recv_views(out, rows, torch.from_numpy(per_expert), worst)
     handle = DispatchHandle(
         output_layout=output_layout, num_tokens=topk_idx.shape[0], topk_idx=topk_idx.long(),
         topk_weights=topk_weights, is_token_in_rank=in_rank, counts=torch.from_numpy(counts), num_recv_rows=rows,
@@ -68,18 +81,25 @@ def dispatch_result(lay: BufferLayout, counts: np.ndarray, rank: int, output_lay
     return recv, handle
 
 
-def recv_views(out: dict[str, torch.Tensor | None], rows: int, per_expert: torch.Tensor) -> RecvResult:
-    """The first ``rows`` rows of the data kernels' outputs; ``per_expert`` a host tensor
-    (reading it costs no sync)."""
-    return RecvResult(
-        x=out["x"][:rows], topk_idx=out["idx"][:rows], topk_weights=out["w"][:rows],
-        num_recv_tokens_per_expert=per_expert, src_rank=out["src_rank"][:rows],
-        src_token=out["src_token"][:rows], expert_offsets=out["expert_offsets"])
+def recv_views(out: dict[str, torch.Tensor | None], rows: int, per_expert: torch.Tensor, worst: int = 0) -> RecvResult:
+    """The first ``rows`` rows of the data kernels' outputs, or ``worst`` rows when that is
+    more (the rows past ``rows`` filled as ``reference.pad_recv`` defines, on the stream);
+    ``per_expert`` a host tensor (reading it costs no sync)."""
+    n = max(rows, worst)
+    recv = RecvResult(
+        x=out["x"][:n], topk_idx=out["idx"][:n], topk_weights=out["w"][:n],
+        num_recv_tokens_per_expert=per_expert, src_rank=out["src_rank"][:n],
+        src_token=out["src_token"][:n], expert_offsets=out["expert_offsets"])
+    if n > rows:
+        fill_tail(recv, rows)
+    return recv
 
 
-def cached_rows(lay: BufferLayout, handle: DispatchHandle, rank: int) -> tuple[int, torch.Tensor]:
+def cached_rows(lay: BufferLayout, handle: DispatchHandle, rank: int, worst: int = 0) -> tuple[int, torch.Tensor]:
     """(the most rows any rank received, num_recv_tokens_per_expert of ``rank``) in the
     dispatch that made ``handle``, from its counts: host arithmetic, as a cached dispatch
-    never waits for the device."""
+    never waits for the device. Raises on every rank when ``worst`` (num_worst_tokens) is
+    less than some rank's rows."""
     totals, per_expert = received_rows(lay, handle.counts.numpy(), rank, handle.output_layout, handle.alignment)
+    check_worst_rows(totals, worst)
     return int(totals.max()), torch.from_numpy(per_expert)

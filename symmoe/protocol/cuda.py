@@ -178,7 +178,7 @@ class _CudaProtocol(Protocol):
 
     # -- dispatch --------------------------------------------------------------------------
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
-                 output_layout: str, alignment: int) -> tuple[RecvResult, DispatchHandle]:
+                 output_layout: str, alignment: int, worst: int = 0) -> tuple[RecvResult, DispatchHandle]:
         self.check()
         lay, me = self.layout, self.rank
         W, T = lay.world_size, x.shape[0]
@@ -189,8 +189,8 @@ class _CudaProtocol(Protocol):
         topk_weights = topk_weights.float().contiguous()
         self._publish_x(x)
         # Allocate everything first: the launches below then follow each other closely.
-        cap = self._capacity(output_layout)
-        out = self._outputs(cap, output_layout, x.dtype)
+        cap = self._capacity(output_layout)  # what the kernels may write; `worst` rows are returned
+        out = self._outputs(max(cap, worst), output_layout, x.dtype)
         # The output row of each (token, slot) this rank keeps: combine reduces those rows in
         # place (written by the data kernels; entries of other ranks' slots are never read).
         selfmap = torch.empty(max(1, T * lay.combine_slots), dtype=torch.int32, device=self.device)
@@ -216,7 +216,8 @@ class _CudaProtocol(Protocol):
         self.check()
         return dispatch_result(lay, self._counts_np, me, output_layout, alignment,
                                lambda: tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0])), out, topk_idx,
-                               topk_weights, in_rank, self.buffer_id, cache=_RoutingState(routing, counts_dev, selfmap))
+                               topk_weights, in_rank, self.buffer_id, cache=_RoutingState(routing, counts_dev, selfmap),
+                               worst=worst)
 
     def _publish_x(self, x: torch.Tensor) -> None:
         """pull with peers: x into the input region, where they read it (own rows are read
@@ -244,7 +245,7 @@ class _CudaProtocol(Protocol):
         n = pos - start + 4 * T * (self.world_size + self.layout.topk)
         return (n + 15) // 16 * 16
 
-    def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle) -> RecvResult:
+    def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle, worst: int = 0) -> RecvResult:
         """The routing of ``handle`` put back (its published ids, weights and positions, and
         its counts matrix: another dispatch may have overwritten them) and the barrier in one
         kernel, then the data kernels into outputs of exactly the handle's rows. No routing,
@@ -253,9 +254,10 @@ class _CudaProtocol(Protocol):
         lay = self.layout
         self._check_aligned("x", x)
         routing, counts_dev = handle.cache.routing, handle.cache.counts
+        per_expert = cached_rows(lay, handle, self.rank, worst)[1]  # raises before any launch
         self._publish_x(x)
         rows = handle.num_recv_rows
-        out = self._outputs(max(rows, 1), handle.output_layout, x.dtype)
+        out = self._outputs(max(rows, 1, worst), handle.output_layout, x.dtype)
         args = _kernel_outputs(out, max(rows, 1), None)  # same routing: the handle's selfmap holds
         # Then the counts barrier: peers read what was just republished (pull) and may refill
         # pools this rank still unpacks from an earlier dispatch (push). Alone, with this
@@ -265,7 +267,7 @@ class _CudaProtocol(Protocol):
                                self._stream().cuda_stream)
             self._published = routing
         self._move(x, args, handle.output_layout == "expert", handle.alignment, counts_dev)
-        return recv_views(out, rows, cached_rows(lay, handle, self.rank)[1])
+        return recv_views(out, rows, per_expert, worst)
 
     # -- combine ---------------------------------------------------------------------------
     def combine(self, y: torch.Tensor, handle: DispatchHandle,

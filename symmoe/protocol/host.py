@@ -25,8 +25,9 @@ import torch
 
 from .. import reference
 from ..handle import DispatchHandle
-from ..reference import DispatchLayout, RecvResult
+from ..reference import DispatchLayout, RecvResult, pad_recv
 from .base import Protocol
+from .counts import check_worst_rows
 
 
 class _HostProtocol(Protocol):
@@ -54,8 +55,9 @@ class _HostProtocol(Protocol):
         lay = self.layout
         return self._region("counts", torch.int32, (lay.world_size, 1 + lay.world_size + lay.num_experts)).clone()
 
-    def _plan(self, counts: torch.Tensor, output_layout: str, alignment: int) -> dict:
-        """Row offsets every rank derives identically from the counts matrix."""
+    def _plan(self, counts: torch.Tensor, output_layout: str, alignment: int, worst: int = 0) -> dict:
+        """Row offsets every rank derives identically from the counts matrix; raises on every
+        rank when a receiver is over capacity or over ``worst`` (num_worst_tokens) rows."""
         lay = self.layout
         W, L = lay.world_size, lay.local_experts
         per_rank = counts[:, 1:1 + W].long()  # [src, dst]
@@ -71,6 +73,7 @@ class _HostProtocol(Protocol):
             start = group_start.unsqueeze(0) + (per_expert.cumsum(0) - per_expert)  # [src, dst, L]
             plan.update(totals=padded.sum(1), start=start, group=group, group_start=group_start)
         lay.check_capacity(plan["totals"].tolist(), output_layout)
+        check_worst_rows(plan["totals"].tolist(), worst)
         return plan
 
     def _slot_rows(self, local: torch.Tensor, mine: torch.Tensor, start: torch.Tensor, dst: int) -> torch.Tensor:
@@ -88,7 +91,7 @@ class _HostProtocol(Protocol):
         return rows
 
     # -- dispatch --------------------------------------------------------------------------
-    def dispatch(self, x, topk_idx, topk_weights, output_layout, alignment):
+    def dispatch(self, x, topk_idx, topk_weights, output_layout, alignment, worst=0):
         lay, me = self.layout, self.mem.rank
         routing = self.get_dispatch_layout(topk_idx)
         self._exchange_counts(topk_idx, routing)
@@ -96,7 +99,7 @@ class _HostProtocol(Protocol):
             self._publish(x, topk_idx, topk_weights)
         self._barrier("dispatch.counts")
         counts = self._read_counts()
-        plan = self._plan(counts, output_layout, alignment)
+        plan = self._plan(counts, output_layout, alignment, worst)
         if self.name == "push":
             for dst in range(lay.world_size):
                 self._move(x, topk_idx, topk_weights, src=me, dst=dst, plan=plan, output_layout=output_layout,
@@ -112,7 +115,8 @@ class _HostProtocol(Protocol):
                 sw = self._region("in_w", torch.float32, (T, K), rank=src)
                 self._move(sx, si, sw, src=src, dst=me, plan=plan, output_layout=output_layout, target=me)
             self._barrier("dispatch.done")
-        return self._collect(x.dtype, routing, counts, plan, topk_idx, topk_weights, output_layout, alignment)
+        recv, handle = self._collect(x.dtype, routing, counts, plan, topk_idx, topk_weights, output_layout, alignment)
+        return pad_recv(recv, worst), handle
 
     def _publish(self, x, topk_idx, topk_weights) -> None:
         T, K = topk_idx.shape

@@ -193,7 +193,7 @@ class NvshmemPush(Protocol):
         return DispatchLayout(per_rank, per_expert, in_rank)
 
     # -- dispatch --------------------------------------------------------------------------
-    def dispatch(self, x, topk_idx, topk_weights, output_layout, alignment):
+    def dispatch(self, x, topk_idx, topk_weights, output_layout, alignment, worst=0):
         raise_if_failed(self.mem, "dispatch")  # a wait of an earlier call expired
         lay, me, W = self.layout, self.me, self.W
         K = lay.topk
@@ -205,8 +205,8 @@ class NvshmemPush(Protocol):
         topk_weights = topk_weights.float().contiguous()
         # Outputs sized for the worst case, allocated before the launches so they follow each
         # other closely; the host's wait for the counts overlaps the data kernel.
-        cap = self._capacity(output_layout)
-        out = self._outputs(cap, output_layout, x.dtype)
+        cap = self._capacity(output_layout)  # what the kernel may write; `worst` rows are returned
+        out = self._outputs(max(cap, worst), output_layout, x.dtype)
         in_rank = torch.empty((T, W), dtype=torch.bool, device=dev)
         # The routing's outputs, which only this rank reads: plain device memory of this
         # dispatch (the handle keeps them for a cached dispatch).
@@ -235,7 +235,7 @@ class NvshmemPush(Protocol):
         self._wait_counts(self._counts_event, lambda max_s: self.ext.wait_mapped(ready, epoch, err, max_s))
         raise_if_failed(self.mem, "dispatch.counts")
         return dispatch_result(lay, self._counts_host.numpy(), me, output_layout, alignment, self._bad_info.tolist,
-                               out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=plan)
+                               out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=plan, worst=worst)
 
     def _source(self, x: torch.Tensor) -> torch.Tensor:
         """Where the puts read x: the input region when some peer is reached by puts."""
@@ -257,16 +257,16 @@ class NvshmemPush(Protocol):
                            selfmap.data_ptr() if selfmap is not None else 0],
                           torch.cuda.current_stream(self.device).cuda_stream)
 
-    def dispatch_cached(self, x, handle):
+    def dispatch_cached(self, x, handle, worst=0):
         """The handle's routing tables (send list, positions, counts: this rank's device
         memory, nothing to republish), one barrier (receivers may still be reading their
         pools from an earlier dispatch), then the dispatch kernel; this rank's rows are
         returned. No routing, no host wait."""
         raise_if_failed(self.mem, "dispatch")
         # The kernel's capacity must be the same on every rank (each checks every receiver).
-        most, per_expert = cached_rows(self.layout, handle, self.me)
+        most, per_expert = cached_rows(self.layout, handle, self.me, worst)
         cap = max(most, 1)
-        out = self._outputs(cap, handle.output_layout, x.dtype)
+        out = self._outputs(max(cap, worst), handle.output_layout, x.dtype)
         src = self._source(x)
         if self.W > 1:
             self.mem.barrier_on_stream("dispatch.counts")
@@ -274,7 +274,7 @@ class NvshmemPush(Protocol):
         self._last_op = "dispatch"
         self._send(src, handle.cache, out, cap, handle.output_layout == "expert", handle.alignment,
                    self._dispatches, None)
-        return recv_views(out, handle.num_recv_rows, per_expert)
+        return recv_views(out, handle.num_recv_rows, per_expert, worst)
 
     def check(self, synchronize: bool = False) -> None:
         """Raise StallError if a device wait of an earlier call expired."""

@@ -108,6 +108,13 @@ def test_dispatch_combine_bitwise(dtype):
     assert n > 0
 
 
+def test_num_worst_tokens_outputs():
+    """num_worst_tokens=N: the reference's rows, then x 0, ids -1, weights 0 up to N rows."""
+    _nccl()
+    from symmoe.testing import CHECK_ROUTINGS, check_num_worst_tokens
+    assert check_num_worst_tokens(0, 1, _small_config(), seed=2468, device="cuda") == len(CHECK_ROUTINGS) * 2
+
+
 def test_cached_dispatch_bitwise():
     """dispatch(x, handle=...) after other dispatches: the reference's rows for the new x."""
     _nccl()

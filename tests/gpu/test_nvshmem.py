@@ -14,7 +14,7 @@ import torch
 
 from symmoe.config import Config
 from symmoe.launch import mps_share, spawn
-from symmoe.testing import CHECK_ROUTINGS, check_cached_dispatch, check_dispatch_combine
+from symmoe.testing import CHECK_ROUTINGS, check_cached_dispatch, check_dispatch_combine, check_num_worst_tokens
 
 pytestmark = pytest.mark.gpu
 
@@ -92,6 +92,17 @@ def test_cached_dispatch_moves_new_rows_along_the_handles_routing(world_size):
     env = _env(world_size, SYMMOE_NVSHMEM_STAGE="1") if world_size == 2 else _env(world_size)
     got = spawn(check_cached_dispatch, world_size, args=(_config(), 5000 + world_size, CHECK_ROUTINGS,
                                                          ("rank", "expert"), "cuda"), env=env, timeout_s=180.0)
+    assert got == [CASES] * world_size
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_num_worst_tokens_returns_the_worst_case_outputs_without_a_copy(world_size):
+    """num_worst_tokens=N: N rows, the reference's first, then x 0, ids -1, weights 0 (cached
+    dispatch too); fewer than some rank receives raises CapacityError on every rank."""
+    _usable()
+    got = spawn(check_num_worst_tokens, world_size, args=(_config(), 6000 + world_size, CHECK_ROUTINGS,
+                                                          ("rank", "expert"), "cuda"), env=_env(world_size),
+                timeout_s=180.0)
     assert got == [CASES] * world_size
 
 

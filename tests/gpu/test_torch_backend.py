@@ -11,7 +11,7 @@ import torch
 
 from symmoe.config import Config, from_dict
 from symmoe.launch import spawn
-from symmoe.testing import CHECK_ROUTINGS, check_cached_dispatch, check_dispatch_combine
+from symmoe.testing import CHECK_ROUTINGS, check_cached_dispatch, check_dispatch_combine, check_num_worst_tokens
 
 pytestmark = pytest.mark.gpu
 
@@ -28,13 +28,19 @@ def gpu_config(**over) -> dict:
     return Config().replace(**base).to_dict()
 
 
-def _run(world_size: int, cfg: dict, seed: int, routings=CHECK_ROUTINGS, layouts=("rank", "expert"), repeats=1,
-         combines=1, x_in_buffer=False):
-    args = (cfg, seed, routings, layouts, "cuda", repeats, combines, x_in_buffer)
+def _on_ranks(check, world_size: int, args: tuple) -> list:
+    """``check(rank, world_size, *args)`` (a symmoe.testing check) in this process alone, or
+    in world_size processes sharing the GPU."""
     if world_size == 1:
         os.environ.update(ENV)
-        return [check_dispatch_combine(0, 1, *args)]
-    return spawn(check_dispatch_combine, world_size, args=args, env=ENV, timeout_s=300.0)
+        return [check(0, 1, *args)]
+    return spawn(check, world_size, args=args, env=ENV, timeout_s=300.0)
+
+
+def _run(world_size: int, cfg: dict, seed: int, routings=CHECK_ROUTINGS, layouts=("rank", "expert"), repeats=1,
+         combines=1, x_in_buffer=False):
+    return _on_ranks(check_dispatch_combine, world_size,
+                     (cfg, seed, routings, layouts, "cuda", repeats, combines, x_in_buffer))
 
 
 @pytest.mark.parametrize("protocol", ["pull", "push"])
@@ -79,14 +85,17 @@ def test_x_built_in_the_input_view_is_dispatched_where_it_lies(protocol):
 def test_cached_dispatch_moves_new_rows_along_the_handles_routing(world_size, protocol):
     """dispatch(x, handle=...) after other dispatches overwrote the routing it published: the
     reference's rows for the new x, the same handle back, and a combine on it still exact."""
-    cfg = gpu_config(protocol=protocol)
-    args = (cfg, 97 + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda", world_size == 2)
-    if world_size == 1:
-        os.environ.update(ENV)
-        got = [check_cached_dispatch(0, 1, *args)]
-    else:
-        got = spawn(check_cached_dispatch, world_size, args=args, env=ENV, timeout_s=300.0)
-    assert got == [len(CHECK_ROUTINGS) * 2] * world_size
+    args = (gpu_config(protocol=protocol), 97 + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda", world_size == 2)
+    assert _on_ranks(check_cached_dispatch, world_size, args) == [len(CHECK_ROUTINGS) * 2] * world_size
+
+
+@pytest.mark.parametrize("protocol", ["pull", "push"])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_num_worst_tokens_returns_the_worst_case_outputs_without_a_copy(world_size, protocol):
+    """num_worst_tokens=N: N rows, the reference's first, then x 0, ids -1, weights 0; a cached
+    dispatch too; N below the most rows any rank receives raises CapacityError on every rank."""
+    args = (gpu_config(protocol=protocol), 131 + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda")
+    assert _on_ranks(check_num_worst_tokens, world_size, args) == [len(CHECK_ROUTINGS) * 2] * world_size
 
 
 @pytest.mark.parametrize("protocol", ["pull", "push"])
