@@ -115,3 +115,33 @@ def test_dispatch_result_raises_for_bad_ids_and_over_capacity_on_every_rank():
         with pytest.raises(CapacityError, match="recv_capacity"):
             dispatch_result(lay, counts, r, "rank", 4, lambda: (0, 0, 0, 0), out, inputs[r].topk_idx,
                             inputs[r].topk_weights, torch.ones((inputs[r].x.shape[0], 2), dtype=torch.bool), 0)
+
+
+@pytest.mark.parametrize("layout", ["rank", "expert"])
+def test_dispatch_result_with_num_worst_tokens_views_that_many_rows_and_keeps_the_handle_exact(layout):
+    """num_worst_tokens=N on a GPU dispatch: N rows of the worst-case outputs, the kernels' rows
+    first and the rest filled (x 0, ids -1, weights 0, sources -1); the handle still holds the
+    received rows only; fewer than some rank receives raises on every rank."""
+    lay, inputs, counts = _case(2, CHECK_ROUTINGS[0], seed=9)
+    ref = reference.dispatch([i.x for i in inputs], [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
+                             lay.num_experts, layout, 4)
+    out = _worst_case_outputs(lay, layout)
+    kernel_rows = {k: v.clone() for k, v in out.items() if v is not None}
+    mine, in_rank = inputs[1], torch.ones((inputs[1].x.shape[0], 2), dtype=torch.bool)
+    rows, most = ref.recv[1].x.shape[0], max(r.x.shape[0] for r in ref.recv)
+    worst = most + 2
+    assert worst <= out["x"].shape[0]
+    recv, handle = dispatch_result(lay, counts, 1, layout, 4, lambda: pytest.fail("read only for bad ids"), out,
+                                   mine.topk_idx, mine.topk_weights, in_rank, buffer_id=1, worst=worst)
+    assert recv.x.shape[0] == recv.topk_idx.shape[0] == recv.src_rank.shape[0] == worst
+    assert recv.x.data_ptr() == out["x"].data_ptr()  # a view, no copy
+    assert torch.equal(recv.x[:rows], kernel_rows["x"][:rows]) and torch.equal(recv.src_token[:rows], kernel_rows["src_token"][:rows])
+    assert bool((recv.x[rows:] == 0).all()) and bool((recv.topk_idx[rows:] == -1).all())
+    assert bool((recv.topk_weights[rows:] == 0).all()) and bool((recv.src_rank[rows:] == -1).all())
+    assert handle.num_recv_rows == rows
+    assert handle.recv_src_rank.shape[0] == handle.recv_src_token.shape[0] == handle.recv_src_slot.shape[0] == rows
+    for r in range(2):
+        with pytest.raises(CapacityError, match="num_worst_tokens"):
+            dispatch_result(lay, counts, r, layout, 4, lambda: (0, 0, 0, 0), _worst_case_outputs(lay, layout),
+                            inputs[r].topk_idx, inputs[r].topk_weights,
+                            torch.ones((inputs[r].x.shape[0], 2), dtype=torch.bool), 1, worst=most - 1)
