@@ -146,14 +146,18 @@ class BufferLayout:
         offs = self.offsets()
         return [int(getattr(self, f)) for f in self.KERNEL_FIELDS] + [offs[k] for k in self.KERNEL_OFFSETS]
 
-    def check_capacity(self, totals: Sequence[int], output_layout: str) -> None:
+    def check_capacity(self, totals: Sequence[int], output_layout: str, worst: int = 0) -> None:
         """Raise CapacityError if a receiver's rows (``totals[r]``, from the exchanged counts
-        matrix, so every rank raises together) exceed the receive pool."""
+        matrix, so every rank raises together) exceed the receive pool, or the outputs of
+        ``worst`` rows the call asked for (num_worst_tokens; 0: exact outputs)."""
         for r, n in enumerate(int(t) for t in totals):
             if n > self.recv_rows:
                 raise CapacityError(
                     f"rank {r} would receive {n} rows ({output_layout}-major) but the receive pool holds "
                     f"{self.recv_rows}: raise buffer.recv_capacity (0 = worst case)")
+            if worst and n > worst:
+                raise CapacityError(f"num_worst_tokens={worst} but rank {r} receives {n} rows: num_worst_tokens must "
+                                    "be at least the most rows any rank receives")
 
     def describe(self) -> list[tuple[str, int, int]]:
         """(region, offset, bytes) rows for ``symmoe size``."""

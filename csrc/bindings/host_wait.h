@@ -19,7 +19,7 @@ namespace symmoe {
 inline bool wait_mapped(uintptr_t word, int64_t value, uintptr_t err_host, double max_s) {
   pybind11::gil_scoped_release nogil;
   int64_t* w = reinterpret_cast<int64_t*>(word);
-  int64_t* stage = reinterpret_cast<int64_t*>(err_host);  // ErrorWord::stage
+  int64_t* stage = err_host ? &reinterpret_cast<ErrorWord*>(err_host)->stage : nullptr;
   const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(max_s);
   for (uint32_t i = 0;; ++i) {
     // Acquire: the matrix the kernel wrote before the word is read after it.

@@ -340,8 +340,8 @@ class ElasticBuffer:
         num_recv, num_expanded, per_expert_list = tokens, int(aligned.sum()), aligned.tolist()
         if padded:
             # DeepEP's worst-case sizes without CPU sync (and no per-expert list then).
-            num_recv, num_expanded = _worst_rows(False, W, nmax, K, L, alignment), _worst_rows(True, W, nmax, K, L,
-                                                                                             alignment)
+            num_recv = _worst_rows(False, W, nmax, K, L, alignment)
+            num_expanded = _worst_rows(True, W, nmax, K, L, alignment)
             per_expert_list = []
             meta = pad_rows(meta, num_recv, -1)
         return EPHandle(

@@ -12,35 +12,25 @@ import numpy as np
 import torch
 
 from .. import validate
-from ..errors import CapacityError, InputError
+from ..errors import InputError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..reference import RecvResult, fill_tail
 
 
 def received_rows(lay: BufferLayout, counts: np.ndarray, rank: int, output_layout: str,
-                  alignment: int) -> tuple[np.ndarray, np.ndarray]:
+                  alignment: int, worst: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(rows each receiver gets, unpadded rows per local expert of ``rank``). Raises
-    CapacityError on every rank when any receiver is over capacity."""
+    CapacityError on every rank when any receiver is over capacity, or over ``worst`` rows
+    (num_worst_tokens; 0: exact outputs)."""
     W, L = lay.world_size, lay.local_experts
     per_expert = counts[:, 1 + W:].astype(np.int64).reshape(W, W, L).sum(0)  # [dst, L]
     if output_layout == "rank":
         totals = counts[:, 1:1 + W].astype(np.int64).sum(0)
     else:
         totals = ((per_expert + alignment - 1) // alignment * alignment).sum(1)
-    lay.check_capacity(totals.tolist(), output_layout)
+    lay.check_capacity(totals.tolist(), output_layout, worst)
     return totals, per_expert[rank].astype(np.int32)
-
-
-def check_worst_rows(totals: Sequence[int], worst: int) -> None:
-    """``num_worst_tokens=worst`` (0: exact outputs) against the rows each receiver gets
-    (``totals``, the same on every rank): every rank raises when any receiver has more."""
-    if not worst:
-        return
-    for r, n in enumerate(int(t) for t in totals):
-        if n > worst:
-            raise CapacityError(f"num_worst_tokens={worst} but rank {r} receives {n} rows: num_worst_tokens must be "
-                                "at least the most rows any rank receives")
 
 
 def bad_input_error(lay: BufferLayout, counts: np.ndarray, rank: int, info: "tuple[int, int, int, int]") -> InputError:
@@ -69,8 +59,7 @@ def dispatch_result(lay: BufferLayout, counts: np.ndarray, rank: int, output_lay
     counts = counts.copy()  # the mapped memory changes with the next dispatch
     if (counts[:, 0] < 0).any():
         raise bad_input_error(lay, counts, rank, bad_info())
-    totals, per_expert = received_rows(lay, counts, rank, output_layout, alignment)
-    check_worst_rows(totals, worst)
+    totals, per_expert = received_rows(lay, counts, rank, output_layout, alignment, worst)
     rows = int(totals[rank])
     recv = recv_views(out, rows, torch.from_numpy(per_expert), worst)
     handle = DispatchHandle(
@@ -100,6 +89,6 @@ def cached_rows(lay: BufferLayout, handle: DispatchHandle, rank: int, worst: int
     dispatch that made ``handle``, from its counts: host arithmetic, as a cached dispatch
     never waits for the device. Raises on every rank when ``worst`` (num_worst_tokens) is
     less than some rank's rows."""
-    totals, per_expert = received_rows(lay, handle.counts.numpy(), rank, handle.output_layout, handle.alignment)
-    check_worst_rows(totals, worst)
+    totals, per_expert = received_rows(lay, handle.counts.numpy(), rank, handle.output_layout, handle.alignment,
+                                       worst)
     return int(totals.max()), torch.from_numpy(per_expert)

@@ -27,7 +27,6 @@ from .. import reference
 from ..handle import DispatchHandle
 from ..reference import DispatchLayout, RecvResult, pad_recv
 from .base import Protocol
-from .counts import check_worst_rows
 
 
 class _HostProtocol(Protocol):
@@ -72,8 +71,7 @@ class _HostProtocol(Protocol):
             group_start = padded.cumsum(1) - padded  # [dst, L]
             start = group_start.unsqueeze(0) + (per_expert.cumsum(0) - per_expert)  # [src, dst, L]
             plan.update(totals=padded.sum(1), start=start, group=group, group_start=group_start)
-        lay.check_capacity(plan["totals"].tolist(), output_layout)
-        check_worst_rows(plan["totals"].tolist(), worst)
+        lay.check_capacity(plan["totals"].tolist(), output_layout, worst)
         return plan
 
     def _slot_rows(self, local: torch.Tensor, mine: torch.Tensor, start: torch.Tensor, dst: int) -> torch.Tensor:
