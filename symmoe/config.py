@@ -47,6 +47,7 @@ class KernelConfig:
     num_channels: int = 8
     timeout_s: float = 30.0
     copy_bytes: int = 0  # bulk-copy piece (multiple of 128); 0 = whole rows up to 16 KB, 3584 B expert-major
+    copy_depth: int = 2  # bulk-copy slots per warp (torch/nccl): depth - 1 loads in flight
 
 
 @dataclass(frozen=True)
@@ -131,6 +132,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "kernel.num_channels": (1, MAX_CHANNELS),
     "kernel.timeout_s": (1e-3, 86400),
     "kernel.copy_bytes": (0, 65536),
+    "kernel.copy_depth": (2, 16),
     "host.poll_interval_us": (0, 1_000_000),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {

@@ -74,6 +74,7 @@ struct Ctx {
     grid = std::max(1, std::min(num_sms, sms));
     move.plan_bytes = 0;
     move.warps = 8;
+    move.depth = 2;
     set_copy_bytes(0);
     set_max_smem();
   }
@@ -86,6 +87,12 @@ struct Ctx {
     move.slot_bytes = piece_bytes(max_piece ? max_piece : kMaxSlotBytes);
     move_fan = move;
     move_fan.slot_bytes = piece_bytes(max_piece ? max_piece : kFanSlotBytes);
+  }
+  // Slots per warp of the data kernels' mover: depth - 1 loads in flight per warp.
+  void set_copy_depth(int depth) {
+    if (depth < 2 || depth > kMaxDepth)
+      throw std::invalid_argument("copy_depth must be 2.." + std::to_string(kMaxDepth));
+    move.depth = move_fan.depth = depth;
   }
   uint32_t piece_bytes(int64_t cap) const {
     const int64_t rb = L.row_bytes();
@@ -132,7 +139,7 @@ struct Ctx {
   MoveCfg move_cfg(int64_t plan, bool expert_major = false) const {
     MoveCfg m = expert_major ? move_fan : move;
     m.plan_bytes = (plan + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
-    const int64_t per = WarpMoverSmem::per_warp_bytes(m.slot_bytes);
+    const int64_t per = WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth);
     const int64_t fit = (max_smem - m.plan_bytes) / per;
     if (fit < 1)
       throw std::invalid_argument("shared memory: plan tables of " + std::to_string(plan) +
@@ -141,7 +148,7 @@ struct Ctx {
     return m;
   }
   size_t smem_of(const MoveCfg& m) const {
-    return size_t(m.plan_bytes + int64_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes));
+    return size_t(m.plan_bytes + int64_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth));
   }
 
   Sync sync(int64_t epoch, int which) const { return Sync{rank, epoch, timeout_ns, err, err_host, done + which}; }
@@ -327,6 +334,7 @@ void bind_context(py::module_& m, Init init) {
       .def_readonly("max_smem", &C::max_smem)
       .def("layout_scratch_bytes", &C::layout_scratch_bytes)
       .def("set_copy_bytes", &C::set_copy_bytes, py::arg("max_piece"))
+      .def("set_copy_depth", &C::set_copy_depth, py::arg("depth"))
       .def("set_input_check", &C::set_input_check, py::arg("flag"), py::arg("info"))
       .def("set_routing_outputs", &C::set_routing_outputs, py::arg("host"), py::arg("snap"), py::arg("copy"),
            py::arg("ready"))

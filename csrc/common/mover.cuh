@@ -1,6 +1,7 @@
 // A warp moves row pieces with bulk copies: load a piece global->shared (completing on an
-// mbarrier), then store it shared->global to up to kMaxDst destinations. Two shared slots per
-// warp: the load of item n is in flight while item n-1 is being stored.
+// mbarrier), then store it shared->global to up to kMaxDst destinations. `depth` shared slots
+// per warp (2..kMaxDepth): the loads of the depth - 1 newest items are in flight while the
+// oldest is being stored. Depth 2 is the original mover (item n loads while n - 1 stores).
 //
 // Usage (all lanes of the warp, uniformly):
 //   uint8_t** d = mv.next_dsts(); lanes write d[0..n); __syncwarp(); mv.push(src, n, bytes);
@@ -20,11 +21,13 @@
 namespace symmoe {
 
 constexpr int kMaxDst = 32;  // topk <= 32 (config) bounds the destinations of one row
+constexpr int kMaxDepth = 16;  // slots per warp (phase bits of one uint32)
 constexpr uint32_t kSlotAlign = 128;
 
 struct WarpMoverSmem {
-  static __host__ __device__ uint32_t per_warp_bytes(uint32_t slot_bytes) {
-    const uint32_t n = 2 * slot_bytes + 2 * 8 + 2 * kMaxDst * 8 + 2 * 8;
+  // Per slot: the piece, its mbarrier, its destinations, its (ndst, bytes).
+  static __host__ __device__ uint32_t per_warp_bytes(uint32_t slot_bytes, int depth = 2) {
+    const uint32_t n = uint32_t(depth) * (slot_bytes + 8 + kMaxDst * 8 + 8);
     return (n + kSlotAlign - 1) / kSlotAlign * kSlotAlign;  // next warp's slots stay aligned
   }
 };
@@ -53,32 +56,34 @@ static __device__ __noinline__ bool mbar_wait_bounded(uint64_t* bar, uint32_t pa
 }
 
 struct WarpMover {
-  uint8_t* slots;     // [2][slot_bytes]
+  uint8_t* slots;     // [depth][slot_bytes]
   uint32_t slot_bytes;
-  uint64_t* bar;      // [2]
-  uint8_t** dsts;     // [2][kMaxDst]
-  uint32_t* meta;     // [2][2]: ndst, bytes
+  uint64_t* bar;      // [depth]
+  uint8_t** dsts;     // [depth][kMaxDst]
+  uint32_t* meta;     // [depth][2]: ndst, bytes
   uint32_t phase;     // parity bit per slot
-  int cur;
-  bool pending;
+  int depth;
+  int cur;            // slot of the next item
+  int oldest;         // slot of the oldest item loaded and not yet stored
+  int inflight;       // items loaded and not yet stored
   bool failed;        // a load timed out: issue nothing more (uniform across the warp)
   MoverWatch watch;
 
-  // `base`: this warp's shared area, per_warp_bytes(slot_bytes) long, kSlotAlign aligned.
-  __device__ void init(uint8_t* base, uint32_t slot_bytes, MoverWatch w = MoverWatch{0, nullptr, nullptr, 0}) {
+  // `base`: this warp's shared area, per_warp_bytes(slot_bytes, depth) long, kSlotAlign aligned.
+  __device__ void init(uint8_t* base, uint32_t slot_bytes, int depth = 2,
+                       MoverWatch w = MoverWatch{0, nullptr, nullptr, 0}) {
     watch = w;
     failed = false;
+    this->depth = depth;
     slots = base;
     this->slot_bytes = slot_bytes;
-    bar = reinterpret_cast<uint64_t*>(base + 2 * slot_bytes);
-    dsts = reinterpret_cast<uint8_t**>(base + 2 * slot_bytes + 16);
-    meta = reinterpret_cast<uint32_t*>(base + 2 * slot_bytes + 16 + 2 * kMaxDst * 8);
+    bar = reinterpret_cast<uint64_t*>(base + int64_t(depth) * slot_bytes);
+    dsts = reinterpret_cast<uint8_t**>(bar + depth);
+    meta = reinterpret_cast<uint32_t*>(dsts + int64_t(depth) * kMaxDst);
     phase = 0;
-    cur = 0;
-    pending = false;
+    cur = oldest = inflight = 0;
     if ((threadIdx.x & 31) == 0) {
-      mbar_init(&bar[0], 1);
-      mbar_init(&bar[1], 1);
+      for (int s = 0; s < depth; ++s) mbar_init(&bar[s], 1);
       mbar_init_fence();
     }
     __syncwarp();
@@ -86,7 +91,9 @@ struct WarpMover {
 
   __device__ __forceinline__ uint8_t** next_dsts() const { return dsts + cur * kMaxDst; }
 
-  __device__ __forceinline__ void drain(int s) {
+  // The oldest item: wait for its load, store it to its destinations (one bulk group).
+  __device__ __forceinline__ void drain() {
+    const int s = oldest;
     int ok = 1;
     if ((threadIdx.x & 31) == 0) {
       const uint32_t par = (phase >> s) & 1u;
@@ -94,35 +101,36 @@ struct WarpMover {
       if (ok) {
         const uint32_t n = meta[2 * s], bytes = meta[2 * s + 1];
         uint8_t** d = dsts + s * kMaxDst;
-        for (uint32_t i = 0; i < n; ++i) bulk_store(d[i], slots + s * slot_bytes, bytes);
+        for (uint32_t i = 0; i < n; ++i) bulk_store(d[i], slots + int64_t(s) * slot_bytes, bytes);
         bulk_commit();
       }
     }
     if (!__shfl_sync(0xffffffffu, ok, 0)) failed = true;
     phase ^= 1u << s;
+    oldest = oldest + 1 == depth ? 0 : oldest + 1;
+    --inflight;
   }
 
   // src: global address of the piece; n destinations already in next_dsts(); bytes % 16 == 0.
   __device__ void push(const void* src, int n, uint32_t bytes) {
     if (failed) return;  // a load never landed: this slot may still be written, leave it
     if ((threadIdx.x & 31) == 0) {
-      // The slot's previous stores (two items back, the latest committed group) must have
+      // The slot's previous stores (depth items back, the latest committed group) must have
       // read it before the new load lands.
       bulk_wait_read_all();
       meta[2 * cur] = uint32_t(n);
       meta[2 * cur + 1] = bytes;
       mbar_arrive_expect_tx(&bar[cur], bytes);
-      bulk_load(slots + cur * slot_bytes, src, bytes, &bar[cur]);
+      bulk_load(slots + int64_t(cur) * slot_bytes, src, bytes, &bar[cur]);
     }
-    if (pending) drain(cur ^ 1);
-    pending = true;
-    cur ^= 1;
+    cur = cur + 1 == depth ? 0 : cur + 1;
+    if (++inflight == depth) drain();  // the ring is full: store the oldest
     __syncwarp();
   }
 
   __device__ void flush() {
-    if (pending && !failed) drain(cur ^ 1);
-    pending = false;
+    while (inflight > 0 && !failed) drain();
+    inflight = 0;
     if ((threadIdx.x & 31) == 0) {
       bulk_wait_all();
       fence_proxy_async_global();  // order the async-proxy writes before generic fences/flags

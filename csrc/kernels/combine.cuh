@@ -37,8 +37,8 @@ __global__ void __launch_bounds__(1024) combine_send_kernel(Transport tp, Layout
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
   WarpMover mv;
-  mv.init(smem_raw + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes,
-          MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
+  mv.init(smem_raw + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
+          mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
   if (!dead) {
     // Warp w owns rows w, w + nwt, ... as before; their metadata is read 32 rows at a time
     // (one per lane), so own rows cost one store each instead of a serial round trip.

@@ -164,8 +164,9 @@ struct TokenRoute {
 
 struct MoveCfg {
   uint32_t slot_bytes;  // bulk piece size (multiple of 16)
-  int warps;            // warps per block (each with two slots)
+  int warps;            // warps per block (each with `depth` slots)
   int64_t plan_bytes;   // shared bytes before the warps' areas
+  int depth;            // the mover's slots per warp (WarpMover)
 };
 
 // ---------------------------------------------------------------------------------------
@@ -190,8 +191,8 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   if (run && expert_major) fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, Le, o, rb);
 
   WarpMover mv;
-  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes,
-          MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
+  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
+          mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
 
   // Warp w owns items w, w + nwt, ...; item it of `items` (P per token) belongs to token
   // g = it / P of all sources. A token's routing is read across the lanes in one round
@@ -323,8 +324,8 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
   if (run && expert_major && W == 1)
     fill_padding(pl.goff, [&](int j) { return count_at(counts, L, 0, 2 + j); }, Le, o, rb);
   WarpMover mv;
-  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes), mc.slot_bytes,
-          MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
+  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
+          mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
 
   if (run) {
     const int64_t T = counts[int64_t(me) * L.counts_cols()];

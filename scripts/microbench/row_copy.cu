@@ -2,7 +2,7 @@
 // run on the DeepSeek-V3 shape at world size 1 (4096 rows of 7168 bf16, top-8).
 //
 //   copy    rows gathered through a permutation, as the rank-major dispatch moves them:
-//           mover    csrc/common/mover.cuh as the dispatch kernels use it (2 slots per warp)
+//           mover    csrc/common/mover.cuh as the dispatch kernels use it (depth slots per warp)
 //           ring<S>  one lane per warp keeps S-1 bulk loads in flight (S slots), stores from
 //                    shared as each lands
 //           ldst<U>  16-byte loads/stores, U in flight per thread (nc: non-coherent loads and
@@ -79,10 +79,10 @@ __global__ void count_diff(const int4* a, const int4* b, int64_t n, unsigned lon
 // Fan-out (kFan true): row t of src to rows idx[t * K + k] of dst, k < K.
 template <bool kFan>
 __global__ void mover_move(const uint8_t* src, uint8_t* dst, const int* idx, int64_t N, int K, int64_t R, uint32_t slot,
-                           int warps) {
+                           int warps, int depth) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   WarpMover mv;
-  mv.init(dyn_smem() + int64_t(warp) * WarpMoverSmem::per_warp_bytes(slot), slot);
+  mv.init(dyn_smem() + int64_t(warp) * WarpMoverSmem::per_warp_bytes(slot, depth), slot, depth);
   const int64_t P = (R + slot - 1) / slot, items = N * P;
   const int64_t gw = int64_t(blockIdx.x) * warps + warp, nwt = int64_t(gridDim.x) * warps;
   for (int64_t it = gw; it < items; it += nwt) {
@@ -325,26 +325,30 @@ int main(int argc, char** argv) {
     const int* perm = pr ? perm_rand : perm_id;
     std::printf("-- copy, %s rows\n", pr ? "permuted" : "identity");
     // the reference output: mover at whole rows
-    auto mover = [&](uint32_t slot) {
-      const int64_t per = WarpMoverSmem::per_warp_bytes(slot);
+    auto mover = [&](uint32_t slot, int depth) {
+      const int64_t per = WarpMoverSmem::per_warp_bytes(slot, depth);
       const int warps = int(std::min<int64_t>(16, (optin - 1024) / per));
       const size_t smem = size_t(warps * per);
       CK(cudaFuncSetAttribute(mover_move<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       return std::make_pair(warps, smem);
     };
     {
-      auto [w, smem] = mover(uint32_t(R));
-      mover_move<false><<<sms, w * 32, smem>>>(src, ref, perm, N, 1, R, uint32_t(R), w);
+      auto [w, smem] = mover(uint32_t(R), 2);
+      mover_move<false><<<sms, w * 32, smem>>>(src, ref, perm, N, 1, R, uint32_t(R), w, 2);
       CK(cudaDeviceSynchronize());
     }
-    for (uint32_t slot : {uint32_t(R), uint32_t(R / 2), uint32_t(R / 4)}) {
-      const auto cfg = mover(slot);
+    for (const auto& sd : {std::pair<uint32_t, int>{uint32_t(R), 2}, {uint32_t(R / 2), 2}, {uint32_t(R / 4), 2},
+                           {uint32_t(R / 2), 4}, {uint32_t(R / 4), 4}, {uint32_t(R / 4), 8}, {uint32_t(R / 8), 8}}) {
+      const uint32_t slot = sd.first;
+      const int depth = sd.second;
+      const auto cfg = mover(slot, depth);
       const int w = cfg.first;
       const size_t smem = cfg.second;
       CK(cudaMemset(dst, 0, N * R));
-      const float us = time_us([&] { mover_move<false><<<sms, w * 32, smem>>>(src, dst, perm, N, 1, R, slot, w); }, reps);
+      const float us =
+          time_us([&] { mover_move<false><<<sms, w * 32, smem>>>(src, dst, perm, N, 1, R, slot, w, depth); }, reps);
       char name[64];
-      std::snprintf(name, sizeof name, "mover slot %u (%d warps)", slot, w);
+      std::snprintf(name, sizeof name, "mover slot %u depth %d (%d warps)", slot, depth, w);
       report(name, us, copy_bytes, check(dst, ref, N * R));
     }
     auto ring = [&](auto S_, uint32_t slot, int blocks_per_sm) {
@@ -424,17 +428,19 @@ int main(int argc, char** argv) {
                   random ? "random rows" : "expert-major order", K, fan_bytes / 1e6);
       report("cudaMemcpy of the same bytes", same, fan_bytes, 0);
       report("cudaMemset of the written rows", ms, double(N) * K * R, 0);
-      auto fan_mover = [&](uint32_t slot, bool is_ref) {
-        const int64_t per = WarpMoverSmem::per_warp_bytes(slot);
+      auto fan_mover = [&](uint32_t slot, bool is_ref, int depth = 2) {
+        const int64_t per = WarpMoverSmem::per_warp_bytes(slot, depth);
         const int warps = int(std::min<int64_t>(16, (optin - 1024) / per));
         const size_t smem = size_t(warps * per);
         CK(cudaFuncSetAttribute(mover_move<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
         uint8_t* o = is_ref ? fref : ybig;
         CK(cudaMemset(o, 0, N * K * R));
         const float us =
-            time_us([&] { mover_move<true><<<sms, warps * 32, smem>>>(src, o, out_row, N, K, R, slot, warps); }, reps);
+            time_us([&] { mover_move<true><<<sms, warps * 32, smem>>>(src, o, out_row, N, K, R, slot, warps, depth); },
+                    reps);
         char name[64];
-        std::snprintf(name, sizeof name, "mover slot %u (%d warps)%s", slot, warps, slot == R / 4 ? " [current]" : "");
+        std::snprintf(name, sizeof name, "mover slot %u depth %d (%d warps)%s", slot, depth, warps,
+                      slot == R / 4 && depth == 2 ? " [current]" : "");
         report(name, us, fan_bytes, is_ref ? 0 : check(ybig, fref, N * K * R));
       };
       auto fan_ring = [&](auto S_, auto hint_, uint32_t slot, int blocks_per_sm) {
@@ -469,6 +475,8 @@ int main(int argc, char** argv) {
       using yes = std::true_type;
       fan_mover(uint32_t(R), true);
       fan_mover(uint32_t(R / 4), false);
+      fan_mover(uint32_t(R / 4), false, 4);
+      fan_mover(uint32_t(R / 8), false, 8);
       fan_ring(std::integral_constant<int, 8>{}, no{}, uint32_t(R / 4), 1);
       fan_ring(std::integral_constant<int, 8>{}, yes{}, uint32_t(R / 4), 1);
       fan_warp(warprow_fanout<7, 0>, "warprow U=7 st", 256, 4);

@@ -108,6 +108,7 @@ class _CudaProtocol(Protocol):
                                         self._err_dev.data_ptr(), self._err[1], self.timeout_s, config.kernel.num_sms,
                                         self._counters.data_ptr())
         self.ctx.set_copy_bytes(config.kernel.copy_bytes)
+        self.ctx.set_copy_depth(config.kernel.copy_depth)
         self._epoch = 0
         W, E = layout.world_size, layout.num_experts
         self._published: torch.Tensor | None = None  # the routing copy now in the input region
