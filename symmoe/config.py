@@ -47,7 +47,7 @@ class KernelConfig:
     num_channels: int = 8
     timeout_s: float = 30.0
     copy_bytes: int = 0  # bulk-copy piece (multiple of 128); 0 = whole rows up to 16 KB, 3584 B expert-major
-    copy_depth: int = 2  # bulk-copy slots per warp (torch/nccl): depth - 1 loads in flight
+    copy_depth: int = 0  # bulk-copy slots per warp (torch/nccl), depth - 1 loads in flight; 0 = 4 rank-major, 2 expert-major
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "kernel.num_channels": (1, MAX_CHANNELS),
     "kernel.timeout_s": (1e-3, 86400),
     "kernel.copy_bytes": (0, 65536),
-    "kernel.copy_depth": (2, 16),
+    "kernel.copy_depth": (0, 16),
     "host.poll_interval_us": (0, 1_000_000),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -193,6 +193,9 @@ def _check_combinations(cfg: Config) -> None:
     if cfg.kernel.copy_bytes % 128:
         raise ConfigError("kernel.copy_bytes", cfg.kernel.copy_bytes,
                           "must be 0 (whole rows up to 16 KB) or a multiple of 128 bytes", src)
+    if cfg.kernel.copy_depth == 1:
+        raise ConfigError("kernel.copy_depth", cfg.kernel.copy_depth,
+                          "must be 0 (automatic) or 2..16 (one slot leaves no load in flight)", src)
 
 
 def parse_key_value(text: str) -> tuple[str, Any]:

@@ -52,6 +52,7 @@ struct Ctx {
   unsigned int* done;  // [8] grid completion counters, zeroed by the caller (one per kernel kind: 0-6 used)
   MoveCfg move;        // data kernels' bulk piece size and warps per block (for plan_bytes = 0)
   MoveCfg move_fan;    // the same for the expert-major dispatch (a piece goes to several rows)
+  bool depth_auto = true;  // kernel.copy_depth 0: kRowDepth where two warps still fit, else 2
   int32_t* counts_host = nullptr;  // where a dispatch's routing kernels leave the counts matrix
   int32_t* counts_snap = nullptr;
   uint8_t* routing_copy = nullptr;
@@ -74,8 +75,8 @@ struct Ctx {
     grid = std::max(1, std::min(num_sms, sms));
     move.plan_bytes = 0;
     move.warps = 8;
-    move.depth = 2;
     set_copy_bytes(0);
+    set_copy_depth(0);
     set_max_smem();
   }
 
@@ -88,11 +89,15 @@ struct Ctx {
     move_fan = move;
     move_fan.slot_bytes = piece_bytes(max_piece ? max_piece : kFanSlotBytes);
   }
-  // Slots per warp of the data kernels' mover: depth - 1 loads in flight per warp.
+  // Slots per warp of the data kernels' mover: depth - 1 loads in flight per warp. 0: 4 for
+  // whole rows (session 12: cached rank dispatch 37.1 -> 36.4 µs push, 38.7 -> 37.4 pull) and 2
+  // for the expert-major fan-out (4 slowed it from 154 to 175 µs: fewer warps per block).
   void set_copy_depth(int depth) {
-    if (depth < 2 || depth > kMaxDepth)
-      throw std::invalid_argument("copy_depth must be 2.." + std::to_string(kMaxDepth));
-    move.depth = move_fan.depth = depth;
+    if (depth != 0 && (depth < 2 || depth > kMaxDepth))
+      throw std::invalid_argument("copy_depth must be 0 (automatic) or 2.." + std::to_string(kMaxDepth));
+    depth_auto = depth == 0;
+    move.depth = depth ? depth : kRowDepth;
+    move_fan.depth = depth ? depth : 2;
   }
   uint32_t piece_bytes(int64_t cap) const {
     const int64_t rb = L.row_bytes();
@@ -139,8 +144,11 @@ struct Ctx {
   MoveCfg move_cfg(int64_t plan, bool expert_major = false) const {
     MoveCfg m = expert_major ? move_fan : move;
     m.plan_bytes = (plan + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
-    const int64_t per = WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth);
-    const int64_t fit = (max_smem - m.plan_bytes) / per;
+    int64_t fit = (max_smem - m.plan_bytes) / WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth);
+    if (depth_auto && fit < 2 && m.depth > 2) {  // one warp per block costs more than deep slots win
+      m.depth = 2;
+      fit = (max_smem - m.plan_bytes) / WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth);
+    }
     if (fit < 1)
       throw std::invalid_argument("shared memory: plan tables of " + std::to_string(plan) +
                                   " bytes leave no room for a bulk-copy slot (fewer experts per rank needed)");

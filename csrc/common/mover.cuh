@@ -22,6 +22,7 @@ namespace symmoe {
 
 constexpr int kMaxDst = 32;  // topk <= 32 (config) bounds the destinations of one row
 constexpr int kMaxDepth = 16;  // slots per warp (phase bits of one uint32)
+constexpr int kRowDepth = 4;   // kernel.copy_depth 0: slots per warp for whole rows
 constexpr uint32_t kSlotAlign = 128;
 
 struct WarpMoverSmem {
