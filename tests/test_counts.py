@@ -118,10 +118,11 @@ def test_dispatch_result_raises_for_bad_ids_and_over_capacity_on_every_rank():
 
 
 @pytest.mark.parametrize("layout", ["rank", "expert"])
-def test_dispatch_result_with_num_worst_tokens_views_that_many_rows_and_keeps_the_handle_exact(layout):
+def test_dispatch_result_with_num_worst_tokens_views_that_many_rows_in_outputs_and_handle(layout):
     """num_worst_tokens=N on a GPU dispatch: N rows of the worst-case outputs, the kernels' rows
-    first and the rest filled (x 0, ids -1, weights 0, sources -1); the handle still holds the
-    received rows only; fewer than some rank receives raises on every rank."""
+    first and the rest filled (x 0, ids -1, weights 0, sources -1); the handle covers the same
+    N rows (combine takes N rows and skips sources -1); fewer than some rank receives raises
+    on every rank."""
     lay, inputs, counts = _case(2, CHECK_ROUTINGS[0], seed=9)
     ref = reference.dispatch([i.x for i in inputs], [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
                              lay.num_experts, layout, 4)
@@ -138,8 +139,11 @@ def test_dispatch_result_with_num_worst_tokens_views_that_many_rows_and_keeps_th
     assert torch.equal(recv.x[:rows], kernel_rows["x"][:rows]) and torch.equal(recv.src_token[:rows], kernel_rows["src_token"][:rows])
     assert bool((recv.x[rows:] == 0).all()) and bool((recv.topk_idx[rows:] == -1).all())
     assert bool((recv.topk_weights[rows:] == 0).all()) and bool((recv.src_rank[rows:] == -1).all())
-    assert handle.num_recv_rows == rows
-    assert handle.recv_src_rank.shape[0] == handle.recv_src_token.shape[0] == handle.recv_src_slot.shape[0] == rows
+    assert handle.num_recv_rows == handle.num_worst_tokens == worst
+    assert handle.recv_src_rank.shape[0] == handle.recv_src_token.shape[0] == handle.recv_src_slot.shape[0] == worst
+    assert handle.recv_src_rank.data_ptr() == out["src_rank"].data_ptr()  # the kernels' rows, no copy
+    for src in (handle.recv_src_rank, handle.recv_src_token, handle.recv_src_slot):
+        assert bool((src[rows:] == -1).all())
     for r in range(2):
         with pytest.raises(CapacityError, match="num_worst_tokens"):
             dispatch_result(lay, counts, r, layout, 4, lambda: (0, 0, 0, 0), _worst_case_outputs(lay, layout),

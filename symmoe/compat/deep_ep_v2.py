@@ -309,7 +309,8 @@ class ElasticBuffer:
             recv_x, recv_idx, recv_w, per_expert, sh, event = self.symmoe.dispatch(
                 x, routing, weights, output_layout=layout, expert_alignment=alignment if do_expand else 1,
                 num_worst_tokens=worst)
-        unaligned = torch.tensor(per_expert, dtype=torch.int64)
+        # a list, or with worst-case sizes a tensor on the outputs' device (Buffer.dispatch)
+        unaligned = torch.as_tensor(per_expert, dtype=torch.int64).cpu()
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats.add_(unaligned.to(cumulative_local_expert_recv_stats.device,
                                                                  cumulative_local_expert_recv_stats.dtype))
@@ -357,9 +358,10 @@ class ElasticBuffer:
     def _rank_metadata(sh: DispatchHandle, recv_idx: torch.Tensor, K: int, nmax: int) -> torch.Tensor:
         src, tok = sh.recv_src_rank.long(), sh.recv_src_token.long()
         meta = torch.full((src.shape[0], K + 2), -1, dtype=torch.int32, device=recv_idx.device)
-        meta[:, 0] = (src * nmax + tok).to(torch.int32)
+        real = src >= 0  # rows past the received ones (num_worst_tokens) keep -1
+        meta[:, 0] = torch.where(real, src * nmax + tok, -1).to(torch.int32)
         first_local = (recv_idx >= 0).to(torch.int8).argmax(1)  # every received row has one
-        meta[:, 1] = (src * K + first_local).to(torch.int32)
+        meta[:, 1] = torch.where(real, src * K + first_local, -1).to(torch.int32)
         return meta
 
     @staticmethod

@@ -62,12 +62,21 @@ def dispatch_result(lay: BufferLayout, counts: np.ndarray, rank: int, output_lay
     totals, per_expert = received_rows(lay, counts, rank, output_layout, alignment, worst)
     rows = int(totals[rank])
     recv = recv_views(out, rows, torch.from_numpy(per_expert), worst)
-    handle = DispatchHandle(
+    return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, torch.from_numpy(counts), out,
+                             max(rows, worst), buffer_id, alignment, cache, worst)
+
+
+def make_handle(output_layout: str, topk_idx: torch.Tensor, topk_weights: torch.Tensor, in_rank: torch.Tensor,
+                counts: torch.Tensor, out: dict[str, torch.Tensor | None], rows: int, buffer_id: int, alignment: int,
+                cache: Any, worst: int) -> DispatchHandle:
+    """A GPU dispatch's handle over the first ``rows`` rows of its outputs ``out`` (all
+    ``worst`` of them with num_worst_tokens, whose sources past the received rows are -1)."""
+    return DispatchHandle(
         output_layout=output_layout, num_tokens=topk_idx.shape[0], topk_idx=topk_idx.long(),
-        topk_weights=topk_weights, is_token_in_rank=in_rank, counts=torch.from_numpy(counts), num_recv_rows=rows,
+        topk_weights=topk_weights, is_token_in_rank=in_rank, counts=counts, num_recv_rows=rows,
         recv_src_rank=out["src_rank"][:rows], recv_src_token=out["src_token"][:rows], recv_src_slot=out["src_slot"][:rows],
-        expert_offsets=out["expert_offsets"], buffer_id=buffer_id, alignment=alignment, cache=cache)
-    return recv, handle
+        expert_offsets=out["expert_offsets"], buffer_id=buffer_id, alignment=alignment, cache=cache,
+        num_worst_tokens=worst)
 
 
 def recv_views(out: dict[str, torch.Tensor | None], rows: int, per_expert: torch.Tensor, worst: int = 0) -> RecvResult:
@@ -81,14 +90,16 @@ def recv_views(out: dict[str, torch.Tensor | None], rows: int, per_expert: torch
         src_token=out["src_token"][:n], expert_offsets=out["expert_offsets"])
     if n > rows:
         fill_tail(recv, rows)
+        out["src_slot"][rows:n].fill_(-1)  # the handle's third source column
     return recv
 
 
-def cached_rows(lay: BufferLayout, handle: DispatchHandle, rank: int, worst: int = 0) -> tuple[int, torch.Tensor]:
-    """(the most rows any rank received, num_recv_tokens_per_expert of ``rank``) in the
-    dispatch that made ``handle``, from its counts: host arithmetic, as a cached dispatch
-    never waits for the device. Raises on every rank when ``worst`` (num_worst_tokens) is
-    less than some rank's rows."""
+def cached_rows(lay: BufferLayout, handle: DispatchHandle, rank: int,
+                worst: int = 0) -> tuple[int, int, torch.Tensor]:
+    """(the most rows any rank received, the rows ``rank`` received, its
+    num_recv_tokens_per_expert) in the dispatch that made ``handle``, from its counts: host
+    arithmetic, as a cached dispatch never waits for the device. Raises on every rank when
+    ``worst`` (num_worst_tokens) is less than some rank's rows."""
     totals, per_expert = received_rows(lay, handle.counts.numpy(), rank, handle.output_layout, handle.alignment,
                                        worst)
-    return int(totals.max()), torch.from_numpy(per_expert)
+    return int(totals.max()), int(totals[rank]), torch.from_numpy(per_expert)

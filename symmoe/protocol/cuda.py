@@ -259,9 +259,9 @@ class _CudaProtocol(Protocol):
         lay = self.layout
         self._check_aligned("x", x)
         routing, counts_dev = handle.cache.routing, handle.cache.counts
-        per_expert = cached_rows(lay, handle, self.rank, worst)[1]  # raises before any launch
+        worst = max(worst, handle.num_worst_tokens)
+        _, rows, per_expert = cached_rows(lay, handle, self.rank, worst)  # raises before any launch
         self._publish_x(x)
-        rows = handle.num_recv_rows
         out = self._outputs(max(rows, 1, worst), handle.output_layout, x.dtype)
         args = _kernel_outputs(out, max(rows, 1), None)  # same routing: the handle's selfmap holds
         # Then the counts barrier: peers read what was just republished (pull) and may refill

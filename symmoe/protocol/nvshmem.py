@@ -264,7 +264,8 @@ class NvshmemPush(Protocol):
         returned. No routing, no host wait."""
         raise_if_failed(self.mem, "dispatch")
         # The kernel's capacity must be the same on every rank (each checks every receiver).
-        most, per_expert = cached_rows(self.layout, handle, self.me, worst)
+        worst = max(worst, handle.num_worst_tokens)
+        most, mine, per_expert = cached_rows(self.layout, handle, self.me, worst)
         cap = max(most, 1)
         out = self._outputs(max(cap, worst), handle.output_layout, x.dtype)
         src = self._source(x)
@@ -274,7 +275,7 @@ class NvshmemPush(Protocol):
         self._last_op = "dispatch"
         self._send(src, handle.cache, out, cap, handle.output_layout == "expert", handle.alignment,
                    self._dispatches, None)
-        return recv_views(out, handle.num_recv_rows, per_expert, worst)
+        return recv_views(out, mine, per_expert, worst)
 
     def barrier_on_stream(self) -> None:
         raise_if_failed(self.mem, "barrier")
