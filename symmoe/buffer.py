@@ -126,7 +126,9 @@ class Buffer:
             recv, handle = self._protocol.dispatch(x, topk_idx, topk_weights, output_layout, alignment,
                                                    num_worst_tokens)
         per_expert = recv.num_recv_tokens_per_expert
-        if not (num_worst_tokens or handle.num_worst_tokens):
+        if num_worst_tokens or handle.num_worst_tokens:
+            per_expert = per_expert.to(recv.x.device)  # already there where no host wait counted it
+        else:
             per_expert = per_expert.tolist()
         return recv.x, recv.topk_idx, recv.topk_weights, per_expert, handle, EventOverlap.record(self.device)
 

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .. import validate
-from ..errors import InputError
+from ..errors import CapacityError, InputError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..reference import RecvResult, fill_tail
@@ -103,3 +103,26 @@ def cached_rows(lay: BufferLayout, handle: DispatchHandle, rank: int,
     totals, per_expert = received_rows(lay, handle.counts.numpy(), rank, handle.output_layout, handle.alignment,
                                        worst)
     return int(totals.max()), int(totals[rank]), torch.from_numpy(per_expert)
+
+
+def deferred_error(lay: BufferLayout, record: Sequence[int], rank: int, kinds: dict[str, int],
+                   bad_info: Callable[[], Sequence[int]]) -> InputError:
+    """The error a dispatch that did not wait on the host (num_worst_tokens on the CUDA
+    protocols) left for a later call: ``record`` is the device's DeferredError (kind, epoch,
+    rank, rows, worst, expert_major; ``kinds`` the kind codes). Every rank's tail kernel
+    derived it from the same matrix, so every rank raises it."""
+    kind, epoch, who, rows, worst, expert_major = (int(v) for v in record[:6])
+    when = f"an earlier dispatch with num_worst_tokens={worst} (epoch {epoch}), whose outputs are not valid"
+    if kind == kinds["bad_ids"]:
+        marks = np.zeros((lay.world_size, 1), dtype=np.int64)
+        marks[who, 0] = -1  # the first rank whose ids were rejected
+        info = bad_info() if rank == who else (0, 0, 0, 0)  # this rank's own record, read only if it is the bad one
+        return InputError(f"{when}: {bad_input_error(lay, marks, rank, info)}")
+    if kind == kinds["capacity"]:
+        totals = [0] * lay.world_size
+        totals[who] = rows
+        try:
+            lay.check_capacity(totals, "expert" if expert_major else "rank", worst)
+        except CapacityError as e:
+            return CapacityError(f"{when}: {e}")
+    raise AssertionError(f"deferred error record {list(record)} names no error")

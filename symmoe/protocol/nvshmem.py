@@ -299,11 +299,14 @@ class NvshmemPush(Protocol):
         if src_w is not None:
             src_w = src_w.float().contiguous()
         if self.stage_inputs and rows:
-            src = self._local("recv_x", y.dtype, (rows, H))
-            src.copy_(y)
+            # A num_worst_tokens handle may cover more rows than the pool; past the received
+            # ones (at most the pool) its sources are -1 and the kernel reads nothing there.
+            n = min(rows, lay.recv_rows)
+            src = self._local("recv_x", y.dtype, (n, H))
+            src.copy_(y[:n])
             if src_w is not None:
-                src_w = self._local("recv_w", torch.float32, (rows, K))
-                src_w.copy_(recv_topk_weights)
+                src_w = self._local("recv_w", torch.float32, (n, K))
+                src_w.copy_(recv_topk_weights[:n])
         out_x = torch.empty((T, H), dtype=y.dtype, device=dev)
         out_w = torch.empty((T, K), dtype=torch.float32, device=dev) if recv_topk_weights is not None else None
         if self._last_op == "combine" and self.W > 1:
