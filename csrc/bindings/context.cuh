@@ -127,7 +127,6 @@ struct Ctx {
     st = std::max(st, static_smem(route_count_kernel<int32_t>));
     st = std::max(st, static_smem(route_place_kernel<Transport, int64_t>));
     st = std::max(st, static_smem(route_place_kernel<Transport, int32_t>));
-    st = std::max(st, static_smem(recv_tail_kernel));
     max_smem -= (st + 127) / 128 * 128;
     check(cudaFuncSetAttribute(pull_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "pull attr");
     check(cudaFuncSetAttribute(push_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "push attr");
@@ -140,7 +139,6 @@ struct Ctx {
           "route attr");
     check(cudaFuncSetAttribute(route_place_kernel<Transport, int32_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
           "route attr");
-    check(cudaFuncSetAttribute(recv_tail_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "tail attr");
   }
 
   // Warps per block that fit next to `plan` bytes of tables.
@@ -266,16 +264,12 @@ struct Ctx {
   // receiver over the limit, the host-mapped DeferredError. No host wait.
   void recv_tail(uintptr_t counts, const py::dict& out, int64_t worst, bool expert_major, int alignment,
                  uintptr_t per_expert, uintptr_t deferred, int64_t epoch, uintptr_t stream) {
-    const int64_t smem = SendPlan::bytes(int(L.world_size), int(L.local_experts()));
-    if (smem > max_smem)
-      throw std::invalid_argument("num_worst_tokens: the receivers' tables (" + std::to_string(smem) +
-                                  " bytes) exceed shared memory (fewer experts per rank needed)");
-    const int64_t vecs = worst * (L.row_bytes() / 16);
-    const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(grid, (vecs + kTailThreads - 1) / kTailThreads)));
-    recv_tail_kernel<<<blocks, kTailThreads, size_t(smem), S(stream)>>>(
-        L, P<const int32_t>(counts), outputs(out), worst, expert_major, alignment, rank, P<int32_t>(per_expert),
-        P<DeferredError>(deferred), epoch);
-    check(cudaGetLastError(), "recv_tail_kernel launch");
+    const Outputs o = outputs(out);
+    const std::string e = launch_recv_tail(L, P<const int32_t>(counts),
+                                           TailOutputs{o.x, o.idx, o.w, o.src_rank, o.src_token, o.src_slot}, worst,
+                                           expert_major, alignment, rank, P<int32_t>(per_expert),
+                                           P<DeferredError>(deferred), epoch, grid, max_smem - 128, S(stream));
+    if (!e.empty()) throw std::invalid_argument(e);
   }
 
   void combine_send(uintptr_t y, uintptr_t rw, uintptr_t src_rank, uintptr_t src_token, uintptr_t src_slot, int64_t rows,

@@ -7,15 +7,27 @@
 // record the host raises from at its next call (InputError / CapacityError, on every rank:
 // each derives the same decision from the same matrix).
 #pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
 #include <cstdint>
+#include <string>
 
 #include "../common/layout.cuh"
-#include "dispatch.cuh"
 #include "plan.cuh"
 
 namespace symmoe {
 
 constexpr int kTailThreads = 256;
+
+struct TailOutputs {  // a dispatch's output tensors (at least `worst` rows each)
+  uint8_t* x;         // [rows, H]
+  int64_t* idx;       // [rows, K] rank-major, [rows] expert-major
+  float* w;           // same shape as idx
+  int32_t* src_rank;  // [rows]
+  int32_t* src_token;
+  int32_t* src_slot;
+};
 
 // Host-mapped; the first error of a dispatch that did not wait (kind stays once set, until
 // the host clears it).
@@ -29,7 +41,7 @@ struct DeferredError {
 };
 enum : int64_t { kDeferredNone = 0, kDeferredCapacity = 1, kDeferredBadIds = 2 };
 
-static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L, const int32_t* counts, Outputs o,
+static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L, const int32_t* counts, TailOutputs o,
                                                                  int64_t worst, bool expert_major, int alignment,
                                                                  int me, int32_t* per_expert, DeferredError* df,
                                                                  int64_t epoch) {
@@ -90,6 +102,27 @@ static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L
     o.src_token[first + i] = -1;
     o.src_slot[first + i] = -1;
   }
+}
+
+// Host side, for every module that binds it: after the data kernels on `stream`, at most
+// `max_blocks` blocks (the tail is a plain fill). The tables take SendPlan::bytes(W, L) of
+// shared memory; an error string when they exceed `max_smem`, else the launch's error.
+inline std::string launch_recv_tail(const Layout& L, const int32_t* counts, TailOutputs o, int64_t worst,
+                                    bool expert_major, int alignment, int me, int32_t* per_expert, DeferredError* df,
+                                    int64_t epoch, int max_blocks, int max_smem, cudaStream_t stream) {
+  const int64_t smem = SendPlan::bytes(int(L.world_size), int(L.local_experts()));
+  if (smem > max_smem)
+    return "num_worst_tokens: the receivers' tables (" + std::to_string(smem) +
+           " bytes) exceed shared memory (fewer experts per rank needed)";
+  cudaError_t e = cudaFuncSetAttribute(recv_tail_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  if (e == cudaSuccess) {
+    const int64_t vecs = worst * (L.row_bytes() / 16);
+    const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(max_blocks, (vecs + kTailThreads - 1) / kTailThreads)));
+    recv_tail_kernel<<<blocks, kTailThreads, size_t(smem), stream>>>(L, counts, o, worst, expert_major, alignment, me,
+                                                                     per_expert, df, epoch);
+    e = cudaGetLastError();
+  }
+  return e == cudaSuccess ? std::string() : std::string("recv_tail_kernel launch: ") + cudaGetErrorString(e);
 }
 
 }  // namespace symmoe

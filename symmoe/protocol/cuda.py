@@ -246,9 +246,7 @@ class _CudaProtocol(Protocol):
         per_expert = torch.empty(self.layout.local_experts, dtype=torch.int32, device=self.device)
         self.ctx.recv_tail(counts_dev.data_ptr(), _kernel_outputs(out, worst, None), worst, expert_major, alignment,
                            per_expert.data_ptr(), self._deferred[1], self._epoch, self._stream().cuda_stream)
-        return RecvResult(x=out["x"][:worst], topk_idx=out["idx"][:worst], topk_weights=out["w"][:worst],
-                          num_recv_tokens_per_expert=per_expert, src_rank=out["src_rank"][:worst],
-                          src_token=out["src_token"][:worst], expert_offsets=out["expert_offsets"])
+        return recv_views(out, worst, per_expert)  # the tail kernel filled what the host would
 
     def _publish_x(self, x: torch.Tensor) -> None:
         """pull with peers: x into the input region, where they read it (own rows are read
