@@ -165,7 +165,8 @@ def check_num_worst_tokens(rank: int, world_size: int, config: dict[str, Any], s
                            device: str = "cpu") -> int:
     """``dispatch(..., num_worst_tokens=N)``, DeepEP's worst-case-sized outputs: N rows, the
     reference's rows first, then x 0, expert ids -1 and weights 0 (``reference.pad_recv``),
-    for a dispatch and a cached dispatch; the per-expert counts come as a tensor; the handle
+    for a dispatch, its cached dispatch and the cached dispatch of an exact handle asked for N
+    rows; the per-expert counts come as a tensor; the handle
     covers the N rows (sources -1 past the received ones) and combine takes N rows, ignores
     the tail's values and stays exact. N one short of the most rows any rank receives raises
     CapacityError on every rank (by ``synchronize()`` at the latest: a dispatch may return
@@ -225,6 +226,12 @@ def check_num_worst_tokens(rank: int, world_size: int, config: dict[str, Any], s
                             f"{ctx} cached")
                 _check_combines(buf, handle, ref, inputs, rank, world_size, cfg, layout, dev, ctx, case_seed, 1,
                                 rows=worst)
+                # An exact handle (counted on the host) asked for worst-case sizes when cached.
+                *_, exact, event = buf.dispatch(*args, output_layout=layout, expert_alignment=b.expert_alignment)
+                rx, ri, rw, per_expert, _, event = buf.dispatch(xs[rank].to(dev), handle=exact, num_worst_tokens=worst)
+                event.synchronize()
+                _check_recv(rx, ri, rw, _per_expert_tensor(per_expert, rx, ctx), reference.pad_recv(ref2.recv[rank], worst),
+                            f"{ctx} cached from an exact handle")
                 checked += 1
     return checked
 
