@@ -62,10 +62,13 @@ def dispatch_result(lay: BufferLayout, counts: np.ndarray, rank: int, output_lay
     totals, per_expert = received_rows(lay, counts, rank, output_layout, alignment, worst)
     rows = int(totals[rank])
     recv = recv_views(out, rows, torch.from_numpy(per_expert), worst)
+    # The handle holds the received rows' sources: recv's own views unless they run past them.
+    src_rank, src_token = ((recv.src_rank, recv.src_token) if recv.src_rank.shape[0] == rows
+                           else (out["src_rank"][:rows], out["src_token"][:rows]))
     handle = DispatchHandle(
         output_layout=output_layout, num_tokens=topk_idx.shape[0], topk_idx=topk_idx.long(),
         topk_weights=topk_weights, is_token_in_rank=in_rank, counts=torch.from_numpy(counts), num_recv_rows=rows,
-        recv_src_rank=out["src_rank"][:rows], recv_src_token=out["src_token"][:rows], recv_src_slot=out["src_slot"][:rows],
+        recv_src_rank=src_rank, recv_src_token=src_token, recv_src_slot=out["src_slot"][:rows],
         expert_offsets=out["expert_offsets"], buffer_id=buffer_id, alignment=alignment, cache=cache)
     return recv, handle
 
