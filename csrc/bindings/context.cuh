@@ -85,7 +85,8 @@ struct Ctx {
   // kFanSlotBytes for the expert-major dispatch), each rounded up to 128 so every warp's slots
   // stay aligned.
   void set_copy_bytes(int64_t max_piece) {
-    if (max_piece < 0 || max_piece % 128) throw std::invalid_argument("copy_bytes must be 0 or a multiple of 128");
+    if (max_piece < 0 || max_piece % 128)
+      throw std::invalid_argument("copy_bytes=" + std::to_string(max_piece) + ": must be 0 or a multiple of 128");
     move.slot_bytes = piece_bytes(max_piece ? max_piece : kMaxSlotBytes);
     move_fan = move;
     move_fan.slot_bytes = piece_bytes(max_piece ? max_piece : kFanSlotBytes);
@@ -95,7 +96,8 @@ struct Ctx {
   // for the expert-major fan-out (4 slowed it from 154 to 175 µs: fewer warps per block).
   void set_copy_depth(int depth) {
     if (depth != 0 && (depth < 2 || depth > kMaxDepth))
-      throw std::invalid_argument("copy_depth must be 0 (automatic) or 2.." + std::to_string(kMaxDepth));
+      throw std::invalid_argument("copy_depth=" + std::to_string(depth) + ": must be 0 (automatic) or 2.." +
+                                  std::to_string(kMaxDepth));
     depth_auto = depth == 0;
     move.depth = depth ? depth : kRowDepth;
     move_fan.depth = depth ? depth : 2;
@@ -145,11 +147,9 @@ struct Ctx {
   MoveCfg move_cfg(int64_t plan, bool expert_major = false) const {
     MoveCfg m = expert_major ? move_fan : move;
     m.plan_bytes = (plan + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
-    int64_t fit = (max_smem - m.plan_bytes) / WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth);
-    if (depth_auto && fit < 2 && m.depth > 2) {  // one warp per block costs more than deep slots win
-      m.depth = 2;
-      fit = (max_smem - m.plan_bytes) / WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth);
-    }
+    auto fits = [&] { return (max_smem - m.plan_bytes) / int64_t(WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth)); };
+    if (depth_auto && m.depth > 2 && fits() < 2) m.depth = 2;  // one warp per block costs more than deep slots win
+    const int64_t fit = fits();
     if (fit < 1)
       throw std::invalid_argument("shared memory: plan tables of " + std::to_string(plan) +
                                   " bytes leave no room for a bulk-copy slot (fewer experts per rank needed)");

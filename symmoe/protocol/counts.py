@@ -62,19 +62,21 @@ def dispatch_result(lay: BufferLayout, counts: np.ndarray, rank: int, output_lay
     totals, per_expert = received_rows(lay, counts, rank, output_layout, alignment, worst)
     rows = int(totals[rank])
     recv = recv_views(out, rows, torch.from_numpy(per_expert), worst)
-    return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, torch.from_numpy(counts), out,
-                             max(rows, worst), buffer_id, alignment, cache, worst)
+    return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, torch.from_numpy(counts), out, recv,
+                             buffer_id, alignment, cache, worst)
 
 
 def make_handle(output_layout: str, topk_idx: torch.Tensor, topk_weights: torch.Tensor, in_rank: torch.Tensor,
-                counts: torch.Tensor, out: dict[str, torch.Tensor | None], rows: int, buffer_id: int, alignment: int,
-                cache: Any, worst: int) -> DispatchHandle:
-    """A GPU dispatch's handle over the first ``rows`` rows of its outputs ``out`` (all
-    ``worst`` of them with num_worst_tokens, whose sources past the received rows are -1)."""
+                counts: torch.Tensor, out: dict[str, torch.Tensor | None], recv: RecvResult, buffer_id: int,
+                alignment: int, cache: Any, worst: int) -> DispatchHandle:
+    """A GPU dispatch's handle over the rows of ``recv`` (views of its outputs ``out``; all
+    ``worst`` of them with num_worst_tokens, whose sources past the received rows are -1):
+    recv's own source views, and the slot column from ``out``."""
+    rows = recv.src_rank.shape[0]
     return DispatchHandle(
         output_layout=output_layout, num_tokens=topk_idx.shape[0], topk_idx=topk_idx.long(),
         topk_weights=topk_weights, is_token_in_rank=in_rank, counts=counts, num_recv_rows=rows,
-        recv_src_rank=out["src_rank"][:rows], recv_src_token=out["src_token"][:rows], recv_src_slot=out["src_slot"][:rows],
+        recv_src_rank=recv.src_rank, recv_src_token=recv.src_token, recv_src_slot=out["src_slot"][:rows],
         expert_offsets=out["expert_offsets"], buffer_id=buffer_id, alignment=alignment, cache=cache,
         num_worst_tokens=worst)
 

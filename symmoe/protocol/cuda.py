@@ -227,7 +227,7 @@ class _CudaProtocol(Protocol):
         cache = _RoutingState(routing, counts_dev, selfmap)
         if worst:  # DeepEP's num_worst_tokens: the device finishes what the host would read
             recv = self._tail(out, counts_dev, worst, expert_major, alignment)
-            return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, counts_dev, out, worst,
+            return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, counts_dev, out, recv,
                                      self.buffer_id, alignment, cache, worst)
 
         # The data kernel keeps the GPU busy meanwhile.

@@ -244,9 +244,9 @@ class NvshmemPush(Protocol):
             self._counts_event.record(stream)
         self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
         if worst:  # DeepEP V1's num_worst_tokens: the device finishes what the host would read
-            return (self._tail(out, plan["counts"], worst, em, alignment),
-                    make_handle(output_layout, topk_idx, topk_weights, in_rank, plan["counts"], out, worst,
-                                self.buffer_id, alignment, plan, worst))
+            recv = self._tail(out, plan["counts"], worst, em, alignment)
+            return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, plan["counts"], out, recv,
+                                     self.buffer_id, alignment, plan, worst)
 
         # The one host wait; the data kernel runs meanwhile.
         ready, err = self._counts_ready.data_ptr(), self.err.data_ptr()
