@@ -22,6 +22,8 @@ hosts leave the gloo barrier before each call tens of µs apart, and without it 
 first cross-rank wait would carry that skew (session 10, W=2: route_place 24-175 µs).
 ``cached_dispatch``: ``dispatch(x, handle=...)`` along the last dispatch's routing (DeepEP's
 cached dispatch, what its intranode benchmark times); the same bytes as ``dispatch``.
+``worst_dispatch`` (rank-major): ``dispatch(..., num_worst_tokens=W * T)``, outputs of DeepEP's
+worst-case size; the same bytes, and the CUDA protocols skip the host wait.
 ``api_*`` numbers time ``Buffer.dispatch``/``combine`` with their input validation.
 ``host_us``: the host's wall time inside a call, timed in a second pass without the sleep;
 ``dispatch_host_phases``: that pass's dispatch split at its counts wait (before / in / after).
@@ -242,8 +244,13 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
             def cached() -> None:  # dispatch(x, handle=...): the routing of the last dispatch
                 proto.dispatch_cached(x, state["d"][1])
 
+            def worst() -> None:  # DeepEP V1's num_worst_tokens: no host wait on the CUDA protocols
+                proto.dispatch(x, idx, w, layout, b.expert_alignment, world_size * T)
+
             # In this order: combine and the cached dispatch use the last dispatch's handle.
             fns = {"dispatch": dispatch, "combine": combine, "cached_dispatch": cached}
+            if layout == "rank":
+                fns["worst_dispatch"] = worst
             gpu = {op: _time(f, warmup, repeats, sleep, sync, align=align) for op, f in fns.items()}
             # The host's wall time per call, without the sleep kernel in front (with it, the
             # dispatch's wait for the counts would include the sleep): for dispatch the launches,
@@ -271,6 +278,7 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
                    if host_phases else {}),
                 "dispatch_bytes": (unique_src + rows) * rb, "combine_bytes": (real + T) * rb,
                 "cached_dispatch_bytes": (unique_src + rows) * rb,
+                **({"worst_dispatch_bytes": (unique_src + rows) * rb} if "worst_dispatch" in fns else {}),
             }
         if world_size == 1 and opts["baselines"]:
             res["torch"] = _torch_baselines(x, idx, w, ys.get("rank"), ys.get("expert"), warmup, repeats, sleep)
@@ -382,6 +390,9 @@ def table(results: list[dict[str, Any]]) -> str:
     if any("cached_dispatch" in row for r in results for row in r["layouts"].values()):
         lines.append("cached dispatch: dispatch(x, handle=...) along the last dispatch's routing "
                      "(no routing kernels, no host wait)")
+    if any("worst_dispatch" in row for r in results for row in r["layouts"].values()):
+        lines.append("worst dispatch: dispatch(..., num_worst_tokens=W*T), DeepEP's worst-case outputs "
+                     "(torch and nccl: no host wait)")
     if any(r.get("x_in_buffer") for r in results):
         lines.append("proto*: x built in Buffer.input_view, dispatched where it lies (no publish copy)")
     shares = sorted({(r["world_size"], r.get("mps_thread_percentage", 0)) for r in results if r.get("mps_thread_percentage")})

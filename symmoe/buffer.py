@@ -98,8 +98,11 @@ class Buffer:
         ``num_worst_tokens`` > 0 (DeepEP's name): the three tensors have that many rows, the
         received ones first, then rows with x 0, expert ids -1 and weights 0
         (``reference.pad_recv``); the GPU protocols return their worst-case outputs as they
-        are, with no copy. Every rank raises CapacityError when some rank receives more.
-        ``handle.num_recv_rows`` stays the rows received: combine takes that many rows.
+        are, with no copy. ``num_recv_tokens_per_expert_list`` is then an int32 tensor on the
+        outputs' device instead of a list, and the handle covers all N rows (its sources are
+        -1 past the received rows): combine takes N rows and ignores those. Every rank raises
+        CapacityError when some rank receives more. A cached dispatch with such a handle
+        returns worst-case-sized outputs too.
 
         ``handle=`` (a cached dispatch, instead of ``topk_idx``/``topk_weights``): x moves
         along the routing of the dispatch that returned the handle, into the same rows, and
@@ -122,8 +125,12 @@ class Buffer:
                 previous_event.current_stream_wait()
             recv, handle = self._protocol.dispatch(x, topk_idx, topk_weights, output_layout, alignment,
                                                    num_worst_tokens)
-        return (recv.x, recv.topk_idx, recv.topk_weights, recv.num_recv_tokens_per_expert.tolist(), handle,
-                EventOverlap.record(self.device))
+        per_expert = recv.num_recv_tokens_per_expert
+        if num_worst_tokens or handle.num_worst_tokens:
+            per_expert = per_expert.to(recv.x.device)  # already there where no host wait counted it
+        else:
+            per_expert = per_expert.tolist()
+        return recv.x, recv.topk_idx, recv.topk_weights, per_expert, handle, EventOverlap.record(self.device)
 
     def input_view(self, num_tokens: int) -> torch.Tensor:
         """x [num_tokens, hidden] inside this rank's symmetric buffer. Dispatching it publishes

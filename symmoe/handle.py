@@ -27,7 +27,7 @@ class DispatchHandle:
     topk_weights: torch.Tensor  # [T, K] float32, as given to dispatch
     is_token_in_rank: torch.Tensor  # [T, W] bool
     counts: torch.Tensor  # [W, 1 + W + E] int32, the matrix every rank published (host copy)
-    num_recv_rows: int  # rows received (padded rows included, expert-major)
+    num_recv_rows: int  # rows received (padded rows included, expert-major); num_worst_tokens when set
     recv_src_rank: torch.Tensor  # [rows] int32, -1 on padding
     recv_src_token: torch.Tensor  # [rows] int32, -1 on padding
     recv_src_slot: torch.Tensor  # [rows] int32, -1 on padding
@@ -35,6 +35,9 @@ class DispatchHandle:
     buffer_id: int  # id() of the Buffer that made it: a handle is only valid there
     alignment: int = 1  # expert_alignment of the dispatch (expert-major group padding)
     cache: Any = None  # protocol-private device state of the routing, for cached dispatch
+    # num_worst_tokens of the dispatch (0: exact outputs). Set: the handle covers that many rows,
+    # sources -1 past the received ones, and combine takes that many rows.
+    num_worst_tokens: int = 0
 
     @property
     def num_recv_tokens(self) -> int:

@@ -2,16 +2,19 @@
 
 ``cached_dispatch`` is ``dispatch(x, handle=...)`` along the routing of the op's last
 dispatch (bench files since session 7 hold it); it moves the same rows as ``dispatch``, so
-the same bytes and the same baselines apply to it.
+the same bytes and the same baselines apply to it. ``worst_dispatch`` (rank-major, bench
+files since session 12) is ``dispatch(..., num_worst_tokens=W * T)``, DeepEP's worst-case
+sizes: the same rows again, and no host wait on the CUDA protocols.
 """
 from __future__ import annotations
 
 from typing import Any
 
-OPS = ("dispatch", "cached_dispatch", "combine")
-BASE_OPS = ("dispatch", "combine")  # what baselines and targets know; a cached dispatch counts as dispatch
-BASE_OP = {"dispatch": "dispatch", "cached_dispatch": "dispatch", "combine": "combine"}
-LABEL = {"dispatch": "dispatch", "cached_dispatch": "cached dispatch", "combine": "combine"}
+OPS = ("dispatch", "worst_dispatch", "cached_dispatch", "combine")
+BASE_OPS = ("dispatch", "combine")  # what baselines and targets know; the other dispatches count as dispatch
+BASE_OP = {"dispatch": "dispatch", "worst_dispatch": "dispatch", "cached_dispatch": "dispatch", "combine": "combine"}
+LABEL = {"dispatch": "dispatch", "worst_dispatch": "worst dispatch", "cached_dispatch": "cached dispatch",
+         "combine": "combine"}
 
 
 def ops_of(entry: dict[str, Any]) -> list[str]:

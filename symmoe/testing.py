@@ -165,9 +165,13 @@ def check_num_worst_tokens(rank: int, world_size: int, config: dict[str, Any], s
                            device: str = "cpu") -> int:
     """``dispatch(..., num_worst_tokens=N)``, DeepEP's worst-case-sized outputs: N rows, the
     reference's rows first, then x 0, expert ids -1 and weights 0 (``reference.pad_recv``),
-    for a dispatch and a cached dispatch; combine takes the received rows and stays exact.
-    N one short of the most rows any rank receives raises CapacityError on every rank, and
-    the buffer stays usable. Returns the number of cases checked."""
+    for a dispatch, its cached dispatch and the cached dispatch of an exact handle asked for N
+    rows; the per-expert counts come as a tensor; the handle
+    covers the N rows (sources -1 past the received ones) and combine takes N rows, ignores
+    the tail's values and stays exact. N one short of the most rows any rank receives raises
+    CapacityError on every rank (by ``synchronize()`` at the latest: a dispatch may return
+    before the device has counted), and the buffer stays usable. Returns the number of
+    cases checked."""
     from .errors import CapacityError
 
     cfg: Config = from_dict(config)
@@ -191,6 +195,7 @@ def check_num_worst_tokens(rank: int, world_size: int, config: dict[str, Any], s
                     try:
                         buf.dispatch(*args, output_layout=layout, expert_alignment=b.expert_alignment,
                                      num_worst_tokens=most - 1)
+                        buf.synchronize()
                     except CapacityError as e:
                         if "num_worst_tokens" not in str(e):
                             raise AssertionError(f"{ctx}: the CapacityError does not name num_worst_tokens: {e}")
@@ -201,26 +206,49 @@ def check_num_worst_tokens(rank: int, world_size: int, config: dict[str, Any], s
                 rx, ri, rw, per_expert, handle, event = buf.dispatch(
                     *args, output_layout=layout, expert_alignment=b.expert_alignment, num_worst_tokens=worst)
                 event.synchronize()
-                _check_recv(rx, ri, rw, per_expert, padded, ctx)
+                _check_recv(rx, ri, rw, _per_expert_tensor(per_expert, rx, ctx), padded, ctx)
                 n = want.x.shape[0]
                 if not (bool((rx[n:] == 0).all()) and bool((ri[n:] == -1).all()) and bool((rw[n:] == 0).all())):
                     raise AssertionError(f"{ctx}: rows past the {n} received are not x 0, ids -1, weights 0")
-                if handle.num_recv_rows != want.x.shape[0]:
-                    raise AssertionError(f"{ctx}: handle.num_recv_rows {handle.num_recv_rows} != {want.x.shape[0]}")
+                if handle.num_recv_rows != worst or handle.num_worst_tokens != worst:
+                    raise AssertionError(f"{ctx}: the handle covers {handle.num_recv_rows} rows "
+                                         f"(num_worst_tokens {handle.num_worst_tokens}), not {worst}")
+                assert_bitwise("handle.recv_src_rank", handle.recv_src_rank, padded.src_rank, ctx)
+                assert_bitwise("handle.recv_src_token", handle.recv_src_token, padded.src_token, ctx)
                 xs = [torch.randn(i.x.shape, generator=torch.Generator().manual_seed(case_seed * 13 + r)).to(i.x.dtype)
                       for r, i in enumerate(inputs)]
                 ref2 = reference.dispatch(xs, [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
                                           b.num_experts, layout, b.expert_alignment)
-                rx, ri, rw, per_expert, _, event = buf.dispatch(xs[rank].to(dev), handle=handle, num_worst_tokens=worst)
+                # A cached dispatch of a worst-case handle is worst-case sized without being asked.
+                rx, ri, rw, per_expert, _, event = buf.dispatch(xs[rank].to(dev), handle=handle)
                 event.synchronize()
-                _check_recv(rx, ri, rw, per_expert, reference.pad_recv(ref2.recv[rank], worst), f"{ctx} cached")
-                _check_combines(buf, handle, ref, inputs, rank, world_size, cfg, layout, dev, ctx, case_seed, 1)
+                _check_recv(rx, ri, rw, _per_expert_tensor(per_expert, rx, ctx), reference.pad_recv(ref2.recv[rank], worst),
+                            f"{ctx} cached")
+                _check_combines(buf, handle, ref, inputs, rank, world_size, cfg, layout, dev, ctx, case_seed, 1,
+                                rows=worst)
+                # An exact handle (counted on the host) asked for worst-case sizes when cached.
+                *_, exact, event = buf.dispatch(*args, output_layout=layout, expert_alignment=b.expert_alignment)
+                rx, ri, rw, per_expert, _, event = buf.dispatch(xs[rank].to(dev), handle=exact, num_worst_tokens=worst)
+                event.synchronize()
+                _check_recv(rx, ri, rw, _per_expert_tensor(per_expert, rx, ctx), reference.pad_recv(ref2.recv[rank], worst),
+                            f"{ctx} cached from an exact handle")
                 checked += 1
     return checked
 
 
+def _per_expert_tensor(per_expert, rx: torch.Tensor, ctx: str) -> list[int]:
+    """With worst-case sizes the per-expert counts are a tensor beside the outputs (a list
+    would need the host to wait for the device)."""
+    if not isinstance(per_expert, torch.Tensor) or per_expert.device != rx.device or per_expert.dtype != torch.int32:
+        raise AssertionError(f"{ctx}: num_recv_tokens_per_expert is {per_expert!r}; expected an int32 tensor on "
+                             f"{rx.device}")
+    return per_expert.tolist()
+
+
 def _check_combines(buf: Buffer, handle, ref, inputs, rank: int, world_size: int, cfg: Config, layout: str,
-                    dev: torch.device, ctx: str, seed: int, combines: int) -> None:
+                    dev: torch.device, ctx: str, seed: int, combines: int, rows: int = 0) -> None:
+    """``rows`` > 0: y has that many rows (a worst-case handle), the received rows' values
+    first, then rows combine must ignore (random too)."""
     b = cfg.buffer
     # Expert outputs: fresh values per receiving rank (and per combine), derived from the seed
     # so that every rank can compute every rank's y for the reference combine.
@@ -234,7 +262,13 @@ def _check_combines(buf: Buffer, handle, ref, inputs, rank: int, world_size: int
                for r in range(world_size)] if layout == "rank" else None
         want_c = reference.combine(ys, ref, [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
                                    b.num_experts, layout, rws)
-        out, out_w, event = buf.combine(ys[rank].to(dev), handle, rws[rank].to(dev) if rws else None)
+        y, rw = ys[rank], rws[rank] if rws else None
+        if rows:
+            g = torch.Generator().manual_seed(cseed * 17 + rank)
+            y = torch.cat([y, torch.randn((rows - y.shape[0], y.shape[1]), generator=g).to(y.dtype)])
+            if rw is not None:
+                rw = torch.cat([rw, torch.rand((rows - rw.shape[0], rw.shape[1]), generator=g)])
+        out, out_w, event = buf.combine(y.to(dev), handle, rw.to(dev) if rw is not None else None)
         event.synchronize()
         cctx = f"{ctx} combine {c + 1} of {combines}" if combines > 1 else ctx
         assert_bitwise("combined_x", out, want_c[rank][0], cctx)

@@ -68,10 +68,13 @@ def raise_after_alloc(rank: int, world_size: int, config: dict[str, Any]) -> lis
     return sorted(os.listdir("/dev/shm"))
 
 
-def bad_expert_id(rank: int, world_size: int, config: dict[str, Any], kind: str, seed: int) -> tuple[str, bool]:
+def bad_expert_id(rank: int, world_size: int, config: dict[str, Any], kind: str, seed: int,
+                  worst: int = 0) -> tuple[str, bool]:
     """The last rank's topk_idx holds an out-of-range (kind 'range') or a repeated ('duplicate')
     expert id. Returns (the InputError this rank got, whether the next valid dispatch + combine
-    on the same Buffer was bitwise equal to the reference)."""
+    on the same Buffer was bitwise equal to the reference). ``worst`` > 0: the dispatch asks
+    for num_worst_tokens and may return before the device checked the ids; the error comes by
+    ``synchronize()`` at the latest."""
     cfg = from_dict(config)
     b = cfg.buffer
     with Buffer(None, cfg) as buf:
@@ -84,7 +87,8 @@ def bad_expert_id(rank: int, world_size: int, config: dict[str, Any], kind: str,
             else:
                 idx[5, 2] = idx[5, 0]
         try:
-            buf.dispatch(inp.x.to(dev), idx.to(dev), inp.topk_weights.to(dev))
+            buf.dispatch(inp.x.to(dev), idx.to(dev), inp.topk_weights.to(dev), num_worst_tokens=worst)
+            buf.synchronize()
             msg = "no error"
         except InputError as e:
             msg = str(e)

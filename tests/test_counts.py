@@ -9,7 +9,7 @@ import torch
 from symmoe import reference
 from symmoe.config import Config
 from symmoe.errors import CapacityError, InputError
-from symmoe.protocol.counts import bad_input_error, dispatch_result, received_rows
+from symmoe.protocol.counts import bad_input_error, deferred_error, dispatch_result, received_rows
 from symmoe.testing import CHECK_ROUTINGS, _tokens_per_rank
 from symmoe.workload import make_inputs
 
@@ -118,10 +118,11 @@ def test_dispatch_result_raises_for_bad_ids_and_over_capacity_on_every_rank():
 
 
 @pytest.mark.parametrize("layout", ["rank", "expert"])
-def test_dispatch_result_with_num_worst_tokens_views_that_many_rows_and_keeps_the_handle_exact(layout):
+def test_dispatch_result_with_num_worst_tokens_views_that_many_rows_in_outputs_and_handle(layout):
     """num_worst_tokens=N on a GPU dispatch: N rows of the worst-case outputs, the kernels' rows
-    first and the rest filled (x 0, ids -1, weights 0, sources -1); the handle still holds the
-    received rows only; fewer than some rank receives raises on every rank."""
+    first and the rest filled (x 0, ids -1, weights 0, sources -1); the handle covers the same
+    N rows (combine takes N rows and skips sources -1); fewer than some rank receives raises
+    on every rank."""
     lay, inputs, counts = _case(2, CHECK_ROUTINGS[0], seed=9)
     ref = reference.dispatch([i.x for i in inputs], [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
                              lay.num_experts, layout, 4)
@@ -138,10 +139,44 @@ def test_dispatch_result_with_num_worst_tokens_views_that_many_rows_and_keeps_th
     assert torch.equal(recv.x[:rows], kernel_rows["x"][:rows]) and torch.equal(recv.src_token[:rows], kernel_rows["src_token"][:rows])
     assert bool((recv.x[rows:] == 0).all()) and bool((recv.topk_idx[rows:] == -1).all())
     assert bool((recv.topk_weights[rows:] == 0).all()) and bool((recv.src_rank[rows:] == -1).all())
-    assert handle.num_recv_rows == rows
-    assert handle.recv_src_rank.shape[0] == handle.recv_src_token.shape[0] == handle.recv_src_slot.shape[0] == rows
+    assert handle.num_recv_rows == handle.num_worst_tokens == worst
+    assert handle.recv_src_rank.shape[0] == handle.recv_src_token.shape[0] == handle.recv_src_slot.shape[0] == worst
+    assert handle.recv_src_rank.data_ptr() == out["src_rank"].data_ptr()  # the kernels' rows, no copy
+    for src in (handle.recv_src_rank, handle.recv_src_token, handle.recv_src_slot):
+        assert bool((src[rows:] == -1).all())
     for r in range(2):
         with pytest.raises(CapacityError, match="num_worst_tokens"):
             dispatch_result(lay, counts, r, layout, 4, lambda: (0, 0, 0, 0), _worst_case_outputs(lay, layout),
                             inputs[r].topk_idx, inputs[r].topk_weights,
                             torch.ones((inputs[r].x.shape[0], 2), dtype=torch.bool), 1, worst=most - 1)
+
+
+KINDS = {"capacity": 1, "bad_ids": 2}  # the DEFERRED codes of the CUDA modules (csrc/kernels/tail.cuh)
+
+
+def test_a_deferred_bad_id_names_the_id_on_the_bad_rank_and_the_bad_rank_elsewhere():
+    """A num_worst_tokens dispatch on the CUDA protocols does not wait: its tail kernel leaves
+    (kind, epoch, rank, rows, worst, expert_major) and a later call raises from it."""
+    lay, _, _ = _case(2, CHECK_ROUTINGS[0], seed=12)
+    record = (KINDS["bad_ids"], 7, 1, 0, 40, 0)
+    own = deferred_error(lay, record, 1, KINDS, lambda: (1, 3, 1, 23))
+    other = deferred_error(lay, record, 0, KINDS, lambda: pytest.fail("read only on the bad rank"))
+    assert type(own) is InputError and "expert id 23 (token 3)" in str(own)
+    assert "rank 1 passed an invalid topk_idx" in str(other)
+    for e in (own, other):
+        assert "num_worst_tokens=40 (epoch 7)" in str(e) and "moved nothing on any rank" in str(e)
+
+
+def test_a_deferred_overflow_names_the_receiver_and_the_limit_it_passed():
+    lay, _, _ = _case(2, CHECK_ROUTINGS[0], seed=13, **{"buffer.recv_capacity": 20})
+    over_worst = deferred_error(lay, (KINDS["capacity"], 3, 1, 19, 18, 0), 0, KINDS, lambda: (0, 0, 0, 0))
+    over_pool = deferred_error(lay, (KINDS["capacity"], 4, 0, 25, 30, 1), 1, KINDS, lambda: (0, 0, 0, 0))
+    assert isinstance(over_worst, CapacityError) and "num_worst_tokens=18 but rank 1 receives 19 rows" in str(over_worst)
+    assert isinstance(over_pool, CapacityError) and "rank 0 would receive 25 rows (expert-major)" in str(over_pool)
+    assert "recv_capacity" in str(over_pool)
+
+
+def test_a_record_without_an_error_kind_is_a_bug_not_an_error_to_raise():
+    lay, _, _ = _case(2, CHECK_ROUTINGS[0], seed=14)
+    with pytest.raises(AssertionError, match="names no error"):
+        deferred_error(lay, (9, 1, 0, 0, 8, 0), 0, KINDS, lambda: (0, 0, 0, 0))

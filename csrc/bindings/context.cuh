@@ -16,6 +16,7 @@
 #include "../common/layout.cuh"
 #include "../kernels/combine.cuh"
 #include "../kernels/dispatch.cuh"
+#include "../kernels/tail.cuh"
 #include "host_wait.h"
 
 namespace symmoe {
@@ -258,6 +259,19 @@ struct Ctx {
     check(cudaGetLastError(), "unpack_kernel launch");
   }
 
+  // num_worst_tokens, after the data kernels on the same stream: this rank's outputs from its
+  // received rows to `worst` filled, its per-expert counts (int32[L]) and, on bad ids or a
+  // receiver over the limit, the host-mapped DeferredError. No host wait.
+  void recv_tail(uintptr_t counts, const py::dict& out, int64_t worst, bool expert_major, int alignment,
+                 uintptr_t per_expert, uintptr_t deferred, int64_t epoch, uintptr_t stream) {
+    const Outputs o = outputs(out);
+    const std::string e = launch_recv_tail(L, P<const int32_t>(counts),
+                                           TailOutputs{o.x, o.idx, o.w, o.src_rank, o.src_token, o.src_slot}, worst,
+                                           expert_major, alignment, rank, P<int32_t>(per_expert),
+                                           P<DeferredError>(deferred), epoch, grid, max_smem - 128, S(stream));
+    if (!e.empty()) throw std::invalid_argument(e);
+  }
+
   void combine_send(uintptr_t y, uintptr_t rw, uintptr_t src_rank, uintptr_t src_token, uintptr_t src_slot, int64_t rows,
                     int64_t epoch, uintptr_t stream) {
     const MoveCfg m = move_cfg(0);
@@ -320,6 +334,7 @@ void bind_context(py::module_& m, Init init) {
                               py::arg("combine.done") = int(kStageCombineDone),
                               py::arg("barrier") = int(kStageMemoryBarrier),
                               py::arg("bulk copy") = int(kStageBulkCopy));
+  m.attr("DEFERRED") = py::dict(py::arg("capacity") = int(kDeferredCapacity), py::arg("bad_ids") = int(kDeferredBadIds));
   bind_wait_mapped(m);
   m.def("host_alloc_mapped", [](size_t nbytes) {
     void* h = nullptr;
@@ -354,6 +369,8 @@ void bind_context(py::module_& m, Init init) {
       .def("push", &C::push, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("epoch"), py::arg("stream"))
       .def("unpack", &C::unpack, py::arg("counts"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"), py::arg("stream"))
+      .def("recv_tail", &C::recv_tail, py::arg("counts"), py::arg("out"), py::arg("worst"), py::arg("expert_major"),
+           py::arg("alignment"), py::arg("per_expert"), py::arg("deferred"), py::arg("epoch"), py::arg("stream"))
       .def("combine_send", &C::combine_send, py::arg("y"), py::arg("rw"), py::arg("src_rank"), py::arg("src_token"),
            py::arg("src_slot"), py::arg("rows"), py::arg("epoch"), py::arg("stream"))
       .def("combine_reduce", &C::combine_reduce, py::arg("elem_size"), py::arg("is_bf16"), py::arg("y"), py::arg("rw"),

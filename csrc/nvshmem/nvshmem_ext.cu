@@ -43,6 +43,7 @@
 #include "dispatch.cuh"
 #include "notify.cuh"
 #include "../bindings/host_wait.h"
+#include "../kernels/tail.cuh"
 
 namespace py = pybind11;
 
@@ -254,6 +255,25 @@ __global__ void pe_kernel(int* out) {
   out[1] = nvshmem_n_pes();
 }
 
+// num_worst_tokens, after the dispatch kernel: kernels/tail.cuh's tail (the outputs past the
+// received rows, the per-expert counts, the DeferredError), as on the CUDA protocols.
+// ptrs: counts, out_x, out_idx, out_w, out_rank, out_tok, out_slot, per_expert, deferred
+void launch_tail(const std::vector<int64_t>& lay, int me, int expert_major, int alignment, int64_t worst,
+                 int64_t epoch, const std::vector<int64_t>& p, int64_t stream) {
+  if (p.size() != 9) throw std::runtime_error("tail: expected 9 pointers");
+  Layout l = layout_from(lay);
+  int dev = 0, max_smem = 0;
+  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+  cuda_check(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+  const std::string e = launch_recv_tail(
+      l, ptr<const int32_t>(p[0]),
+      TailOutputs{ptr<uint8_t>(p[1]), ptr<int64_t>(p[2]), ptr<float>(p[3]), ptr<int32_t>(p[4]), ptr<int32_t>(p[5]),
+                  ptr<int32_t>(p[6])},
+      worst, expert_major != 0, alignment, me, ptr<int32_t>(p[7]), ptr<DeferredError>(p[8]), epoch,
+      route_max_blocks(), max_smem - 1024, ptr<CUstream_st>(stream));
+  if (!e.empty()) throw std::runtime_error(e);
+}
+
 // Device-side view of the runtime, to check this module's device state was registered.
 std::vector<int> device_pes() {
   int* d = nullptr;
@@ -288,6 +308,9 @@ PYBIND11_MODULE(symmoe_nvshmem, m) {
   m.def("barrier", &launch_barrier);
   m.def("dispatch", &launch_dispatch);
   m.def("combine", &launch_combine);
+  m.def("tail", &launch_tail);
+  m.attr("DEFERRED") = py::dict(py::arg("capacity") = int(symmoe::kDeferredCapacity),
+                                py::arg("bad_ids") = int(symmoe::kDeferredBadIds));
   m.attr("threads") = kThreads;
   m.attr("max_world") = kMaxWorld;
 }

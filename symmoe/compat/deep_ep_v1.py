@@ -39,7 +39,7 @@ from ..config import Config as SymmoeConfig
 from ..errors import InputError
 from ..handle import DispatchHandle
 from ._common import (EventHandle, EventOverlap, UnsupportedArgument, UnsupportedCall, Unavailable, align_up,
-                      capture, check_int, check_not_fp8, describe, hidden_from_bytes, pad_rows, reject, resolve,
+                      capture, check_int, check_not_fp8, describe, hidden_from_bytes, reject, resolve,
                       rows_for_combine, set_default_config, topk_idx_t, unsupported, wait)
 
 __all__ = ["Buffer", "Config", "EventOverlap", "EventHandle", "Handle", "topk_idx_t", "set_default_config"]
@@ -306,11 +306,9 @@ class Buffer:
         per_expert_list = [] if num_worst_tokens else [align_up(c, expert_alignment) for c in per_expert]
         counts = sh.counts.to(self.symmoe.device)
         rank_prefix_matrix = counts[:, 1:1 + self.group_size].cumsum(0).to(torch.int32)
+        # With num_worst_tokens symmoe's handle covers the worst-case rows, sources -1 past the
+        # received ones, as DeepEP's recv_src_idx (whose rows there it leaves uninitialised).
         recv_src_idx = sh.recv_src_token
-        if num_worst_tokens:
-            # DeepEP's worst-case outputs: the real rows, then rows whose topk_idx is -1 (it
-            # leaves their x/weights uninitialised; here they are 0).
-            recv_src_idx = pad_rows(recv_src_idx, num_worst_tokens, -1)
         new_handle = Handle((rank_prefix_matrix, _internal("channel_prefix_matrix"),
                              _internal("recv_channel_prefix_matrix"), recv_src_idx, sh.is_token_in_rank,
                              _internal("send_head")), sh, num_worst_tokens, self)

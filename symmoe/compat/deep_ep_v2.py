@@ -309,7 +309,9 @@ class ElasticBuffer:
             recv_x, recv_idx, recv_w, per_expert, sh, event = self.symmoe.dispatch(
                 x, routing, weights, output_layout=layout, expert_alignment=alignment if do_expand else 1,
                 num_worst_tokens=worst)
-        unaligned = torch.tensor(per_expert, dtype=torch.int64)
+        # a list, or with worst-case sizes a tensor on the outputs' device (Buffer.dispatch):
+        # without CPU sync it stays there
+        unaligned = torch.as_tensor(per_expert, dtype=torch.int64)
         if cumulative_local_expert_recv_stats is not None:
             cumulative_local_expert_recv_stats.add_(unaligned.to(cumulative_local_expert_recv_stats.device,
                                                                  cumulative_local_expert_recv_stats.dtype))
@@ -327,23 +329,26 @@ class ElasticBuffer:
                      num_sms: int, padded: bool) -> EPHandle:
         dev, W, K = self.symmoe.device, self.num_ranks, routing.shape[1]
         L = num_experts // W
+        # The counts are on the device when the dispatch did not wait (num_worst_tokens on the
+        # GPU backends): without CPU sync nothing below reads them on the host, except the
+        # expanded layout's metadata (its unique/nonzero wait for the device).
         per_src = sh.counts[:, 1 + self.rank_idx].long()  # tokens each rank sent here
-        tokens = int(per_src.sum())
         aligned = (unaligned + alignment - 1) // alignment * alignment
         if do_expand:
             offsets = reference.padded_group_offsets(unaligned, alignment)
             psum_expert = offsets[:-1] + unaligned
-            meta = self._expanded_metadata(sh, tokens, K, nmax)
+            meta = self._expanded_metadata(sh, int(per_src.sum()), K, nmax)
         else:
             psum_expert = aligned.cumsum(0)
             meta = self._rank_metadata(sh, recv_idx, K, nmax)
-        num_recv, num_expanded, per_expert_list = tokens, int(aligned.sum()), aligned.tolist()
         if padded:
             # DeepEP's worst-case sizes without CPU sync (and no per-expert list then).
             num_recv = _worst_rows(False, W, nmax, K, L, alignment)
             num_expanded = _worst_rows(True, W, nmax, K, L, alignment)
             per_expert_list = []
             meta = pad_rows(meta, num_recv, -1)
+        else:
+            num_recv, num_expanded, per_expert_list = int(per_src.sum()), int(aligned.sum()), aligned.tolist()
         return EPHandle(
             do_expand=do_expand, num_experts=num_experts, expert_alignment=alignment, num_max_tokens_per_rank=nmax,
             num_sms=num_sms, topk_idx=routing, num_recv_tokens=num_recv, num_expanded_tokens=num_expanded,
@@ -357,9 +362,10 @@ class ElasticBuffer:
     def _rank_metadata(sh: DispatchHandle, recv_idx: torch.Tensor, K: int, nmax: int) -> torch.Tensor:
         src, tok = sh.recv_src_rank.long(), sh.recv_src_token.long()
         meta = torch.full((src.shape[0], K + 2), -1, dtype=torch.int32, device=recv_idx.device)
-        meta[:, 0] = (src * nmax + tok).to(torch.int32)
+        real = src >= 0  # rows past the received ones (num_worst_tokens) keep -1
+        meta[:, 0] = torch.where(real, src * nmax + tok, -1).to(torch.int32)
         first_local = (recv_idx >= 0).to(torch.int8).argmax(1)  # every received row has one
-        meta[:, 1] = (src * K + first_local).to(torch.int32)
+        meta[:, 1] = torch.where(real, src * K + first_local, -1).to(torch.int32)
         return meta
 
     @staticmethod

@@ -68,7 +68,8 @@ class Protocol(ABC):
         the same earlier dispatch); the rows land where that dispatch put them. This default
         runs the whole dispatch again from the handle's routing; the GPU protocols keep the
         routing's device state in ``handle.cache`` and skip the routing and the host wait."""
-        return self.dispatch(x, handle.topk_idx, handle.topk_weights, handle.output_layout, handle.alignment, worst)[0]
+        return self.dispatch(x, handle.topk_idx, handle.topk_weights, handle.output_layout, handle.alignment,
+                             max(worst, handle.num_worst_tokens))[0]
 
     @abstractmethod
     def combine(self, y: torch.Tensor, handle: DispatchHandle,

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from .. import validate
-from ..errors import InputError
+from ..errors import CapacityError, InputError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..reference import RecvResult, fill_tail
@@ -62,15 +62,23 @@ def dispatch_result(lay: BufferLayout, counts: np.ndarray, rank: int, output_lay
     totals, per_expert = received_rows(lay, counts, rank, output_layout, alignment, worst)
     rows = int(totals[rank])
     recv = recv_views(out, rows, torch.from_numpy(per_expert), worst)
-    # The handle holds the received rows' sources: recv's own views unless they run past them.
-    src_rank, src_token = ((recv.src_rank, recv.src_token) if recv.src_rank.shape[0] == rows
-                           else (out["src_rank"][:rows], out["src_token"][:rows]))
-    handle = DispatchHandle(
+    return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, torch.from_numpy(counts), out, recv,
+                             buffer_id, alignment, cache, worst)
+
+
+def make_handle(output_layout: str, topk_idx: torch.Tensor, topk_weights: torch.Tensor, in_rank: torch.Tensor,
+                counts: torch.Tensor, out: dict[str, torch.Tensor | None], recv: RecvResult, buffer_id: int,
+                alignment: int, cache: Any, worst: int) -> DispatchHandle:
+    """A GPU dispatch's handle over the rows of ``recv`` (views of its outputs ``out``; all
+    ``worst`` of them with num_worst_tokens, whose sources past the received rows are -1):
+    recv's own source views, and the slot column from ``out``."""
+    rows = recv.src_rank.shape[0]
+    return DispatchHandle(
         output_layout=output_layout, num_tokens=topk_idx.shape[0], topk_idx=topk_idx.long(),
-        topk_weights=topk_weights, is_token_in_rank=in_rank, counts=torch.from_numpy(counts), num_recv_rows=rows,
-        recv_src_rank=src_rank, recv_src_token=src_token, recv_src_slot=out["src_slot"][:rows],
-        expert_offsets=out["expert_offsets"], buffer_id=buffer_id, alignment=alignment, cache=cache)
-    return recv, handle
+        topk_weights=topk_weights, is_token_in_rank=in_rank, counts=counts, num_recv_rows=rows,
+        recv_src_rank=recv.src_rank, recv_src_token=recv.src_token, recv_src_slot=out["src_slot"][:rows],
+        expert_offsets=out["expert_offsets"], buffer_id=buffer_id, alignment=alignment, cache=cache,
+        num_worst_tokens=worst)
 
 
 def recv_views(out: dict[str, torch.Tensor | None], rows: int, per_expert: torch.Tensor, worst: int = 0) -> RecvResult:
@@ -84,14 +92,39 @@ def recv_views(out: dict[str, torch.Tensor | None], rows: int, per_expert: torch
         src_token=out["src_token"][:n], expert_offsets=out["expert_offsets"])
     if n > rows:
         fill_tail(recv, rows)
+        out["src_slot"][rows:n].fill_(-1)  # the handle's third source column
     return recv
 
 
-def cached_rows(lay: BufferLayout, handle: DispatchHandle, rank: int, worst: int = 0) -> tuple[int, torch.Tensor]:
-    """(the most rows any rank received, num_recv_tokens_per_expert of ``rank``) in the
-    dispatch that made ``handle``, from its counts: host arithmetic, as a cached dispatch
-    never waits for the device. Raises on every rank when ``worst`` (num_worst_tokens) is
-    less than some rank's rows."""
+def cached_rows(lay: BufferLayout, handle: DispatchHandle, rank: int,
+                worst: int = 0) -> tuple[int, int, torch.Tensor]:
+    """(the most rows any rank received, the rows ``rank`` received, its
+    num_recv_tokens_per_expert) in the dispatch that made ``handle``, from its counts: host
+    arithmetic, as a cached dispatch never waits for the device. Raises on every rank when
+    ``worst`` (num_worst_tokens) is less than some rank's rows."""
     totals, per_expert = received_rows(lay, handle.counts.numpy(), rank, handle.output_layout, handle.alignment,
                                        worst)
-    return int(totals.max()), torch.from_numpy(per_expert)
+    return int(totals.max()), int(totals[rank]), torch.from_numpy(per_expert)
+
+
+def deferred_error(lay: BufferLayout, record: Sequence[int], rank: int, kinds: dict[str, int],
+                   bad_info: Callable[[], Sequence[int]]) -> InputError:
+    """The error a dispatch that did not wait on the host (num_worst_tokens on the CUDA
+    protocols) left for a later call: ``record`` is the device's DeferredError (kind, epoch,
+    rank, rows, worst, expert_major; ``kinds`` the kind codes). Every rank's tail kernel
+    derived it from the same matrix, so every rank raises it."""
+    kind, epoch, who, rows, worst, expert_major = (int(v) for v in record[:6])
+    when = f"an earlier dispatch with num_worst_tokens={worst} (epoch {epoch}), whose outputs are not valid"
+    if kind == kinds["bad_ids"]:
+        marks = np.zeros((lay.world_size, 1), dtype=np.int64)
+        marks[who, 0] = -1  # the first rank whose ids were rejected
+        info = bad_info() if rank == who else (0, 0, 0, 0)  # this rank's own record, read only if it is the bad one
+        return InputError(f"{when}: {bad_input_error(lay, marks, rank, info)}")
+    if kind == kinds["capacity"]:
+        totals = [0] * lay.world_size
+        totals[who] = rows
+        try:
+            lay.check_capacity(totals, "expert" if expert_major else "rank", worst)
+        except CapacityError as e:
+            return CapacityError(f"{when}: {e}")
+    raise AssertionError(f"deferred error record {list(record)} names no error")

@@ -56,7 +56,7 @@ from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots
-from .counts import cached_rows, dispatch_result, recv_views
+from .counts import cached_rows, deferred_error, dispatch_result, make_handle, recv_views
 
 MAX_LOCAL_EXPERTS = 4096  # the data kernels keep per-expert tables in shared memory
 
@@ -124,6 +124,7 @@ class _CudaProtocol(Protocol):
         self._bad_flag = torch.zeros(1, dtype=torch.int32, device=self.device)
         self._bad_info = self.mod.host_alloc_mapped(32)  # kind, token, slot, value (int64 each)
         self.ctx.set_input_check(self._bad_flag.data_ptr(), self._bad_info[1])
+        self._deferred = self.mod.host_alloc_mapped(64)  # DeferredError of a dispatch without the host wait
         offs = layout.offsets()
         self._offs = offs
         self._base = mem.local.data_ptr()
@@ -141,9 +142,16 @@ class _CudaProtocol(Protocol):
         return self.mem.view(self._offs[name], dtype, shape)
 
     def check(self, synchronize: bool = False) -> None:
-        """Raise StallError if a device wait of an earlier call expired."""
+        """Raise StallError if a device wait of an earlier call expired; InputError or
+        CapacityError (once) for an earlier num_worst_tokens dispatch that did not wait."""
         if synchronize:
             self._stream().synchronize()
+        record = (ctypes.c_int64 * 6).from_address(self._deferred[0])
+        if record[0]:
+            error = deferred_error(self.layout, list(record), self.rank, self.mod.DEFERRED,
+                                   lambda: tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0])))
+            record[0] = 0  # raised once: the buffer stays usable (the kernels kept inside their capacity)
+            raise error
         word = (ctypes.c_int64 * 4).from_address(self._err[0])
         if word[0]:
             stage = self._stage_names.get(int(word[0]), f"stage {int(word[0])}")
@@ -207,13 +215,20 @@ class _CudaProtocol(Protocol):
         # The published routing, for a cached dispatch after other dispatches overwrote it:
         # the routing kernels store this copy as they publish (no copy launch).
         routing = torch.empty(self._routing_bytes(T), dtype=torch.uint8, device=self.device)
-        self.ctx.set_routing_outputs(self._counts_mapped[1], counts_dev.data_ptr(), routing.data_ptr(),
-                                     self._counts_ready[1])
+        # num_worst_tokens: no host wait, so no host copy of the counts either.
+        self.ctx.set_routing_outputs(0 if worst else self._counts_mapped[1], counts_dev.data_ptr(), routing.data_ptr(),
+                                     0 if worst else self._counts_ready[1])
         self._layout(topk_idx, topk_weights, True, None, None, in_rank)
         epoch = self._epoch  # the routing kernel writes it to _counts_ready after the matrix
-        self._counts_event.record(stream)
+        if not worst:
+            self._counts_event.record(stream)
         self._move(x, args, expert_major, alignment, counts_dev)
         self._published = routing
+        cache = _RoutingState(routing, counts_dev, selfmap)
+        if worst:  # DeepEP's num_worst_tokens: the device finishes what the host would read
+            recv = self._tail(out, counts_dev, worst, expert_major, alignment)
+            return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, counts_dev, out, recv,
+                                     self.buffer_id, alignment, cache, worst)
 
         # The data kernel keeps the GPU busy meanwhile.
         self._wait_counts(self._counts_event,
@@ -221,8 +236,17 @@ class _CudaProtocol(Protocol):
         self.check()
         return dispatch_result(lay, self._counts_np, me, output_layout, alignment,
                                lambda: tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0])), out, topk_idx,
-                               topk_weights, in_rank, self.buffer_id, cache=_RoutingState(routing, counts_dev, selfmap),
-                               worst=worst)
+                               topk_weights, in_rank, self.buffer_id, cache=cache)
+
+    def _tail(self, out: dict[str, torch.Tensor | None], counts_dev: torch.Tensor, worst: int, expert_major: bool,
+              alignment: int) -> RecvResult:
+        """The ``worst`` rows of a dispatch that does not wait on the host: after the data
+        kernels, a kernel fills the rows past the received ones and counts the rows per local
+        expert from the device's counts matrix; errors come back at a later call (check)."""
+        per_expert = torch.empty(self.layout.local_experts, dtype=torch.int32, device=self.device)
+        self.ctx.recv_tail(counts_dev.data_ptr(), _kernel_outputs(out, worst, None), worst, expert_major, alignment,
+                           per_expert.data_ptr(), self._deferred[1], self._epoch, self._stream().cuda_stream)
+        return recv_views(out, worst, per_expert)  # the tail kernel filled what the host would
 
     def _publish_x(self, x: torch.Tensor) -> None:
         """pull with peers: x into the input region, where they read it (own rows are read
@@ -259,9 +283,14 @@ class _CudaProtocol(Protocol):
         lay = self.layout
         self._check_aligned("x", x)
         routing, counts_dev = handle.cache.routing, handle.cache.counts
-        per_expert = cached_rows(lay, handle, self.rank, worst)[1]  # raises before any launch
+        worst = max(worst, handle.num_worst_tokens)
+        counted = not handle.counts.is_cuda  # else the dispatch never waited: its counts are on the device
+        if counted:
+            _, rows, per_expert = cached_rows(lay, handle, self.rank, worst)  # raises before any launch
+        else:
+            # what the kernels may write (the received rows are fewer), never past the pool
+            rows = min(handle.num_recv_rows, self._capacity(handle.output_layout))
         self._publish_x(x)
-        rows = handle.num_recv_rows
         out = self._outputs(max(rows, 1, worst), handle.output_layout, x.dtype)
         args = _kernel_outputs(out, max(rows, 1), None)  # same routing: the handle's selfmap holds
         # Then the counts barrier: peers read what was just republished (pull) and may refill
@@ -272,6 +301,8 @@ class _CudaProtocol(Protocol):
                                self._stream().cuda_stream)
             self._published = routing
         self._move(x, args, handle.output_layout == "expert", handle.alignment, counts_dev)
+        if not counted:
+            return self._tail(out, counts_dev, worst, handle.output_layout == "expert", handle.alignment)
         return recv_views(out, rows, per_expert, worst)
 
     # -- combine ---------------------------------------------------------------------------
@@ -304,7 +335,8 @@ class _CudaProtocol(Protocol):
             torch.cuda.synchronize(self.device)
         except Exception:
             pass
-        for h in (self._err[0], *(getattr(self, a, (0, 0))[0] for a in ("_counts_mapped", "_bad_info", "_counts_ready"))):
+        for h in (self._err[0], *(getattr(self, a, (0, 0))[0]
+                                  for a in ("_counts_mapped", "_bad_info", "_counts_ready", "_deferred"))):
             try:
                 self.mod.host_free(h)
             except Exception:

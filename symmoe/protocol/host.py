@@ -113,7 +113,8 @@ class _HostProtocol(Protocol):
                 sw = self._region("in_w", torch.float32, (T, K), rank=src)
                 self._move(sx, si, sw, src=src, dst=me, plan=plan, output_layout=output_layout, target=me)
             self._barrier("dispatch.done")
-        recv, handle = self._collect(x.dtype, routing, counts, plan, topk_idx, topk_weights, output_layout, alignment)
+        recv, handle = self._collect(x.dtype, routing, counts, plan, topk_idx, topk_weights, output_layout, alignment,
+                                     worst)
         return pad_recv(recv, worst), handle
 
     def _publish(self, x, topk_idx, topk_weights) -> None:
@@ -149,9 +150,10 @@ class _HostProtocol(Protocol):
         self._region("recv_src", torch.int32, (R,), rank=target)[base:base + n] = (tokens * S + dst).to(torch.int32)
         self._region("recv_x", x.dtype, (R, H), rank=target)[base:base + n] = x[tokens]
 
-    def _collect(self, dtype, routing, counts, plan, topk_idx, topk_weights, output_layout, alignment):
+    def _collect(self, dtype, routing, counts, plan, topk_idx, topk_weights, output_layout, alignment, worst):
         """Copy this rank's pool into fresh output tensors (the pool is reused next call);
-        expert-major, each pool row once per slot, to the row the slot carries."""
+        expert-major, each pool row once per slot, to the row the slot carries. The handle
+        covers ``worst`` rows when that is more (sources -1 past the received rows)."""
         lay, me = self.layout, self.mem.rank
         W, H, K, L, S = lay.world_size, lay.hidden, lay.topk, lay.local_experts, lay.combine_slots
         rows, pool = int(plan["totals"][me]), int(plan["pool_rows"][me])
@@ -182,11 +184,13 @@ class _HostProtocol(Protocol):
             per_expert = group.to(torch.int32)
             offsets = torch.cat([gstart, gstart.new_tensor([rows])]).long()
         recv = RecvResult(out_x, out_idx, out_w, per_expert, src_rank, src_token, offsets)
+        n = max(rows, worst)
+        src = [torch.cat([t, t.new_full((n - rows,), -1)]) for t in (src_rank, src_token, src_slot)]
         handle = DispatchHandle(
             output_layout=output_layout, num_tokens=topk_idx.shape[0], topk_idx=topk_idx.long(),
             topk_weights=topk_weights.float(), is_token_in_rank=routing.is_token_in_rank, counts=counts,
-            num_recv_rows=rows, recv_src_rank=src_rank, recv_src_token=src_token, recv_src_slot=src_slot,
-            expert_offsets=offsets, buffer_id=self.buffer_id, alignment=alignment)
+            num_recv_rows=n, recv_src_rank=src[0], recv_src_token=src[1], recv_src_slot=src[2],
+            expert_offsets=offsets, buffer_id=self.buffer_id, alignment=alignment, num_worst_tokens=worst)
         return recv, handle
 
     # -- combine ---------------------------------------------------------------------------

@@ -56,9 +56,9 @@ import torch
 
 from .. import build
 from ..errors import InputError, StallError
-from ..reference import DispatchLayout
+from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots
-from .counts import cached_rows, dispatch_result, recv_views
+from .counts import cached_rows, deferred_error, dispatch_result, make_handle, recv_views
 
 # Stage codes, as in csrc/common/layout.cuh (enum Stage).
 STAGES = {"dispatch.counts": 1, "dispatch.data": 2, "combine.data": 4, "combine.done": 5, "barrier": 6}
@@ -161,6 +161,8 @@ class NvshmemPush(Protocol):
         self._counts_host = torch.zeros((W, 1 + W + E), dtype=torch.int32, pin_memory=True)
         self._counts_event = torch.cuda.Event()
         self._counts_ready = torch.zeros(1, dtype=torch.int64, pin_memory=True)  # epoch once the matrix is in
+        # DeferredError of a dispatch without the host wait (num_worst_tokens; kernels/tail.cuh)
+        self._deferred = torch.zeros(8, dtype=torch.int64, pin_memory=True)
         # Peers reachable by load/store get plain stores; the others puts, which read their
         # source from symmetric memory (IBGDA needs registered memory). SYMMOE_NVSHMEM_STAGE=1
         # takes the put path for every peer (tests: the path of a multi-node job).
@@ -169,6 +171,15 @@ class NvshmemPush(Protocol):
         self.stage_inputs = (not mem.all_peers_mapped) or forced
 
     # -- helpers ---------------------------------------------------------------------------
+    def _raise_if_failed(self, stage: str) -> None:
+        """StallError for an expired wait; InputError / CapacityError (once) left by an
+        earlier num_worst_tokens dispatch that did not wait (the buffer stays usable)."""
+        if int(self._deferred[0]):
+            error = deferred_error(self.layout, self._deferred.tolist(), self.me, self.ext.DEFERRED, self._bad_info.tolist)
+            self._deferred[0] = 0
+            raise error
+        raise_if_failed(self.mem, stage)
+
     def _local(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         return self.mem.view(self.offs[name], dtype, shape)
 
@@ -182,7 +193,7 @@ class NvshmemPush(Protocol):
                        stream.cuda_stream)
 
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:
-        raise_if_failed(self.mem, "dispatch")
+        self._raise_if_failed("dispatch")
         W, E, T = self.W, self.layout.num_experts, topk_idx.shape[0]
         per_rank = torch.empty(W, dtype=torch.int32, device=self.device)
         per_expert = torch.empty(E, dtype=torch.int32, device=self.device)
@@ -194,7 +205,7 @@ class NvshmemPush(Protocol):
 
     # -- dispatch --------------------------------------------------------------------------
     def dispatch(self, x, topk_idx, topk_weights, output_layout, alignment, worst=0):
-        raise_if_failed(self.mem, "dispatch")  # a wait of an earlier call expired
+        self._raise_if_failed("dispatch")  # a wait of an earlier call expired
         lay, me, W = self.layout, self.me, self.W
         K = lay.topk
         dev = self.device
@@ -221,14 +232,21 @@ class NvshmemPush(Protocol):
         self._dispatches += 1
         self._last_op = "dispatch"
         epoch = self._dispatches
+        # num_worst_tokens: no host wait, so no host copy of the counts either.
+        host = {} if worst else {"counts_host": self._counts_host.data_ptr(),
+                                 "counts_ready": self._counts_ready.data_ptr()}
         self._route(topk_idx, True, epoch, {
             "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": plan["pub_idx"].data_ptr(),
             "pub_w": plan["pub_w"].data_ptr(), "pos": plan["pos"].data_ptr(), "send_ent": plan["send_ent"].data_ptr(),
-            "counts_snap": plan["counts"].data_ptr(), "counts_host": self._counts_host.data_ptr(),
-            "counts_ready": self._counts_ready.data_ptr(),
+            "counts_snap": plan["counts"].data_ptr(), **host,
             "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream)
-        self._counts_event.record(stream)
+        if not worst:
+            self._counts_event.record(stream)
         self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
+        if worst:  # DeepEP V1's num_worst_tokens: the device finishes what the host would read
+            recv = self._tail(out, plan["counts"], worst, em, alignment)
+            return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, plan["counts"], out, recv,
+                                     self.buffer_id, alignment, plan, worst)
 
         # The one host wait; the data kernel runs meanwhile.
         ready, err = self._counts_ready.data_ptr(), self.err.data_ptr()
@@ -236,6 +254,19 @@ class NvshmemPush(Protocol):
         raise_if_failed(self.mem, "dispatch.counts")
         return dispatch_result(lay, self._counts_host.numpy(), me, output_layout, alignment, self._bad_info.tolist,
                                out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=plan, worst=worst)
+
+    def _tail(self, out: dict[str, torch.Tensor | None], counts: torch.Tensor, worst: int, em: bool,
+              alignment: int) -> RecvResult:
+        """The ``worst`` rows of a dispatch that does not wait on the host: kernels/tail.cuh
+        after the dispatch kernel fills the rows past the received ones and counts the rows
+        per local expert; errors come back at a later call (_raise_if_failed)."""
+        per_expert = torch.empty(self.layout.local_experts, dtype=torch.int32, device=self.device)
+        self.ext.tail(self.args, self.me, int(em), alignment, worst, self._dispatches,
+                      [counts.data_ptr(), *(out[k].data_ptr() for k in ("x", "idx", "w", "src_rank", "src_token",
+                                                                          "src_slot")),
+                       per_expert.data_ptr(), self._deferred.data_ptr()],
+                      torch.cuda.current_stream(self.device).cuda_stream)
+        return recv_views(out, worst, per_expert)  # the tail kernel filled what the host would
 
     def _source(self, x: torch.Tensor) -> torch.Tensor:
         """Where the puts read x: the input region when some peer is reached by puts."""
@@ -262,10 +293,15 @@ class NvshmemPush(Protocol):
         memory, nothing to republish), one barrier (receivers may still be reading their
         pools from an earlier dispatch), then the dispatch kernel; this rank's rows are
         returned. No routing, no host wait."""
-        raise_if_failed(self.mem, "dispatch")
+        self._raise_if_failed("dispatch")
         # The kernel's capacity must be the same on every rank (each checks every receiver).
-        most, per_expert = cached_rows(self.layout, handle, self.me, worst)
-        cap = max(most, 1)
+        worst = max(worst, handle.num_worst_tokens)
+        counted = not handle.counts.is_cuda  # else the dispatch never waited: its counts are on the device
+        if counted:
+            most, mine, per_expert = cached_rows(self.layout, handle, self.me, worst)
+            cap = max(most, 1)
+        else:  # the same on every rank, as the handles' N is
+            cap = max(1, min(handle.num_recv_rows, self._capacity(handle.output_layout)))
         out = self._outputs(max(cap, worst), handle.output_layout, x.dtype)
         src = self._source(x)
         if self.W > 1:
@@ -274,21 +310,23 @@ class NvshmemPush(Protocol):
         self._last_op = "dispatch"
         self._send(src, handle.cache, out, cap, handle.output_layout == "expert", handle.alignment,
                    self._dispatches, None)
-        return recv_views(out, handle.num_recv_rows, per_expert, worst)
+        if not counted:
+            return self._tail(out, handle.cache["counts"], worst, handle.output_layout == "expert", handle.alignment)
+        return recv_views(out, mine, per_expert, worst)
 
     def barrier_on_stream(self) -> None:
-        raise_if_failed(self.mem, "barrier")
+        self._raise_if_failed("barrier")
         self.mem.barrier_on_stream("barrier")
 
     def check(self, synchronize: bool = False) -> None:
         """Raise StallError if a device wait of an earlier call expired."""
         if synchronize:
             torch.cuda.current_stream(self.device).synchronize()
-        raise_if_failed(self.mem, "barrier")
+        self._raise_if_failed("barrier")
 
     # -- combine ---------------------------------------------------------------------------
     def combine(self, y, handle, recv_topk_weights):
-        raise_if_failed(self.mem, "combine")
+        self._raise_if_failed("combine")
         lay, me = self.layout, self.me
         H, K = lay.hidden, lay.topk
         dev = self.device
@@ -298,11 +336,14 @@ class NvshmemPush(Protocol):
         if src_w is not None:
             src_w = src_w.float().contiguous()
         if self.stage_inputs and rows:
-            src = self._local("recv_x", y.dtype, (rows, H))
-            src.copy_(y)
+            # A num_worst_tokens handle may cover more rows than the pool; past the received
+            # ones (at most the pool) its sources are -1 and the kernel reads nothing there.
+            n = min(rows, lay.recv_rows)
+            src = self._local("recv_x", y.dtype, (n, H))
+            src.copy_(y[:n])
             if src_w is not None:
-                src_w = self._local("recv_w", torch.float32, (rows, K))
-                src_w.copy_(recv_topk_weights)
+                src_w = self._local("recv_w", torch.float32, (n, K))
+                src_w.copy_(recv_topk_weights[:n])
         out_x = torch.empty((T, H), dtype=y.dtype, device=dev)
         out_w = torch.empty((T, K), dtype=torch.float32, device=dev) if recv_topk_weights is not None else None
         if self._last_op == "combine" and self.W > 1:

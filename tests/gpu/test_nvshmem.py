@@ -117,6 +117,17 @@ def test_bad_expert_id_raises_on_every_rank_and_the_buffer_stays_usable(kind):
     expect_bad_expert_id_errors(out, kind, cfg["buffer"]["num_experts"])
 
 
+def test_bad_expert_id_with_num_worst_tokens_raises_by_synchronize_on_every_rank():
+    """num_worst_tokens: no host wait, so the routing kernel's verdict comes back by
+    synchronize() (or the next call) on every rank, and the buffer stays usable."""
+    from symmoe.testing_faults import bad_expert_id, expect_bad_expert_id_errors
+    _usable()
+    cfg = _config()
+    out = spawn(bad_expert_id, 2, args=(cfg, "range", 13, 64), env=_env(2), timeout_s=180.0)
+    expect_bad_expert_id_errors(out, "range", cfg["buffer"]["num_experts"])
+    assert all("num_worst_tokens=64" in msg for msg, _ in out), out
+
+
 def test_receiver_over_capacity_raises_on_every_rank():
     """Every token to expert 0 with a pool of 40 rows: the kernels move nothing and every rank
     raises CapacityError (decided from the same counts matrix everywhere)."""

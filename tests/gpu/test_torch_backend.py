@@ -169,6 +169,17 @@ def test_bad_expert_id_raises_on_every_rank_and_the_buffer_stays_usable(kind):
     expect_bad_expert_id_errors(out, kind, cfg["buffer"]["num_experts"])
 
 
+def test_bad_expert_id_with_num_worst_tokens_raises_by_synchronize_on_every_rank():
+    """A num_worst_tokens dispatch does not wait for the routing kernel's checks: the same
+    errors come back by synchronize() (or the next call), and the buffer stays usable."""
+    from symmoe.testing_faults import bad_expert_id, expect_bad_expert_id_errors
+
+    cfg = gpu_config()
+    out = spawn(bad_expert_id, 2, args=(cfg, "range", 12, 64), env=ENV, timeout_s=180.0)
+    expect_bad_expert_id_errors(out, "range", cfg["buffer"]["num_experts"])
+    assert all("num_worst_tokens=64" in msg for msg, _ in out), out
+
+
 @pytest.mark.parametrize("protocol", ["pull", "push"])
 def test_rows_split_into_small_copy_pieces(protocol):
     # kernel.copy_bytes=128: each 512-byte row moves as 4 bulk pieces spread over warps.
