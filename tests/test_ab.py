@@ -49,8 +49,10 @@ def test_quickstart_without_a_gpu_falls_back_to_host_and_writes_table_and_json(t
     assert "| host-push | host/push |" in cap.out and "| host-pull | host/pull |" in cap.out
     assert "FALLBACK: --no-gpu was given" in cap.out and "FALLBACK: --no-gpu was given" in cap.err  # says so
     assert "'torch-push' (torch), 'torch-pull' (torch)" in cap.err
-    assert "**bitwise:**" in cap.out and "(of dispatch and of cached dispatch)" in cap.out
+    assert "**bitwise:**" in cap.out and "(of dispatch, of worst dispatch and of cached dispatch)" in cap.out
     assert "| cached dispatch µs |" in cap.out  # the backward pass's dispatch, timed and checked too
+    assert "| worst dispatch µs |" in cap.out  # DeepEP V1's num_worst_tokens, rank-major: timed and checked
+    assert "nan" not in cap.out  # no op column without samples
     assert (out / "table.md").read_text() == cap.out
     res = json.loads((out / "results.json").read_text())
     assert res["status"] == "ok" and res["world_size"] == 2 and res["fallback"]["with"] == ["host-push", "host-pull"]
@@ -58,7 +60,8 @@ def test_quickstart_without_a_gpu_falls_back_to_host_and_writes_table_and_json(t
     assert [v["name"] for v in res["spec"]["variants"]] == ["host-push", "host-pull"]
     for r in res["ranks"]:
         for name in ("host-push", "host-pull"):
-            assert [len(r["samples"][name][op]) for op in ("dispatch", "cached_dispatch", "combine")] == [3, 3, 3]
+            assert {op: len(xs) for op, xs in r["samples"][name].items()} == {
+                "dispatch": 3, "worst_dispatch": 3, "cached_dispatch": 3, "combine": 3}
         assert r["bytes"]["network_bytes"] == 0 and r["bytes"]["total_bytes"] == r["bytes"]["rows"] * 1024 * 2
     env = res["environment"]
     for key in ("date", "hostname", "command", "torch", "git_commit", "cuda_available"):
@@ -89,6 +92,20 @@ def test_corrupted_variant_is_caught_with_variant_rank_tensor_row_and_column(tmp
     p = res["problem"]
     assert (p["variant"], p["against"], p["rank"], p["tensor"], p["row"], p["col"]) == ("pull", "push", 1, "recv_x", 2, 5)
     assert res["ranks_with_problems"] == [1]
+
+
+def test_worst_case_dispatch_is_checked_on_its_own_rows(tmp_path, monkeypatch, capsys):
+    # Only the num_worst_tokens dispatch's last row (N - 1 = W * T - 1) is flipped: the exact calls agree.
+    monkeypatch.setenv(TEST_HOOKS_ENV, "1")
+    spec = write_spec(tmp_path, f"""
+    world_size: 2
+    workload: {SMALL}
+    """, two_host_variants(", _corrupt: {tensor: recv_x, rank: 0, row: 1000000, col: 1, call: worst}"))
+    rc = cli.main([spec, "--out", str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == cli.EXIT_MISMATCH
+    assert ("bitwise mismatch: variant 'pull' differs from variant 'push' on rank 0 in recv_x at row 63, column 1 "
+            "(round 0, check pass)") in err, err
 
 
 def test_gpu_spec_falls_back_to_host_push_vs_pull_and_says_so(tmp_path, capsys):

@@ -64,6 +64,14 @@ def bootstrap_ratio(a: list[float], b: list[float], seed: int, resamples: int = 
     return {"value": value, "ci_low": lo, "ci_high": hi, "level": level, "resamples": resamples}
 
 
+def _of_dispatches(ops: dict[str, Any]) -> str:
+    """Which dispatches the bitwise line covers, when there is more than one."""
+    kinds = [LABEL[op] for op in ("dispatch", "worst_dispatch", "cached_dispatch") if op in ops]
+    if len(kinds) < 2:
+        return ""
+    return "(of " + ", of ".join(kinds[:-1]) + " and of " + kinds[-1] + ") "
+
+
 def analyse(names: list[str], ranks: list[dict[str, Any]], seed: int) -> dict[str, Any]:
     """Per variant and op: per-rank stats, step-time stats, bandwidth, ratio to the first."""
     out: dict[str, Any] = {}
@@ -219,7 +227,7 @@ def markdown(result: dict[str, Any]) -> str:
         + ("; L2 flushed before each call" if timer == "CUDA events" else ""),
         "",
         "**bitwise:** every variant's recv_x, recv_topk_idx, recv_topk_weights, per-expert counts "
-        + ("(of dispatch and of cached dispatch) " if "cached_dispatch" in stats[names[0]] else "")
+        + _of_dispatches(stats[names[0]])
         + f"and combined output identical on every rank in all {result['rounds_checked']} rounds"
         + (" (first variant also equal to symmoe.reference)" if spec["reference"] else ""),
         "",
@@ -244,6 +252,9 @@ def markdown(result: dict[str, Any]) -> str:
     if "cached_dispatch" in ops:
         lines += ["", "cached dispatch: dispatch(x, handle=...) along the routing of the dispatch before it "
                       "(the backward pass's dispatch: no routing, no host wait on the GPU backends)."]
+    if "worst_dispatch" in ops:
+        lines += ["", "worst dispatch: dispatch(..., num_worst_tokens=W * T), DeepEP's worst-case outputs "
+                      "(the received rows, then x 0, expert ids -1, weights 0; no host wait on the GPU backends)."]
     lines += ["", "Per rank: median [p10, p90] µs, GB/s.", "",
               "| variant | rank | recv rows | " + " | ".join(f"{LABEL[op]} µs | {LABEL[op]} GB/s" for op in ops) + " |",
               "|---|---|---|" + "---|" * (2 * len(ops))]

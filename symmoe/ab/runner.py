@@ -177,7 +177,10 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
                            seed=wl.seed))
     nbytes = account_bytes(idxs, rank, wl.num_experts, wl.output_layout, wl.hidden * dtype.itemsize,
                            job.ranks_per_node)
-    expected = _reference(inputs, rank, wl, gpu) if spec.reference else None
+    # DeepEP V1's worst-case sizes (rank-major: every token of every rank), timed beside the
+    # exact dispatch: on the GPU backends it has no host wait.
+    worst = world_size * T if wl.output_layout == "rank" else 0
+    expected = _reference(inputs, rank, wl, gpu, worst) if spec.reference else None
     mine = inputs[rank]
     del inputs
 
@@ -185,14 +188,15 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
     names = [v.name for v in variants]
     rounds = 1 + wl.warmup + wl.repeats
     bar = Progress(rounds * len(variants), f"ab {spec.name}", enabled=job.progress and rank == 0)
-    samples = {n: {op: [] for op in OPS} for n in names}
+    samples = {n: {op: [] for op in OPS if worst or op != "worst_dispatch"} for n in names}
     bufs: list[Buffer] = []
     try:
         for v in variants:
             bufs.append(Buffer(None, v.config))
         by_device: dict[torch.device, tuple] = {}
         in_buffer: dict[int, torch.Tensor] = {}  # x_in_buffer variants: x in their Buffer.input_view
-        golden: dict[str, torch.Tensor | None] = {}  # the first variant's round-0 outputs
+        # the first variant's round-0 outputs: of the exact calls, and of the worst-case dispatch
+        golden: dict[str, dict[str, torch.Tensor | None]] = {"exact": {}, "worst": {}}
         y_by_device: dict[torch.device, tuple] = {}
         timer = {"cuda" if b.device.type == "cuda" else "cpu" for b in bufs}
         for rnd in range(rounds):
@@ -200,21 +204,21 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
             timed = rnd >= 1 + wl.warmup
             for vi, (v, buf) in enumerate(zip(variants, bufs)):
 
-                def check(outs: dict[str, Any]) -> None:
+                def check(outs: dict[str, Any], kind: str = "exact") -> None:
                     """Compare right after each call (outputs may alias the buffer's pools)."""
                     nonlocal problem
                     if problem is not None:
                         return
-                    if v.corrupt is not None:
+                    if v.corrupt is not None and v.corrupt.get("call", kind) == kind:
                         outs = corrupt_outputs(outs, v.corrupt, rank, world_size)
                     if rnd == 0 and vi == 0:
-                        golden.update({k: (t.clone() if t is not None else None) for k, t in outs.items()})
+                        golden[kind].update({k: (t.clone() if t is not None else None) for k, t in outs.items()})
                         if expected is not None:
-                            diff = compare_outputs(outs, {k: expected[k] for k in outs})
+                            diff = compare_outputs(outs, {k: expected[kind][k] for k in outs})
                             if diff is not None:
                                 problem = _problem(rnd, wl.warmup, v.name, "symmoe.reference", rank, *diff)
                     else:
-                        diff = compare_outputs(outs, {k: golden[k] for k in outs})
+                        diff = compare_outputs(outs, {k: golden[kind][k] for k in outs})
                         if diff is not None:
                             problem = _problem(rnd, wl.warmup, v.name, names[0], rank, *diff)
 
@@ -247,10 +251,18 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
                 (rx, ri, rw, per_expert, _, ev), tcd = clock.time(buf.dispatch, x, handle=handle)
                 ev.synchronize()
                 check(_recv_outputs(rx, ri, rw, per_expert))
-                if timed:
-                    for op, t in (("dispatch", td), ("cached_dispatch", tcd), ("combine", tc)):
-                        samples[v.name][op].append(clock.seconds(t))
                 del handle, rx, ri, rw
+                times = {"dispatch": td, "cached_dispatch": tcd, "combine": tc}
+                if worst:
+                    (rx, ri, rw, per_expert, _, ev), times["worst_dispatch"] = clock.time(
+                        buf.dispatch, x, idx, w, output_layout=wl.output_layout, expert_alignment=wl.expert_alignment,
+                        num_worst_tokens=worst)
+                    ev.synchronize()
+                    check(_recv_outputs(rx, ri, rw, per_expert), "worst")
+                    del rx, ri, rw
+                if timed:
+                    for op, t in times.items():
+                        samples[v.name][op].append(clock.seconds(t))
                 bar.update()
             if rnd == 0:
                 expected = None  # checked; free it
@@ -268,9 +280,13 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
             b.close()
 
 
-def _recv_outputs(rx: torch.Tensor, ri: torch.Tensor, rw: torch.Tensor, per_expert: list[int]) -> dict[str, Any]:
-    return {"recv_x": rx, "recv_topk_idx": ri, "recv_topk_weights": rw,
-            "num_recv_tokens_per_expert": torch.tensor(per_expert, dtype=torch.int64)}
+def _recv_outputs(rx: torch.Tensor, ri: torch.Tensor, rw: torch.Tensor,
+                  per_expert: list[int] | torch.Tensor) -> dict[str, Any]:
+    """A dispatch's outputs by name; the per-expert counts (a list, or a tensor at worst-case
+    sizes) as int64 on the host."""
+    counts = (per_expert.to("cpu", torch.int64) if isinstance(per_expert, torch.Tensor)
+              else torch.tensor(per_expert, dtype=torch.int64))
+    return {"recv_x": rx, "recv_topk_idx": ri, "recv_topk_weights": rw, "num_recv_tokens_per_expert": counts}
 
 
 def _problem(rnd: int, warmup: int, variant: str, against: str, rank: int, tensor: str,
@@ -292,9 +308,10 @@ def describe_problem(p: dict[str, Any], ranks: list[int] | None = None) -> str:
             f"{p['tensor']}{where} (round {p['round']}, {p['phase']}): {p['detail']}{others}")
 
 
-def _reference(inputs, rank: int, wl, gpu: torch.device | None) -> dict[str, torch.Tensor | None]:
+def _reference(inputs, rank: int, wl, gpu: torch.device | None, worst: int) -> dict[str, dict[str, Any]]:
     """What this rank must receive and get back, by symmoe.reference, with the A/B run's
-    expert outputs (every receiver's own recv rows, and for rank-major its recv weights)."""
+    expert outputs (every receiver's own recv rows, and for rank-major its recv weights):
+    "exact" for dispatch, cached dispatch and combine, "worst" for a dispatch of ``worst`` rows."""
     dev = gpu or torch.device("cpu")
     xs = [i.x.to(dev) for i in inputs]
     idxs = [i.topk_idx.to(dev) for i in inputs]
@@ -304,6 +321,10 @@ def _reference(inputs, rank: int, wl, gpu: torch.device | None) -> dict[str, tor
     rws = [r.topk_weights for r in ref.recv] if wl.output_layout == "rank" else None
     comb = reference.combine(ys, ref, idxs, ws, wl.num_experts, wl.output_layout, rws)
     me = ref.recv[rank]
-    return {"recv_x": me.x, "recv_topk_idx": me.topk_idx, "recv_topk_weights": me.topk_weights,
-            "num_recv_tokens_per_expert": me.num_recv_tokens_per_expert.to(torch.int64).cpu(),
-            "combined_x": comb[rank][0], "combined_topk_weights": comb[rank][1]}
+    padded = reference.pad_recv(me, worst)
+
+    def recv(r) -> dict[str, torch.Tensor]:
+        return _recv_outputs(r.x, r.topk_idx, r.topk_weights, r.num_recv_tokens_per_expert)
+
+    return {"exact": {**recv(me), "combined_x": comb[rank][0], "combined_topk_weights": comb[rank][1]},
+            "worst": recv(padded)}

@@ -65,7 +65,8 @@ ROUTING_PARAMS: dict[str, tuple[str, ...]] = {
     "uniform": (), "zipf": ("zipf_s",), "group_limited": ("num_groups", "topk_groups"), "masked": ("mask_prob",),
     "empty_ranks": ("empty_ranks",), "one_expert": ("expert",), "replay": ("path",),
 }
-CORRUPT_KEYS = ("tensor", "rank", "row", "col")
+CORRUPT_KEYS = ("tensor", "rank", "row", "col", "call")
+CORRUPT_CALLS = ("exact", "worst")  # `call`: only the exact calls' outputs, or only the worst-case dispatch's
 # The tensors compared across variants, in the order they are compared.
 TENSORS = ("recv_x", "recv_topk_idx", "recv_topk_weights", "num_recv_tokens_per_expert", "combined_x",
            "combined_topk_weights")
@@ -296,6 +297,8 @@ def _variant(src: str, spec_dir: str, i: int, data: Any, hooks: bool) -> Variant
         _known(src, f"{key}._corrupt", corrupt, CORRUPT_KEYS)
         if "tensor" in corrupt:
             _choice(src, f"{key}._corrupt.tensor", corrupt["tensor"], TENSORS)
+        if "call" in corrupt:
+            _choice(src, f"{key}._corrupt.call", corrupt["call"], CORRUPT_CALLS)
     return Variant(name, cfg, origin, corrupt, x_in_buffer)
 
 
