@@ -11,7 +11,10 @@ dispatch (both protocols)
   3. pull: each receiver fetches the rows meant for it from every source's ``input`` with
      TMA bulk copies (peer global -> shared -> output), barrier "dispatch.done".
      push: each sender bulk-stores its rows into the receivers' ``recv`` pools, barrier
-     "dispatch.data"; receivers unpack the pool into the outputs.
+     "dispatch.data"; receivers unpack the pool into the outputs. With ``kernel.push_mode``
+     "stream" (the "auto" choice when every rank has a GPU of its own) one kernel does both:
+     sender blocks raise a channel's tail word at each peer after every chunk of rows, and
+     receiver blocks copy the rows out of the pool as they land.
   4. the host reads the counts, raises InputError on every rank if any rank's ids were bad
      (tokens = -1 in its row: nothing moved), checks every receiver's capacity (all ranks
      raise together), and returns views of the first ``rows`` rows of the outputs.
@@ -47,6 +50,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from .. import build
 from ..config import Config
@@ -69,6 +73,16 @@ def _kernel_outputs(out: dict[str, torch.Tensor | None], cap: int, selfmap: torc
     """The data kernels' view of a dispatch's outputs: their pointers and their rows, and
     where they record the rows this rank kept of its own tokens (None: already recorded)."""
     return {**{k: _ptr(v) for k, v in out.items()}, "capacity": cap, "selfmap": _ptr(selfmap)}
+
+
+def _gpu_sharing(mem: SymmetricMemory) -> tuple[int, int]:
+    """(most ranks of the group on one GPU, fewest SMs of their GPUs): the same on every rank;
+    collective."""
+    props = torch.cuda.get_device_properties(mem.device)
+    every: list[Any] = [None] * mem.world_size
+    dist.all_gather_object(every, (str(props.uuid), props.multi_processor_count), group=mem.group)
+    gpus = [u for u, _ in every]
+    return max(gpus.count(u) for u in gpus), min(n for _, n in every)
 
 
 class _RoutingState(NamedTuple):
@@ -109,6 +123,7 @@ class _CudaProtocol(Protocol):
                                         self._counters.data_ptr())
         self.ctx.set_copy_bytes(config.kernel.copy_bytes)
         self.ctx.set_copy_depth(config.kernel.copy_depth)
+        self._stream_channels = self._push_stream_channels(config, layout, mem)
         self._epoch = 0
         W, E = layout.world_size, layout.num_experts
         self._published: torch.Tensor | None = None  # the routing copy now in the input region
@@ -238,6 +253,19 @@ class _CudaProtocol(Protocol):
                                lambda: tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0])), out, topk_idx,
                                topk_weights, in_rank, self.buffer_id, cache=cache)
 
+    def _push_stream_channels(self, config: Config, layout: BufferLayout, mem: SymmetricMemory) -> int:
+        """Channels of the streamed push (``kernel.push_mode``), 0 for push then unpack; the
+        same on every rank (receiver channel c waits for the senders of channel c). Its
+        receivers wait inside the kernel for peers' senders, so the grids of all ranks sharing
+        a GPU must be resident at once: 2 * channels blocks each, at least one per SM."""
+        mode = config.kernel.push_mode
+        if self.name != "push" or self.world_size == 1 or mode == "unpack":
+            return 0
+        share, sms = _gpu_sharing(mem)  # collective; the condition above is the same on every rank
+        if mode == "auto" and share > 1:
+            return 0
+        return max(1, min(layout.num_channels, config.kernel.num_sms // 2, sms // (2 * share)))
+
     def _tail(self, out: dict[str, torch.Tensor | None], counts_dev: torch.Tensor, worst: int, expert_major: bool,
               alignment: int) -> RecvResult:
         """The ``worst`` rows of a dispatch that does not wait on the host: after the data
@@ -261,6 +289,8 @@ class _CudaProtocol(Protocol):
         epoch = self._next_epoch()
         if self.name == "pull":
             self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
+        elif self._stream_channels:
+            self.ctx.push_stream(_ptr(x), args, expert_major, alignment, self._stream_channels, epoch, sp)
         else:
             self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)
             if self.world_size > 1:  # alone, push wrote every row, group start and padding row

@@ -1,0 +1,208 @@
+// Push with peers, streamed (kernel.push_mode "stream"; DeepEP V1's normal-mode shape on any
+// transport): one kernel, C channels, each a sender block and a receiver block.
+//
+//   sender c    tokens [chan_begin(T, c, C), chan_begin(T, c + 1, C)) of this rank, in chunks
+//               of kStreamTokensPerWarp per warp: own rows straight into the outputs, peers'
+//               rows into their pools (push_token / push_row, as push_kernel). After each
+//               chunk its stores are complete (mover flush) and it raises, at every peer d,
+//               tail[c][me] = (epoch, rows sent to d so far | kStreamDone on the last chunk);
+//               before the first rows to d, head[c][me] = (epoch, their first pool position).
+//   receiver c  polls tail[c][s] of every peer s and copies each newly arrived pool row into
+//               the outputs (unpack_row, as unpack_kernel): the fan-out of expert-major rows
+//               and the copy out of the pool overlap the link instead of following it.
+//
+// Receivers wait inside the kernel for peers' senders, so every rank's grid must be resident at
+// once: the host sizes C so that ranks sharing a GPU fit (symmoe/protocol/cuda.py). Waits are
+// bounded: a peer whose rows stop coming is reported as stage "dispatch.data".
+#pragma once
+#include <cstdint>
+
+#include "../common/channel.cuh"
+#include "dispatch.cuh"
+
+namespace symmoe {
+
+constexpr int kStreamTokensPerWarp = 8;      // tokens each sender warp moves between two signals
+constexpr int64_t kStreamDone = 1ll << 30;   // in a tail word: the channel sent its last row
+
+// Per-peer bookkeeping in shared memory, after the two plans (bytes for W ranks).
+struct StreamState {
+  int32_t* sent;    // [W] sender: rows sent to each peer so far in this channel
+  int32_t* start;   // [W] sender: first pool position among them (INT32_MAX: none yet; -1: head is up)
+  int64_t* first;   // [W] receiver: pool row of source s's first row in this channel (-1: unknown)
+  int64_t* done;    // [W] receiver: rows of s copied so far
+  int64_t* from;    // [W] receiver: this round's new rows of s, [from, to)
+  int64_t* to;
+  int32_t* fin;     // [W] receiver: s sent and this block copied its last row
+
+  static __host__ __device__ int64_t bytes(int W) { return int64_t(W) * (4 + 4 + 8 * 4 + 4) + 16; }
+
+  __device__ void carve(uint8_t* p, int W) {
+    first = reinterpret_cast<int64_t*>(p);
+    done = first + W;
+    from = done + W;
+    to = from + W;
+    sent = reinterpret_cast<int32_t*>(to + W);
+    start = sent + W;
+    fin = start + W;
+  }
+};
+
+// Shared tables of the kernel: SendPlan, RecvPlan, StreamState, each at a 16-byte boundary.
+__host__ __device__ inline int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
+__host__ __device__ inline int64_t push_stream_plan_bytes(int W, int Le) {
+  return up16(SendPlan::bytes(W, Le)) + up16(RecvPlan::bytes(W, Le)) + StreamState::bytes(W);
+}
+
+// Bounded by the mover's block size, not 1024: at 64 registers the two roles spill.
+template <class Transport>
+__global__ void __launch_bounds__(kMaxMoverWarps * 32) push_stream_kernel(Transport tp, Layout L, const uint8_t* x, Outputs o,
+                                                           bool expert_major, int alignment, MoveCfg mc, Sync sy,
+                                                           int C) {
+  uint8_t* smem_raw = dyn_smem();
+  const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), me = sy.rank;
+  const int PC = int(L.pos_cols());
+  const int64_t rb = L.row_bytes();
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = mc.warps;
+  const bool sender = int(blockIdx.x) < C;
+  const int c = sender ? int(blockIdx.x) : int(blockIdx.x) - C;
+  __shared__ bool dead;
+  __shared__ int state;  // receiver: 0 copy the new rows, 1 finished, 2 a wait expired
+  if (threadIdx.x == 0) dead = error_set(sy.err);
+  __syncthreads();
+  const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
+  SendPlan pl;
+  pl.carve(smem_raw, W, Le);
+  RecvPlan rp;
+  rp.carve(smem_raw + up16(SendPlan::bytes(W, Le)), W, Le);
+  StreamState st;
+  st.carve(smem_raw + up16(SendPlan::bytes(W, Le)) + up16(RecvPlan::bytes(W, Le)), W);
+  // `run` only reads what every rank has alike (the counts matrix and the pool size), so a
+  // receiver waits exactly when its peers' senders send.
+  bool run = !dead && counts_valid(counts, L);
+  if (run) {
+    pl.build(counts, L, me, expert_major, alignment);
+    for (int q = 0; q < W; ++q) run = run && pl.rows[q] <= L.recv_rows;
+  }
+  const bool own = run && pl.rows[me] <= o.capacity;  // this rank's outputs hold its rows
+
+  if (sender && run) {
+    const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.in_idx);
+    const float* pw = reinterpret_cast<const float*>(tp.local + L.in_w);
+    const int32_t* ppos = reinterpret_cast<const int32_t*>(tp.local + L.in_pos);
+    for (int q = threadIdx.x; q < W; q += blockDim.x) {
+      st.sent[q] = 0;
+      st.start[q] = INT32_MAX;
+    }
+    __syncthreads();
+    WarpMover mv;
+    mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth),
+            mc.slot_bytes, mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
+    const int64_t T = counts[int64_t(me) * L.counts_cols()];
+    const int64_t t0 = chan_begin(T, c, C), t1 = chan_begin(T, c + 1, C);
+    for (int64_t a0 = t0;; a0 += int64_t(nw) * kStreamTokensPerWarp) {
+      const int64_t a1 = min(t1, a0 + int64_t(nw) * kStreamTokensPerWarp);
+      TokenRoute next = TokenRoute::load(pidx, pw, ppos, a0 + warp, K, PC, lane, a0 + warp < a1);
+      for (int64_t t = a0 + warp; t < a1; t += nw) {
+        const TokenRoute cur = next;
+        next = TokenRoute::load(pidx, pw, ppos, t + nw, K, PC, lane, t + nw < a1);
+        const PushDsts d = push_token(tp, L, pl, counts, ppos, o, cur, t, expert_major, me, own, lane);
+        const int p = cur.pos_of(ppos, t, PC, max(d.owner, 0));  // every lane: a shuffle
+        if (((d.firsts >> lane) & 1u) && d.owner != me) {
+          atomicAdd(&st.sent[d.owner], 1);
+          atomicMin(&st.start[d.owner], p);
+        }
+        if (d.n) push_row(mv, x + t * rb, d, rb, mc.slot_bytes, lane);
+      }
+      mv.flush();  // this warp's stores are written
+      __syncthreads();
+      if (threadIdx.x == 0) fence_sys();  // cumulative: every warp's stores before the signals
+      __syncthreads();
+      const bool last = a1 >= t1;
+      for (int q = threadIdx.x; q < W; q += blockDim.x) {
+        if (q == me) continue;
+        const int32_t n = st.sent[q];
+        if (n > 0 && st.start[q] >= 0) {  // the same thread raises the tail after it: ordered
+          tp.signal(q, L.head + 8 * (int64_t(c) * W + me), int64_t(sig_value(sy.epoch, st.start[q])));
+          st.start[q] = -1;  // up; atomicMin keeps it there
+        }
+        tp.signal(q, L.tail + 8 * (int64_t(c) * W + me), int64_t(sig_value(sy.epoch, n | (last ? kStreamDone : 0))));
+      }
+      __syncthreads();  // the counts were read before the next chunk adds to them
+      if (last) break;
+    }
+  }
+
+  if (!sender && run) {
+    const int64_t rows = rp.build(counts, L, me, expert_major, alignment);
+    const bool out_ok = rows <= o.capacity;
+    if (out_ok && expert_major) fill_padding(rp.goff, [&](int j) { return rp.gcnt[j]; }, Le, o, rb, c, C);
+    for (int s = threadIdx.x; s < W; s += blockDim.x) {
+      st.first[s] = -1;
+      st.done[s] = 0;
+      st.fin[s] = s == me;
+    }
+    __syncthreads();
+    const int64_t* tail = tp.local_flag(L.tail) + int64_t(c) * W;
+    const int64_t* head = tp.local_flag(L.head) + int64_t(c) * W;
+    const uint64_t t_start = global_timer_ns();
+    uint32_t spins = 0;
+    while (true) {
+      if (threadIdx.x == 0) {
+        int late = -1;
+        while (true) {
+          bool fresh = false, pending = false;
+          for (int s = 0; s < W; ++s) {
+            st.from[s] = st.to[s] = 0;
+            if (st.fin[s]) continue;
+            const uint64_t v = uint64_t(ld_acquire_sys(tail + s));
+            if ((v >> 32) != uint64_t(sy.epoch)) {  // nothing of this call yet
+              pending = true;
+              late = s;
+              continue;
+            }
+            const int64_t n = int64_t(v & uint64_t(kStreamDone - 1));
+            if (n > st.done[s]) {
+              if (st.first[s] < 0) st.first[s] = rp.rbase[s] + int64_t(uint64_t(ld_volatile(head + s)) & 0xffffffffull);
+              st.from[s] = st.done[s];
+              st.to[s] = n;
+              st.done[s] = n;
+              fresh = true;
+            }
+            if (v & uint64_t(kStreamDone)) st.fin[s] = 1;
+            else {
+              pending = true;
+              late = s;
+            }
+          }
+          if (fresh) { state = 0; break; }
+          if (!pending) { state = 1; break; }
+          if ((++spins & 255) == 0 && global_timer_ns() - t_start > sy.timeout_ns) {
+            report_error(sy.err, sy.err_host, kStageDispatchData, late, sy.epoch);
+            state = 2;
+            break;
+          }
+        }
+      }
+      __syncthreads();
+      if (state != 0) break;
+      if (out_ok) {  // the new rows, flattened over sources, one per warp
+        int64_t total = 0;
+        for (int s = 0; s < W; ++s) total += st.to[s] - st.from[s];
+        for (int64_t r = warp; r < total; r += nw) {
+          int s = 0;
+          int64_t rr = r;
+          while (rr >= st.to[s] - st.from[s]) {
+            rr -= st.to[s] - st.from[s];
+            ++s;
+          }
+          unpack_row(tp, L, rp, o, st.first[s] + st.from[s] + rr, s, rows, expert_major, lane);
+        }
+      }
+      __syncthreads();  // thread 0 rewrites from / to next round
+    }
+  }
+  grid_barrier(tp, L, sy, dead, kStageDispatchData);
+}
+
+}  // namespace symmoe
