@@ -456,6 +456,8 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
 
 // One pool row (from source s) into the outputs, every lane: rank-major to the same row;
 // expert-major to one output row per slot that names a local expert. rows: the outputs' rows.
+// Reads go through L2 (ld.global.cg): the streamed push reads rows while peers still store
+// neighbouring ones, and a line cached in L1 earlier could hold their old bytes.
 template <class Transport>
 __device__ __forceinline__ void unpack_row(const Transport& tp, const Layout& L, const RecvPlan& pl, const Outputs& o,
                                            int64_t row, int s, int64_t rows, bool expert_major, int lane) {
@@ -464,15 +466,15 @@ __device__ __forceinline__ void unpack_row(const Transport& tp, const Layout& L,
   const uint8_t* px = tp.local + L.recv_x;
   const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.recv_idx);
   const float* pw = reinterpret_cast<const float*>(tp.local + L.recv_w);
-  const int32_t src = reinterpret_cast<const int32_t*>(tp.local + L.recv_src)[row];
+  const int32_t src = __ldcg(reinterpret_cast<const int32_t*>(tp.local + L.recv_src) + row);
   if (!expert_major) {
     if (row >= rows) return;  // only with corrupt inputs; never write out of bounds
     const int4* sx = reinterpret_cast<const int4*>(px + row * rb);
     int4* dx = reinterpret_cast<int4*>(o.x + row * rb);
-    for (int64_t i = lane; i < rb / 16; i += 32) dx[i] = sx[i];
+    for (int64_t i = lane; i < rb / 16; i += 32) dx[i] = __ldcg(sx + i);
     if (lane < K) {
-      o.idx[row * K + lane] = pidx[row * K + lane];
-      o.w[row * K + lane] = pw[row * K + lane];
+      o.idx[row * K + lane] = __ldcg(pidx + row * K + lane);
+      o.w[row * K + lane] = __ldcg(pw + row * K + lane);
     }
     if (lane == 0) {
       o.src_rank[row] = s;
@@ -481,11 +483,11 @@ __device__ __forceinline__ void unpack_row(const Transport& tp, const Layout& L,
     }
     return;
   }
-  int64_t dst = lane < K ? pidx[row * K + lane] : -1;
+  int64_t dst = lane < K ? __ldcg(pidx + row * K + lane) : -1;
   if (dst >= rows) dst = -1;  // only with corrupt inputs; never write out of bounds
   if (dst >= 0) {
     o.idx[dst] = group_of(pl.goff, Le, dst);
-    o.w[dst] = pw[row * K + lane];
+    o.w[dst] = __ldcg(pw + row * K + lane);
     o.src_rank[dst] = s;
     o.src_token[dst] = src / S;
     o.src_slot[dst] = lane;
