@@ -75,6 +75,25 @@ def _kernel_outputs(out: dict[str, torch.Tensor | None], cap: int, selfmap: torc
     return {**{k: _ptr(v) for k, v in out.items()}, "capacity": cap, "selfmap": _ptr(selfmap)}
 
 
+def stream_channels(mode: str, share: int, sms: int, num_channels: int, num_sms: int) -> int:
+    """Channels of the streamed push for ``kernel.push_mode`` = ``mode`` when at most ``share``
+    ranks run on one GPU and every GPU has at least ``sms`` SMs; 0 = push then unpack. The
+    inputs are the same on every rank, so is the result (receiver channel c waits for the
+    senders of channel c). Receivers wait inside the kernel for peers' senders, so the grids of
+    all ranks sharing a GPU must be resident at once: 2 * channels blocks each, one per SM at
+    least. "auto" streams only when every rank has a GPU of its own (under MPS the receivers
+    would spin on the SMs the senders need)."""
+    if mode == "unpack" or (mode == "auto" and share > 1):
+        return 0
+    fit = sms // (2 * share)
+    if fit < 1:
+        if mode == "stream":
+            raise InputError(f"kernel.push_mode=stream: {share} ranks share a GPU of {sms} SMs, and each needs "
+                             "2 blocks resident at once; use push_mode unpack (or auto)")
+        return 0
+    return max(1, min(num_channels, num_sms // 2, fit))
+
+
 def _gpu_sharing(mem: SymmetricMemory) -> tuple[int, int]:
     """(most ranks of the group on one GPU, fewest SMs of their GPUs): the same on every rank;
     collective."""
@@ -254,17 +273,12 @@ class _CudaProtocol(Protocol):
                                topk_weights, in_rank, self.buffer_id, cache=cache)
 
     def _push_stream_channels(self, config: Config, layout: BufferLayout, mem: SymmetricMemory) -> int:
-        """Channels of the streamed push (``kernel.push_mode``), 0 for push then unpack; the
-        same on every rank (receiver channel c waits for the senders of channel c). Its
-        receivers wait inside the kernel for peers' senders, so the grids of all ranks sharing
-        a GPU must be resident at once: 2 * channels blocks each, at least one per SM."""
+        """Channels of the streamed push, 0 for push then unpack (``stream_channels``)."""
         mode = config.kernel.push_mode
         if self.name != "push" or self.world_size == 1 or mode == "unpack":
             return 0
         share, sms = _gpu_sharing(mem)  # collective; the condition above is the same on every rank
-        if mode == "auto" and share > 1:
-            return 0
-        return max(1, min(layout.num_channels, config.kernel.num_sms // 2, sms // (2 * share)))
+        return stream_channels(mode, share, sms, layout.num_channels, config.kernel.num_sms)
 
     def _tail(self, out: dict[str, torch.Tensor | None], counts_dev: torch.Tensor, worst: int, expert_major: bool,
               alignment: int) -> RecvResult:
