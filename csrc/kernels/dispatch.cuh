@@ -113,15 +113,15 @@ __global__ void __launch_bounds__(kRouteThreads) republish_kernel(Transport tp, 
 }
 
 // Zero-filled padding rows of the expert-major output (ids -1, weights 0, sources -1), and
-// the group starts. goff: [Le + 1] padded starts; count(j): group j's unpadded rows. Blocks
-// b of nb share the groups (default: the whole grid).
+// the group starts. goff: [Le + 1] padded starts; count(j): group j's unpadded rows. Block
+// blk of nblk shares the groups (default: the whole grid).
 template <class Count>
 __device__ void fill_padding(const int64_t* goff, Count count, int Le, const Outputs& o, int64_t row_bytes,
-                             int b = -1, int nb = -1) {
-  if (b < 0) b = int(blockIdx.x), nb = int(gridDim.x);
-  if (b == 0)
+                             int blk = -1, int nblk = -1) {
+  if (blk < 0) blk = int(blockIdx.x), nblk = int(gridDim.x);
+  if (blk == 0)
     for (int j = threadIdx.x; j <= Le; j += blockDim.x) o.expert_offsets[j] = goff[j];
-  for (int j = b; j < Le; j += nb) {
+  for (int j = blk; j < Le; j += nblk) {
     const int64_t a = goff[j] + count(j), b = goff[j + 1];
     if (a >= b || b > o.capacity) continue;
     const int64_t nvec = (b - a) * row_bytes / 16;
