@@ -1,10 +1,11 @@
 // Push with peers, streamed (kernel.push_mode "stream"; DeepEP V1's normal-mode shape on any
 // transport): one kernel, C channels, each a sender block and a receiver block.
 //
-//   sender c    tokens [chan_begin(T, c, C), chan_begin(T, c + 1, C)) of this rank, in chunks
-//               of kStreamTokensPerWarp per warp: own rows straight into the outputs, peers'
-//               rows into their pools (push_token / push_row, as push_kernel). After each
-//               chunk its stores are complete (mover flush) and it raises, at every peer d,
+//   sender c    tokens [chan_begin(T, c, C), chan_begin(T, c + 1, C)) of this rank, in
+//               kStreamChunks chunks (at least a token per warp each): own rows straight into
+//               the outputs, peers' rows into their pools (push_token / push_row, as
+//               push_kernel). After each chunk its stores are complete (mover flush) and it
+//               raises, at every peer d,
 //               tail[c][me] = (epoch, rows sent to d so far | kStreamDone on the last chunk);
 //               before the first rows to d, head[c][me] = (epoch, their first pool position).
 //   receiver c  polls tail[c][s] of every peer s and copies each newly arrived pool row into
@@ -22,7 +23,9 @@
 
 namespace symmoe {
 
-constexpr int kStreamTokensPerWarp = 8;      // tokens each sender warp moves between two signals
+// Chunks per channel: receivers start on a channel's rows after its first chunk, and each
+// chunk boundary drains the senders' bulk stores (the link idles while loads restart).
+constexpr int kStreamChunks = 4;
 constexpr int64_t kStreamDone = 1ll << 30;   // in a tail word: the channel sent its last row
 
 // Per-peer bookkeeping in shared memory, after the two plans (bytes for W ranks).
@@ -100,8 +103,9 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32) push_stream_kernel(Transp
             mc.slot_bytes, mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
     const int64_t T = counts[int64_t(me) * L.counts_cols()];
     const int64_t t0 = chan_begin(T, c, C), t1 = chan_begin(T, c + 1, C);
-    for (int64_t a0 = t0;; a0 += int64_t(nw) * kStreamTokensPerWarp) {
-      const int64_t a1 = min(t1, a0 + int64_t(nw) * kStreamTokensPerWarp);
+    const int64_t span = max(int64_t(nw), (t1 - t0 + kStreamChunks - 1) / kStreamChunks);
+    for (int64_t a0 = t0;; a0 += span) {
+      const int64_t a1 = min(t1, a0 + span);
       TokenRoute next = TokenRoute::load(pidx, pw, ppos, a0 + warp, K, PC, lane, a0 + warp < a1);
       for (int64_t t = a0 + warp; t < a1; t += nw) {
         const TokenRoute cur = next;
