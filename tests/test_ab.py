@@ -108,6 +108,15 @@ def test_worst_case_dispatch_is_checked_on_its_own_rows(tmp_path, monkeypatch, c
             "(round 0, check pass)") in err, err
 
 
+def test_corrupt_hook_call_names_the_calls_it_takes(tmp_path, monkeypatch):
+    monkeypatch.setenv(TEST_HOOKS_ENV, "1")
+    msg = _spec_error(tmp_path, f"""
+    world_size: 2
+    workload: {SMALL}
+    """, two_host_variants(", _corrupt: {call: sometimes}"))
+    assert "variants[1]._corrupt.call = 'sometimes': allowed: exact, worst" in msg
+
+
 def test_gpu_spec_falls_back_to_host_push_vs_pull_and_says_so(tmp_path, capsys):
     out = tmp_path / "out"
     rc = cli.main([os.path.join(AB, "v1_v2_mega.yaml"), "--no-gpu", "--out", str(out), "--quiet",

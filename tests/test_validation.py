@@ -56,6 +56,8 @@ def bad_dispatch_cases():
         ("alignment 0", (x, idx, w), {"expert_alignment": 0}, "expert_alignment=0"),
         ("alignment over pool", (x, idx, w), {"output_layout": "expert", "expert_alignment": 64},
          "exceeds buffer.expert_alignment=4"),
+        ("num_worst_tokens < 0", (x, idx, w), {"num_worst_tokens": -1}, "num_worst_tokens=-1; allowed: an integer >= 0"),
+        ("num_worst_tokens bool", (x, idx, w), {"num_worst_tokens": True}, "num_worst_tokens=True"),
     ]
 
 

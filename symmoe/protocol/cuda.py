@@ -182,8 +182,7 @@ class _CudaProtocol(Protocol):
             self._stream().synchronize()
         record = (ctypes.c_int64 * 6).from_address(self._deferred[0])
         if record[0]:
-            error = deferred_error(self.layout, list(record), self.rank, self.mod.DEFERRED,
-                                   lambda: tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0])))
+            error = deferred_error(self.layout, list(record), self.rank, self.mod.DEFERRED, self._bad_record)
             record[0] = 0  # raised once: the buffer stays usable (the kernels kept inside their capacity)
             raise error
         word = (ctypes.c_int64 * 4).from_address(self._err[0])
@@ -195,6 +194,10 @@ class _CudaProtocol(Protocol):
             else:
                 what = f"no arrival from rank {int(word[1])} at barrier epoch {int(word[2])}"
             raise StallError(self.rank, stage, self.timeout_s, f"{what}; this Buffer is unusable now")
+
+    def _bad_record(self) -> tuple[int, ...]:
+        """This rank's record of the first bad expert id (kind, token, slot, value), host-mapped."""
+        return tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0]))
 
     def barrier_on_stream(self) -> None:
         self.check()
@@ -268,8 +271,7 @@ class _CudaProtocol(Protocol):
         self._wait_counts(self._counts_event,
                           lambda max_s: self.mod.wait_mapped(self._counts_ready[0], epoch, self._err[0], max_s))
         self.check()
-        return dispatch_result(lay, self._counts_np, me, output_layout, alignment,
-                               lambda: tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0])), out, topk_idx,
+        return dispatch_result(lay, self._counts_np, me, output_layout, alignment, self._bad_record, out, topk_idx,
                                topk_weights, in_rank, self.buffer_id, cache=cache)
 
     def _push_stream_channels(self, config: Config, layout: BufferLayout, mem: SymmetricMemory) -> int:
