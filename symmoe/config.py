@@ -53,6 +53,8 @@ class KernelConfig:
     # pool out; "stream" = one kernel of sender and receiver channels, the pool copied out as
     # rows land (DeepEP V1's shape); "auto" = stream when every rank has a GPU of its own
     push_mode: str = "auto"
+    # receiver blocks of the streamed push (its senders are the channels); 0 = by layout
+    stream_receivers: int = 0
 
 
 @dataclass(frozen=True)
@@ -135,6 +137,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "buffer.recv_capacity": (0, 1 << 28),
     "kernel.num_sms": (1, 1024),
     "kernel.num_channels": (1, MAX_CHANNELS),
+    "kernel.stream_receivers": (0, MAX_CHANNELS),
     "kernel.timeout_s": (1e-3, 86400),
     "kernel.copy_bytes": (0, 65536),
     "kernel.copy_depth": (0, 16),

@@ -255,16 +255,20 @@ struct Ctx {
     check(cudaGetLastError(), "push_kernel launch");
   }
 
-  // Push with peers in one kernel of `channels` sender and `channels` receiver blocks
-  // (push_stream.cuh); no unpack follows. channels <= the layout's num_channels.
-  void push_stream(uintptr_t x, const py::dict& out, bool expert_major, int alignment, int channels, int64_t epoch,
-                   uintptr_t stream) {
-    if (channels < 1 || channels > L.num_channels)
-      throw std::invalid_argument("push_stream: channels=" + std::to_string(channels) + " outside 1.." +
+  // Push with peers in one kernel of `senders` sender blocks (the channels) and `receivers`
+  // receiver blocks (push_stream.cuh); no unpack follows. senders <= the layout's num_channels.
+  void push_stream(uintptr_t x, const py::dict& out, bool expert_major, int alignment, int senders, int receivers,
+                   int64_t epoch, uintptr_t stream) {
+    if (senders < 1 || senders > L.num_channels)
+      throw std::invalid_argument("push_stream: senders=" + std::to_string(senders) + " outside 1.." +
                                   std::to_string(L.num_channels) + " (the layout's tail words)");
-    const MoveCfg m = move_cfg(push_stream_plan_bytes(int(L.world_size), int(L.local_experts())), expert_major);
-    push_stream_kernel<Transport><<<2 * channels, m.warps * 32, smem_of(m), S(stream)>>>(
-        tp, L, P<const uint8_t>(x), outputs(out), expert_major, alignment, m, sync(epoch, 2), channels);
+    if (receivers < 1 || receivers > senders)
+      throw std::invalid_argument("push_stream: receivers=" + std::to_string(receivers) + " outside 1.." +
+                                  std::to_string(senders) + " (the senders)");
+    const MoveCfg m = move_cfg(push_stream_plan_bytes(int(L.world_size), int(L.local_experts()), senders, receivers),
+                               expert_major);
+    push_stream_kernel<Transport><<<senders + receivers, m.warps * 32, smem_of(m), S(stream)>>>(
+        tp, L, P<const uint8_t>(x), outputs(out), expert_major, alignment, m, sync(epoch, 2), senders, receivers);
     check(cudaGetLastError(), "push_stream_kernel launch");
   }
 
@@ -385,7 +389,7 @@ void bind_context(py::module_& m, Init init) {
       .def("push", &C::push, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("epoch"), py::arg("stream"))
       .def("push_stream", &C::push_stream, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
-           py::arg("channels"), py::arg("epoch"), py::arg("stream"))
+           py::arg("senders"), py::arg("receivers"), py::arg("epoch"), py::arg("stream"))
       .def("unpack", &C::unpack, py::arg("counts"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"), py::arg("stream"))
       .def("recv_tail", &C::recv_tail, py::arg("counts"), py::arg("out"), py::arg("worst"), py::arg("expert_major"),
            py::arg("alignment"), py::arg("per_expert"), py::arg("deferred"), py::arg("epoch"), py::arg("stream"))

@@ -1,5 +1,5 @@
 // Push with peers, streamed (kernel.push_mode "stream"; DeepEP V1's normal-mode shape on any
-// transport): one kernel, C channels, each a sender block and a receiver block.
+// transport): one kernel of C sender blocks (the channels) and R <= C receiver blocks.
 //
 //   sender c    tokens [chan_begin(T, c, C), chan_begin(T, c + 1, C)) of this rank, in
 //               kStreamChunks chunks (at least a token per warp each): own rows straight into
@@ -8,9 +8,11 @@
 //               raises, at every peer d,
 //               tail[c][me] = (epoch, rows sent to d so far | kStreamDone on the last chunk);
 //               before the first rows to d, head[c][me] = (epoch, their first pool position).
-//   receiver c  polls tail[c][s] of every peer s and copies each newly arrived pool row into
-//               the outputs (unpack_row, as unpack_kernel): the fan-out of expert-major rows
-//               and the copy out of the pool overlap the link instead of following it.
+//   receiver r  polls tail[c][s] of every peer s for its channels c = r, r + R, ... and
+//               copies each newly arrived pool row into the outputs (unpack_row, as
+//               unpack_kernel): the fan-out of expert-major rows and the copy out of the pool
+//               overlap the link instead of following it. Senders get more blocks than
+//               receivers where the link, not the copy out, is the work (rank-major).
 //
 // Receivers wait inside the kernel for peers' senders, so every rank's grid must be resident at
 // once: the host sizes C so that ranks sharing a GPU fit (symmoe/protocol/cuda.py). Waits are
@@ -28,47 +30,52 @@ namespace symmoe {
 constexpr int kStreamChunks = 4;
 constexpr int64_t kStreamDone = 1ll << 30;   // in a tail word: the channel sent its last row
 
-// Per-peer bookkeeping in shared memory, after the two plans (bytes for W ranks).
+// Bookkeeping in shared memory, after the two plans, for N = W * (channels per receiver)
+// streams (q = j * W + s: source s of the receiver's j-th channel; a sender uses q = peer).
 struct StreamState {
   int32_t* sent;    // [W] sender: rows sent to each peer so far in this channel
   int32_t* start;   // [W] sender: first pool position among them (INT32_MAX: none yet; -1: head is up)
-  int64_t* first;   // [W] receiver: pool row of source s's first row in this channel (-1: unknown)
-  int64_t* done;    // [W] receiver: rows of s copied so far
-  int64_t* from;    // [W] receiver: this round's new rows of s, [from, to)
+  int64_t* first;   // [N] receiver: pool row of stream q's first row (-1: unknown)
+  int64_t* done;    // [N] receiver: rows of q copied so far
+  int64_t* from;    // [N] receiver: this round's new rows of q, [from, to)
   int64_t* to;
-  int32_t* fin;     // [W] receiver: s sent and this block copied its last row
+  int32_t* fin;     // [N] receiver: q sent and this block copied its last row
 
-  static __host__ __device__ int64_t bytes(int W) { return int64_t(W) * (4 + 4 + 8 * 4 + 4) + 16; }
+  static __host__ __device__ int64_t bytes(int N) { return int64_t(N) * (4 + 4 + 8 * 4 + 4) + 16; }
 
-  __device__ void carve(uint8_t* p, int W) {
+  __device__ void carve(uint8_t* p, int N) {
     first = reinterpret_cast<int64_t*>(p);
-    done = first + W;
-    from = done + W;
-    to = from + W;
-    sent = reinterpret_cast<int32_t*>(to + W);
-    start = sent + W;
-    fin = start + W;
+    done = first + N;
+    from = done + N;
+    to = from + N;
+    sent = reinterpret_cast<int32_t*>(to + N);
+    start = sent + N;
+    fin = start + N;
   }
 };
 
+// Channels receiver blocks serve at most (C senders over R receivers).
+__host__ __device__ inline int stream_per_receiver(int C, int R) { return (C + R - 1) / R; }
+
 // Shared tables of the kernel: SendPlan, RecvPlan, StreamState, each at a 16-byte boundary.
 __host__ __device__ inline int64_t up16(int64_t n) { return (n + 15) / 16 * 16; }
-__host__ __device__ inline int64_t push_stream_plan_bytes(int W, int Le) {
-  return up16(SendPlan::bytes(W, Le)) + up16(RecvPlan::bytes(W, Le)) + StreamState::bytes(W);
+__host__ __device__ inline int64_t push_stream_plan_bytes(int W, int Le, int C, int R) {
+  return up16(SendPlan::bytes(W, Le)) + up16(RecvPlan::bytes(W, Le)) + StreamState::bytes(W * stream_per_receiver(C, R));
 }
 
 // Bounded by the mover's block size, not 1024: at 64 registers the two roles spill.
 template <class Transport>
 __global__ void __launch_bounds__(kMaxMoverWarps * 32) push_stream_kernel(Transport tp, Layout L, const uint8_t* x, Outputs o,
                                                            bool expert_major, int alignment, MoveCfg mc, Sync sy,
-                                                           int C) {
+                                                           int C, int R) {
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), me = sy.rank;
   const int PC = int(L.pos_cols());
   const int64_t rb = L.row_bytes();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = mc.warps;
   const bool sender = int(blockIdx.x) < C;
-  const int c = sender ? int(blockIdx.x) : int(blockIdx.x) - C;
+  const int c = sender ? int(blockIdx.x) : int(blockIdx.x) - C;  // receivers: r
+  const int N = W * stream_per_receiver(C, R);
   __shared__ bool dead;
   __shared__ int state;  // receiver: 0 copy the new rows, 1 finished, 2 a wait expired
   if (threadIdx.x == 0) dead = error_set(sy.err);
@@ -79,7 +86,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32) push_stream_kernel(Transp
   RecvPlan rp;
   rp.carve(smem_raw + up16(SendPlan::bytes(W, Le)), W, Le);
   StreamState st;
-  st.carve(smem_raw + up16(SendPlan::bytes(W, Le)) + up16(RecvPlan::bytes(W, Le)), W);
+  st.carve(smem_raw + up16(SendPlan::bytes(W, Le)) + up16(RecvPlan::bytes(W, Le)), N);
   // `run` only reads what every rank has alike (the counts matrix and the pool size), so a
   // receiver waits exactly when its peers' senders send.
   bool run = !dead && counts_valid(counts, L);
@@ -140,15 +147,17 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32) push_stream_kernel(Transp
   if (!sender && run) {
     const int64_t rows = rp.build(counts, L, me, expert_major, alignment);
     const bool out_ok = rows <= o.capacity;
-    if (out_ok && expert_major) fill_padding(rp.goff, [&](int j) { return rp.gcnt[j]; }, Le, o, rb, c, C);
-    for (int s = threadIdx.x; s < W; s += blockDim.x) {
-      st.first[s] = -1;
-      st.done[s] = 0;
-      st.fin[s] = s == me;
+    if (out_ok && expert_major) fill_padding(rp.goff, [&](int j) { return rp.gcnt[j]; }, Le, o, rb, c, R);
+    for (int q = threadIdx.x; q < N; q += blockDim.x) {
+      st.first[q] = -1;
+      st.done[q] = 0;
+      st.fin[q] = q % W == me || c + (q / W) * R >= C;  // own rows came straight; past the last channel
     }
     __syncthreads();
-    const int64_t* tail = tp.local_flag(L.tail) + int64_t(c) * W;
-    const int64_t* head = tp.local_flag(L.head) + int64_t(c) * W;
+    // Stream q's words: channel c + (q / W) * R, source q % W (the layout keeps [channel][source]).
+    const int64_t* tail = tp.local_flag(L.tail);
+    const int64_t* head = tp.local_flag(L.head);
+    auto word = [&](int q) { return (int64_t(c) + int64_t(q / W) * R) * W + q % W; };
     const uint64_t t_start = global_timer_ns();
     uint32_t spins = 0;
     while (true) {
@@ -156,24 +165,25 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32) push_stream_kernel(Transp
         int late = -1;
         while (true) {
           bool fresh = false, pending = false;
-          for (int s = 0; s < W; ++s) {
-            st.from[s] = st.to[s] = 0;
-            if (st.fin[s]) continue;
-            const uint64_t v = uint64_t(ld_acquire_sys(tail + s));
+          for (int q = 0; q < N; ++q) {
+            st.from[q] = st.to[q] = 0;
+            if (st.fin[q]) continue;
+            const int s = q % W;
+            const uint64_t v = uint64_t(ld_acquire_sys(tail + word(q)));
             if ((v >> 32) != uint64_t(sy.epoch)) {  // nothing of this call yet
               pending = true;
               late = s;
               continue;
             }
             const int64_t n = int64_t(v & uint64_t(kStreamDone - 1));
-            if (n > st.done[s]) {
-              if (st.first[s] < 0) st.first[s] = rp.rbase[s] + int64_t(uint64_t(ld_volatile(head + s)) & 0xffffffffull);
-              st.from[s] = st.done[s];
-              st.to[s] = n;
-              st.done[s] = n;
+            if (n > st.done[q]) {
+              if (st.first[q] < 0) st.first[q] = rp.rbase[s] + int64_t(uint64_t(ld_volatile(head + word(q))) & 0xffffffffull);
+              st.from[q] = st.done[q];
+              st.to[q] = n;
+              st.done[q] = n;
               fresh = true;
             }
-            if (v & uint64_t(kStreamDone)) st.fin[s] = 1;
+            if (v & uint64_t(kStreamDone)) st.fin[q] = 1;
             else {
               pending = true;
               late = s;
@@ -190,17 +200,17 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32) push_stream_kernel(Transp
       }
       __syncthreads();
       if (state != 0) break;
-      if (out_ok) {  // the new rows, flattened over sources, one per warp
+      if (out_ok) {  // the new rows, flattened over streams, one per warp
         int64_t total = 0;
-        for (int s = 0; s < W; ++s) total += st.to[s] - st.from[s];
+        for (int q = 0; q < N; ++q) total += st.to[q] - st.from[q];
         for (int64_t r = warp; r < total; r += nw) {
-          int s = 0;
+          int q = 0;
           int64_t rr = r;
-          while (rr >= st.to[s] - st.from[s]) {
-            rr -= st.to[s] - st.from[s];
-            ++s;
+          while (rr >= st.to[q] - st.from[q]) {
+            rr -= st.to[q] - st.from[q];
+            ++q;
           }
-          unpack_row(tp, L, rp, o, st.first[s] + st.from[s] + rr, s, rows, expert_major, lane);
+          unpack_row(tp, L, rp, o, st.first[q] + st.from[q] + rr, q % W, rows, expert_major, lane);
         }
       }
       __syncthreads();  // thread 0 rewrites from / to next round

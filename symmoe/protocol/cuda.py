@@ -75,23 +75,34 @@ def _kernel_outputs(out: dict[str, torch.Tensor | None], cap: int, selfmap: torc
     return {**{k: _ptr(v) for k, v in out.items()}, "capacity": cap, "selfmap": _ptr(selfmap)}
 
 
-def stream_channels(mode: str, share: int, sms: int, num_channels: int, num_sms: int) -> int:
-    """Channels of the streamed push for ``kernel.push_mode`` = ``mode`` when at most ``share``
+def stream_blocks(mode: str, share: int, sms: int, num_sms: int) -> int:
+    """Blocks of the streamed push for ``kernel.push_mode`` = ``mode`` when at most ``share``
     ranks run on one GPU and every GPU has at least ``sms`` SMs; 0 = push then unpack. The
-    inputs are the same on every rank, so is the result (receiver channel c waits for the
-    senders of channel c). Receivers wait inside the kernel for peers' senders, so the grids of
-    all ranks sharing a GPU must be resident at once: 2 * channels blocks each, one per SM at
-    least. "auto" streams only when every rank has a GPU of its own (under MPS the receivers
-    would spin on the SMs the senders need)."""
+    inputs are the same on every rank, so is the result (receivers wait for their channels'
+    senders on every peer). Receivers wait inside the kernel, so the grids of all ranks sharing
+    a GPU must be resident at once: one block per SM at least, a sender and a receiver each.
+    "auto" streams only when every rank has a GPU of its own (under MPS the receivers would
+    spin on the SMs the senders need)."""
     if mode == "unpack" or (mode == "auto" and share > 1):
         return 0
-    fit = sms // (2 * share)
-    if fit < 1:
+    fit = sms // share
+    if fit < 2:
         if mode == "stream":
             raise InputError(f"kernel.push_mode=stream: {share} ranks share a GPU of {sms} SMs, and each needs "
                              "2 blocks resident at once; use push_mode unpack (or auto)")
         return 0
-    return max(1, min(num_channels, num_sms // 2, fit))
+    return max(2, min(num_sms, fit))
+
+
+def stream_split(blocks: int, num_channels: int, receivers: int, expert_major: bool) -> tuple[int, int]:
+    """(senders, receivers) of a streamed push over at most ``blocks`` blocks; ``receivers``
+    = ``kernel.stream_receivers`` (0: by layout). The senders carry the link; rank-major
+    receivers copy each peer row once, expert-major ones fan it out to its experts, so they
+    get a quarter and a half of the blocks. Senders are the channels (at most
+    ``num_channels``: the layout's tail words); receivers never outnumber them."""
+    r = max(1, min(receivers or (blocks // 4 if not expert_major else blocks), blocks // 2))
+    s = min(num_channels, blocks - r)
+    return s, min(r, s)
 
 
 def _gpu_sharing(mem: SymmetricMemory) -> tuple[int, int]:
@@ -142,7 +153,8 @@ class _CudaProtocol(Protocol):
                                         self._counters.data_ptr())
         self.ctx.set_copy_bytes(config.kernel.copy_bytes)
         self.ctx.set_copy_depth(config.kernel.copy_depth)
-        self._stream_channels = self._push_stream_channels(config, layout, mem)
+        self._stream_blocks = self._push_stream_blocks(config, mem)
+        self._stream_receivers = config.kernel.stream_receivers
         self._epoch = 0
         W, E = layout.world_size, layout.num_experts
         self._published: torch.Tensor | None = None  # the routing copy now in the input region
@@ -274,13 +286,13 @@ class _CudaProtocol(Protocol):
         return dispatch_result(lay, self._counts_np, me, output_layout, alignment, self._bad_record, out, topk_idx,
                                topk_weights, in_rank, self.buffer_id, cache=cache)
 
-    def _push_stream_channels(self, config: Config, layout: BufferLayout, mem: SymmetricMemory) -> int:
-        """Channels of the streamed push, 0 for push then unpack (``stream_channels``)."""
+    def _push_stream_blocks(self, config: Config, mem: SymmetricMemory) -> int:
+        """Blocks of the streamed push, 0 for push then unpack (``stream_blocks``)."""
         mode = config.kernel.push_mode
         if self.name != "push" or self.world_size == 1 or mode == "unpack":
             return 0
         share, sms = _gpu_sharing(mem)  # collective; the condition above is the same on every rank
-        return stream_channels(mode, share, sms, layout.num_channels, config.kernel.num_sms)
+        return stream_blocks(mode, share, sms, config.kernel.num_sms)
 
     def _tail(self, out: dict[str, torch.Tensor | None], counts_dev: torch.Tensor, worst: int, expert_major: bool,
               alignment: int) -> RecvResult:
@@ -305,8 +317,10 @@ class _CudaProtocol(Protocol):
         epoch = self._next_epoch()
         if self.name == "pull":
             self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
-        elif self._stream_channels:
-            self.ctx.push_stream(_ptr(x), args, expert_major, alignment, self._stream_channels, epoch, sp)
+        elif self._stream_blocks:
+            senders, receivers = stream_split(self._stream_blocks, self.layout.num_channels, self._stream_receivers,
+                                              expert_major)
+            self.ctx.push_stream(_ptr(x), args, expert_major, alignment, senders, receivers, epoch, sp)
         else:
             self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)
             if self.world_size > 1:  # alone, push wrote every row, group start and padding row
