@@ -53,7 +53,7 @@ class KernelConfig:
     # pool out; "stream" = one kernel of sender and receiver channels, the pool copied out as
     # rows land (DeepEP V1's shape); "auto" = stream when every rank has a GPU of its own
     push_mode: str = "auto"
-    # receiver blocks of the streamed push (its senders are the channels); 0 = by layout
+    # receiver blocks of the streamed push (its senders are the channels); 0 = half its blocks
     stream_receivers: int = 0
 
 

@@ -37,19 +37,19 @@ def test_forced_stream_that_cannot_fit_names_the_ranks_and_sms():
     assert stream_blocks("auto", share=3, sms=4, num_sms=4) == 0
 
 
-@pytest.mark.parametrize("expert_major,want", [(False, (99, 33)), (True, (66, 66))])
-def test_receivers_by_layout_get_a_quarter_or_a_half_of_the_blocks(expert_major, want):
-    assert stream_split(132, num_channels=128, receivers=0, expert_major=expert_major) == want
+def test_receivers_get_half_the_blocks_by_default():
+    assert stream_split(132, num_channels=128, receivers=0) == (66, 66)
+    assert stream_split(133, num_channels=128, receivers=0) == (67, 66)
 
 
 @pytest.mark.parametrize("blocks,num_channels,receivers,want", [
     (132, 128, 16, (116, 16)),   # the config's receivers
     (132, 64, 16, (64, 16)),     # senders capped by the channels (the layout's tail words)
-    (24, 8, 0, (8, 6)),          # the defaults: 24 SMs, 8 channels
+    (24, 8, 0, (8, 8)),          # the defaults: 24 SMs, 8 channels
     (132, 128, 200, (66, 66)),   # receivers never outnumber the senders
     (132, 8, 100, (8, 8)),
     (2, 128, 0, (1, 1)),
 ])
 def test_split_keeps_senders_within_the_channels_and_receivers_within_the_senders(blocks, num_channels, receivers, want):
-    s, r = stream_split(blocks, num_channels=num_channels, receivers=receivers, expert_major=False)
+    s, r = stream_split(blocks, num_channels=num_channels, receivers=receivers)
     assert (s, r) == want and 1 <= r <= s and s + r <= blocks

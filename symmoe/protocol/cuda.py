@@ -94,13 +94,12 @@ def stream_blocks(mode: str, share: int, sms: int, num_sms: int) -> int:
     return max(2, min(num_sms, fit))
 
 
-def stream_split(blocks: int, num_channels: int, receivers: int, expert_major: bool) -> tuple[int, int]:
+def stream_split(blocks: int, num_channels: int, receivers: int) -> tuple[int, int]:
     """(senders, receivers) of a streamed push over at most ``blocks`` blocks; ``receivers``
-    = ``kernel.stream_receivers`` (0: by layout). The senders carry the link; rank-major
-    receivers copy each peer row once, expert-major ones fan it out to its experts, so they
-    get a quarter and a half of the blocks. Senders are the channels (at most
-    ``num_channels``: the layout's tail words); receivers never outnumber them."""
-    r = max(1, min(receivers or (blocks // 4 if not expert_major else blocks), blocks // 2))
+    = ``kernel.stream_receivers`` (0: half the blocks; at W=2 a quarter or an eighth were
+    slower in both layouts). Senders are the channels (at most ``num_channels``: the
+    layout's tail words); receivers never outnumber them."""
+    r = max(1, min(receivers or blocks // 2, blocks // 2))
     s = min(num_channels, blocks - r)
     return s, min(r, s)
 
@@ -318,8 +317,7 @@ class _CudaProtocol(Protocol):
         if self.name == "pull":
             self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
         elif self._stream_blocks:
-            senders, receivers = stream_split(self._stream_blocks, self.layout.num_channels, self._stream_receivers,
-                                              expert_major)
+            senders, receivers = stream_split(self._stream_blocks, self.layout.num_channels, self._stream_receivers)
             self.ctx.push_stream(_ptr(x), args, expert_major, alignment, senders, receivers, epoch, sp)
         else:
             self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)
