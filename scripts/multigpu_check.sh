@@ -5,6 +5,7 @@
 #              and cached dispatch (handle=..., --cached); then again with x built in
 #              Buffer.input_view (--x-in-buffer)
 #   ab         symmoe ab configs/ab/v1_v2_mega.yaml: V1 vs V2 vs Mega, DeepSeek-V3 shape
+#              (AB_SPEC=configs/ab/push_modes.yaml: another spec, e.g. push unpack vs stream)
 #   baselines  python -m symmoe.baselines: P2P copy GB/s of every GPU pair, NCCL all-to-all
 #              bus bandwidth (the NVLink ceiling), all_to_all_single dispatch/combine (what
 #              a user without symmoe writes), torch.ops.symm_mem.all_to_all_vdev_2d
@@ -57,8 +58,9 @@ for s in "${STEPS[@]}"; do
         rc=${PIPESTATUS[0]}; note "check, x in buffer (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1
       fi ;;
     ab)
-      run -m symmoe.ab configs/ab/v1_v2_mega.yaml --out "$LOG/ab" --no-fallback 2>&1 | tee "$LOG/ab.log"
-      rc=${PIPESTATUS[0]}; note "ab v1_v2_mega (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
+      spec=${AB_SPEC:-configs/ab/v1_v2_mega.yaml}
+      run -m symmoe.ab "$spec" --out "$LOG/ab" --no-fallback 2>&1 | tee "$LOG/ab.log"
+      rc=${PIPESTATUS[0]}; note "ab $(basename "$spec" .yaml) (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     baselines)
       run -m symmoe.baselines --json "$LOG/baselines.json" 2>&1 | tee "$LOG/baselines.log"
       rc=${PIPESTATUS[0]}; note "baselines (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;

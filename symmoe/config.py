@@ -27,6 +27,7 @@ PROTOCOLS: dict[str, tuple[str, ...]] = {
     "nccl": ("push",),
 }
 OUTPUT_LAYOUTS = ("rank", "expert")
+PUSH_MODES = ("auto", "stream", "unpack")
 
 
 @dataclass(frozen=True)
@@ -48,6 +49,12 @@ class KernelConfig:
     timeout_s: float = 30.0
     copy_bytes: int = 0  # bulk-copy piece (multiple of 128); 0 = whole rows up to 16 KB, 3584 B expert-major
     copy_depth: int = 0  # bulk-copy slots per warp (torch/nccl), depth - 1 loads in flight; 0 = 4 rank-major, 2 expert-major
+    # push with peers (torch/nccl): "unpack" = push kernel, barrier, then a kernel copies the
+    # pool out; "stream" = one kernel of sender and receiver channels, the pool copied out as
+    # rows land (DeepEP V1's shape); "auto" = stream when every rank has a GPU of its own
+    push_mode: str = "auto"
+    # receiver blocks of the streamed push (its senders are the channels); 0 = half its blocks
+    stream_receivers: int = 0
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "buffer.recv_capacity": (0, 1 << 28),
     "kernel.num_sms": (1, 1024),
     "kernel.num_channels": (1, MAX_CHANNELS),
+    "kernel.stream_receivers": (0, MAX_CHANNELS),
     "kernel.timeout_s": (1e-3, 86400),
     "kernel.copy_bytes": (0, 65536),
     "kernel.copy_depth": (0, 16),
@@ -139,6 +147,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "backend": tuple(PROTOCOLS),
     "buffer.dtype": tuple(DTYPES),
     "buffer.output_layout": OUTPUT_LAYOUTS,
+    "kernel.push_mode": PUSH_MODES,
 }
 
 

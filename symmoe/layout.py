@@ -31,7 +31,7 @@ import torch
 from .errors import CapacityError
 
 ALIGN = 1024  # region alignment: a multiple of TMA's 16 bytes and of a cache line
-MAX_CHANNELS = 64
+MAX_CHANNELS = 128
 
 DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,

@@ -154,6 +154,9 @@ def test_shipped_specs_load():
     pp = load_spec(os.path.join(AB, "push_vs_pull.yaml"))
     assert [(v.config.backend, v.config.effective_protocol) for v in pp.variants] == [("torch", "push"),
                                                                                       ("torch", "pull")]
+    pm = load_spec(os.path.join(AB, "push_modes.yaml"))
+    assert [(v.config.backend, v.config.kernel.push_mode) for v in pm.variants] == [
+        ("torch", "unpack"), ("torch", "stream"), ("nccl", "unpack"), ("nccl", "stream")]
     xb = load_spec(os.path.join(AB, "x_in_buffer.yaml"))
     assert [(v.config.effective_protocol, v.x_in_buffer) for v in xb.variants] == [("pull", False), ("pull", True)]
 

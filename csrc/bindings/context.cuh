@@ -16,6 +16,7 @@
 #include "../common/layout.cuh"
 #include "../kernels/combine.cuh"
 #include "../kernels/dispatch.cuh"
+#include "../kernels/push_stream.cuh"
 #include "../kernels/tail.cuh"
 #include "host_wait.h"
 
@@ -38,7 +39,6 @@ constexpr uint32_t kMaxSlotBytes = 16384;
 // let 16 warps per block keep stores in flight. Row-copy microbenchmark, 4096 rows of 14336 B
 // to 8 rows each: 147 µs at 3584-byte pieces against 155 µs at whole rows (session 11).
 constexpr uint32_t kFanSlotBytes = 3584;
-constexpr int kMaxMoverWarps = 16;  // warps per block of the data kernels (as many as their slots fit)
 
 template <class Transport>
 struct Ctx {
@@ -123,6 +123,7 @@ struct Ctx {
     int st = 0;
     st = std::max(st, static_smem(pull_kernel<Transport>));
     st = std::max(st, static_smem(push_kernel<Transport>));
+    st = std::max(st, static_smem(push_stream_kernel<Transport>));
     st = std::max(st, static_smem(unpack_kernel<Transport>));
     st = std::max(st, static_smem(combine_send_kernel<Transport>));
     st = std::max(st, static_smem(route_count_kernel<int64_t>));
@@ -132,6 +133,8 @@ struct Ctx {
     max_smem -= (st + 127) / 128 * 128;
     check(cudaFuncSetAttribute(pull_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "pull attr");
     check(cudaFuncSetAttribute(push_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "push attr");
+    check(cudaFuncSetAttribute(push_stream_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
+          "push_stream attr");
     check(cudaFuncSetAttribute(unpack_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "unpack attr");
     check(cudaFuncSetAttribute(combine_send_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
           "combine attr");
@@ -252,6 +255,26 @@ struct Ctx {
     check(cudaGetLastError(), "push_kernel launch");
   }
 
+  // Push with peers in one kernel of `senders` sender blocks (the channels) and `receivers`
+  // receiver blocks (push_stream.cuh); no unpack follows. senders <= the layout's num_channels.
+  void push_stream(uintptr_t x, const py::dict& out, bool expert_major, int alignment, int senders, int receivers,
+                   int64_t epoch, uintptr_t stream) {
+    if (senders < 1 || senders > L.num_channels)
+      throw std::invalid_argument("push_stream: senders=" + std::to_string(senders) + " outside 1.." +
+                                  std::to_string(L.num_channels) + " (the layout's tail words)");
+    if (receivers < 1 || receivers > senders)
+      throw std::invalid_argument("push_stream: receivers=" + std::to_string(receivers) + " outside 1.." +
+                                  std::to_string(senders) + " (the senders)");
+    // The fan-out's mover (small pieces, 16 warps a block) in both layouts: receivers copy with
+    // warps, not slots, and at W=2 rank-major ran 378 -> 192 us with it (whole-row slots leave
+    // 3 warps a block).
+    const MoveCfg m = move_cfg(push_stream_plan_bytes(int(L.world_size), int(L.local_experts()), senders, receivers),
+                               true);
+    push_stream_kernel<Transport><<<senders + receivers, m.warps * 32, smem_of(m), S(stream)>>>(
+        tp, L, P<const uint8_t>(x), outputs(out), expert_major, alignment, m, sync(epoch, 2), senders, receivers);
+    check(cudaGetLastError(), "push_stream_kernel launch");
+  }
+
   void unpack(uintptr_t counts, const py::dict& out, bool expert_major, int alignment, uintptr_t stream) {
     const size_t smem = size_t(RecvPlan::bytes(int(L.world_size), int(L.local_experts())));
     unpack_kernel<Transport><<<grid, kUnpackThreads, smem, S(stream)>>>(tp, L, P<const int32_t>(counts), outputs(out), expert_major,
@@ -368,6 +391,8 @@ void bind_context(py::module_& m, Init init) {
            py::arg("epoch"), py::arg("stream"))
       .def("push", &C::push, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("epoch"), py::arg("stream"))
+      .def("push_stream", &C::push_stream, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
+           py::arg("senders"), py::arg("receivers"), py::arg("epoch"), py::arg("stream"))
       .def("unpack", &C::unpack, py::arg("counts"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"), py::arg("stream"))
       .def("recv_tail", &C::recv_tail, py::arg("counts"), py::arg("out"), py::arg("worst"), py::arg("expert_major"),
            py::arg("alignment"), py::arg("per_expert"), py::arg("deferred"), py::arg("epoch"), py::arg("stream"))

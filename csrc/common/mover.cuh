@@ -24,6 +24,7 @@ constexpr int kMaxDst = 32;  // topk <= 32 (config) bounds the destinations of o
 constexpr int kMaxDepth = 16;  // slots per warp (phase bits of one uint32)
 constexpr int kRowDepth = 4;   // kernel.copy_depth 0: slots per warp for whole rows
 constexpr uint32_t kSlotAlign = 128;
+constexpr int kMaxMoverWarps = 16;  // warps per block of the data kernels (as many as their slots fit)
 
 struct WarpMoverSmem {
   // Per slot: the piece, its mbarrier, its destinations, its (ndst, bytes).

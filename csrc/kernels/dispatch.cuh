@@ -113,12 +113,15 @@ __global__ void __launch_bounds__(kRouteThreads) republish_kernel(Transport tp, 
 }
 
 // Zero-filled padding rows of the expert-major output (ids -1, weights 0, sources -1), and
-// the group starts. goff: [Le + 1] padded starts; count(j): group j's unpadded rows.
+// the group starts. goff: [Le + 1] padded starts; count(j): group j's unpadded rows. Block
+// blk of nblk shares the groups (default: the whole grid).
 template <class Count>
-__device__ void fill_padding(const int64_t* goff, Count count, int Le, const Outputs& o, int64_t row_bytes) {
-  if (blockIdx.x == 0)
+__device__ void fill_padding(const int64_t* goff, Count count, int Le, const Outputs& o, int64_t row_bytes,
+                             int blk = -1, int nblk = -1) {
+  if (blk < 0) blk = int(blockIdx.x), nblk = int(gridDim.x);
+  if (blk == 0)
     for (int j = threadIdx.x; j <= Le; j += blockDim.x) o.expert_offsets[j] = goff[j];
-  for (int j = blockIdx.x; j < Le; j += gridDim.x) {
+  for (int j = blk; j < Le; j += nblk) {
     const int64_t a = goff[j] + count(j), b = goff[j + 1];
     if (a >= b || b > o.capacity) continue;
     const int64_t nvec = (b - a) * row_bytes / 16;
@@ -289,6 +292,117 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
 }
 
 // ---------------------------------------------------------------------------------------
+// One token of a push sender (every lane; cur: its routing, read one token ahead). Writes the
+// metadata of every row it sends, own rows' straight into the outputs (unless !own: this
+// rank's outputs are too small, the peers still get theirs) and peers' into their pools, and
+// returns the destination rows: lanes < n hold their addresses. Rank-major: one row per
+// destination rank (the lanes of each rank's first slot, `firsts`). Expert-major: own slots
+// one row each, straight into the output; peers one row per destination rank into its pool
+// (rank-major position) with the output row of each of its slots: the receiver fans it out
+// locally, so a row crosses the link once however many of the receiver's experts it goes to.
+struct PushDsts {
+  uint8_t* dst;     // lane i < n: destination row address
+  int n;
+  int owner;        // this lane's slot's rank (-1: none)
+  uint32_t firsts;  // lanes of each destination rank's first slot
+};
+
+template <class Transport>
+__device__ __forceinline__ PushDsts push_token(const Transport& tp, const Layout& L, const SendPlan& pl,
+                                               const int32_t* counts, const int32_t* ppos, const Outputs& o,
+                                               const TokenRoute& cur, int64_t t, bool expert_major, int me, bool own,
+                                               int lane) {
+  const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts());
+  const int PC = int(L.pos_cols()), S = int(L.combine_slots);
+  const int64_t rb = L.row_bytes();
+  const int e = cur.e;
+  const float wt = cur.w;
+  const int owner = e >= 0 ? e / Le : -1;
+  uint8_t* dst_x = nullptr;
+  int n = 0;
+  bool first = owner >= 0;
+  for (int kk = 0; kk < K; ++kk) {
+    const int okk = __shfl_sync(0xffffffffu, owner, kk);
+    if (kk < lane && okk == owner) first = false;
+  }
+  const uint32_t firsts = __ballot_sync(0xffffffffu, first);
+  if (!expert_major) {
+    const int nf = __popc(firsts);
+    for (int i = 0; i < nf; ++i) {
+      const int fl = __fns(firsts, 0, i + 1);
+      const int q = __shfl_sync(0xffffffffu, owner, fl);
+      const int64_t row = pl.rbase[q] + cur.pos_of(ppos, t, PC, q);
+      const bool mine = owner == q;
+      if (q == me) {
+        if (!own) continue;
+        if (lane < K) {
+          o.idx[row * K + lane] = mine ? int64_t(e - q * Le) : -1;
+          o.w[row * K + lane] = mine ? wt : 0.f;
+        }
+        if (lane == 0) {
+          o.src_rank[row] = me;
+          o.src_token[row] = int32_t(t);
+          o.src_slot[row] = q;
+          if (o.selfmap != nullptr) o.selfmap[t * S + q] = int32_t(row);
+        }
+      } else {
+        if (lane < K) {
+          reinterpret_cast<int32_t*>(tp.map(q, L.recv_idx))[row * K + lane] = mine ? e - q * Le : -1;
+          reinterpret_cast<float*>(tp.map(q, L.recv_w))[row * K + lane] = mine ? wt : 0.f;
+        }
+        if (lane == 0) reinterpret_cast<int32_t*>(tp.map(q, L.recv_src))[row] = int32_t(t * S + q);
+      }
+      uint8_t* d = (q == me ? o.x : tp.map(q, L.recv_x)) + row * rb;
+      if (lane == n) dst_x = d;
+      ++n;
+    }
+    return PushDsts{dst_x, n, owner, firsts};
+  }
+  uint8_t* d = nullptr;
+  int64_t out_row = -1;  // this slot's expert-major row in its owner's output
+  const int slot_pos = cur.pos_of(ppos, t, PC, W + lane);
+  if (owner >= 0) {
+    const int j = e - owner * Le;
+    out_row = pl.goff[int64_t(owner) * (Le + 1) + j] + slot_pos;
+    for (int q = 0; q < me; ++q) out_row += count_at(counts, L, q, 1 + W + e);
+  }
+  if (owner == me && own) {
+    o.idx[out_row] = e - me * Le;
+    o.w[out_row] = wt;
+    o.src_rank[out_row] = me;
+    o.src_token[out_row] = int32_t(t);
+    o.src_slot[out_row] = lane;
+    if (o.selfmap != nullptr) o.selfmap[t * S + lane] = int32_t(out_row);
+    d = o.x + out_row * rb;
+  }
+  const uint32_t peers = firsts & ~__ballot_sync(0xffffffffu, owner == me);
+  for (int i = 0; i < __popc(peers); ++i) {
+    const int fl = __fns(peers, 0, i + 1);
+    const int q = __shfl_sync(0xffffffffu, owner, fl);
+    const int64_t prow = pl.rbase[q] + cur.pos_of(ppos, t, PC, q);
+    if (lane < K) {
+      reinterpret_cast<int32_t*>(tp.map(q, L.recv_idx))[prow * K + lane] = owner == q ? int32_t(out_row) : -1;
+      reinterpret_cast<float*>(tp.map(q, L.recv_w))[prow * K + lane] = owner == q ? wt : 0.f;
+    }
+    if (lane == 0) reinterpret_cast<int32_t*>(tp.map(q, L.recv_src))[prow] = int32_t(t * S);
+    if (lane == fl) d = tp.map(q, L.recv_x) + prow * rb;
+  }
+  dst_x = reinterpret_cast<uint8_t*>(compact_lanes(d != nullptr, reinterpret_cast<uint64_t>(d), lane, n));
+  return PushDsts{dst_x, n, owner, firsts};
+}
+
+// A token's row from x to the n destinations push_token chose, in pieces of slot_bytes.
+__device__ __forceinline__ void push_row(WarpMover& mv, const uint8_t* src, const PushDsts& d, int64_t rb,
+                                         uint32_t slot_bytes, int lane) {
+  for (int64_t off = 0; off < rb; off += slot_bytes) {
+    const uint32_t bytes = uint32_t(min(int64_t(slot_bytes), rb - off));
+    if (lane < d.n) mv.next_dsts()[lane] = d.dst + off;
+    __syncwarp();
+    mv.push(src + off, d.n, bytes);
+  }
+}
+
+// ---------------------------------------------------------------------------------------
 // The recv pool is rank-major in both layouts: one row per (source, token), the source's
 // block at its rank-major offset. Per row: recv_src = t * S (+ this rank, rank-major) and K
 // int32 / f32 entries: rank-major the local expert ids and weights of the row's slots (-1 / 0
@@ -298,7 +412,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
                                                     bool expert_major, int alignment, MoveCfg mc, Sync sy) {
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), me = sy.rank;
-  const int PC = int(L.pos_cols()), S = int(L.combine_slots);
+  const int PC = int(L.pos_cols());
   const int64_t rb = L.row_bytes();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   __shared__ bool dead;
@@ -332,94 +446,55 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
     for (int64_t t = gw; t < T; t += nwt) {
       const TokenRoute cur = next;
       next = TokenRoute::load(pidx, pw, ppos, t + nwt, K, PC, lane, t + nwt < T);
-      const int e = cur.e;
-      const float wt = cur.w;
-      const int own = e >= 0 ? e / Le : -1;
-      uint8_t* dst_x = nullptr;  // lane i < n: destination row address
-      int n = 0;
-      // A row goes to each destination rank once: the lanes of each rank's first slot.
-      bool first = own >= 0;
-      for (int kk = 0; kk < K; ++kk) {
-        const int okk = __shfl_sync(0xffffffffu, own, kk);
-        if (kk < lane && okk == own) first = false;
-      }
-      const uint32_t firsts = __ballot_sync(0xffffffffu, first);
-      if (!expert_major) {
-        n = __popc(firsts);
-        for (int i = 0; i < n; ++i) {
-          const int fl = __fns(firsts, 0, i + 1);
-          const int q = __shfl_sync(0xffffffffu, own, fl);
-          const int64_t row = pl.rbase[q] + cur.pos_of(ppos, t, PC, q);
-          const bool mine = own == q;
-          if (q == me) {
-            if (lane < K) {
-              o.idx[row * K + lane] = mine ? int64_t(e - q * Le) : -1;
-              o.w[row * K + lane] = mine ? wt : 0.f;
-            }
-            if (lane == 0) {
-              o.src_rank[row] = me;
-              o.src_token[row] = int32_t(t);
-              o.src_slot[row] = q;
-              if (o.selfmap != nullptr) o.selfmap[t * S + q] = int32_t(row);
-            }
-          } else {
-            if (lane < K) {
-              reinterpret_cast<int32_t*>(tp.map(q, L.recv_idx))[row * K + lane] = mine ? e - q * Le : -1;
-              reinterpret_cast<float*>(tp.map(q, L.recv_w))[row * K + lane] = mine ? wt : 0.f;
-            }
-            if (lane == 0) reinterpret_cast<int32_t*>(tp.map(q, L.recv_src))[row] = int32_t(t * S + q);
-          }
-          uint8_t* d = (q == me ? o.x : tp.map(q, L.recv_x)) + row * rb;
-          if (lane == i) dst_x = d;
-        }
-      } else {
-        // Own slots: one local copy per (token, slot), straight into the output. Peers: one
-        // row per destination rank into its pool (rank-major position), with the output row
-        // of each of its slots; the receiver fans it out locally (unpack), so a row crosses
-        // the link once however many of the receiver's experts it goes to.
-        uint8_t* d = nullptr;
-        int64_t out_row = -1;  // this slot's expert-major row in its owner's output
-        const int slot_pos = cur.pos_of(ppos, t, PC, W + lane);
-        if (own >= 0) {
-          const int j = e - own * Le;
-          out_row = pl.goff[int64_t(own) * (Le + 1) + j] + slot_pos;
-          for (int q = 0; q < me; ++q) out_row += count_at(counts, L, q, 1 + W + e);
-        }
-        if (own == me) {
-          o.idx[out_row] = e - me * Le;
-          o.w[out_row] = wt;
-          o.src_rank[out_row] = me;
-          o.src_token[out_row] = int32_t(t);
-          o.src_slot[out_row] = lane;
-          if (o.selfmap != nullptr) o.selfmap[t * S + lane] = int32_t(out_row);
-          d = o.x + out_row * rb;
-        }
-        const uint32_t peers = firsts & ~__ballot_sync(0xffffffffu, own == me);
-        for (int i = 0; i < __popc(peers); ++i) {
-          const int fl = __fns(peers, 0, i + 1);
-          const int q = __shfl_sync(0xffffffffu, own, fl);
-          const int64_t prow = pl.rbase[q] + cur.pos_of(ppos, t, PC, q);
-          if (lane < K) {
-            reinterpret_cast<int32_t*>(tp.map(q, L.recv_idx))[prow * K + lane] = own == q ? int32_t(out_row) : -1;
-            reinterpret_cast<float*>(tp.map(q, L.recv_w))[prow * K + lane] = own == q ? wt : 0.f;
-          }
-          if (lane == 0) reinterpret_cast<int32_t*>(tp.map(q, L.recv_src))[prow] = int32_t(t * S);
-          if (lane == fl) d = tp.map(q, L.recv_x) + prow * rb;
-        }
-        dst_x = reinterpret_cast<uint8_t*>(compact_lanes(d != nullptr, reinterpret_cast<uint64_t>(d), lane, n));
-      }
-      if (n == 0) continue;
-      const uint8_t* src = x + t * rb;
-      for (int64_t off = 0; off < rb; off += mc.slot_bytes) {
-        const uint32_t bytes = uint32_t(min(int64_t(mc.slot_bytes), rb - off));
-        if (lane < n) mv.next_dsts()[lane] = dst_x + off;
-        __syncwarp();
-        mv.push(src + off, n, bytes);
-      }
+      const PushDsts d = push_token(tp, L, pl, counts, ppos, o, cur, t, expert_major, me, true, lane);
+      if (d.n) push_row(mv, x + t * rb, d, rb, mc.slot_bytes, lane);
     }
   }
   mv.flush();
   grid_barrier(tp, L, sy, dead, kStageDispatchData);
+}
+
+// One pool row (from source s) into the outputs, every lane: rank-major to the same row;
+// expert-major to one output row per slot that names a local expert. rows: the outputs' rows.
+// Reads go through L2 (ld.global.cg): the streamed push reads rows while peers still store
+// neighbouring ones, and a line cached in L1 earlier could hold their old bytes.
+template <class Transport>
+__device__ __forceinline__ void unpack_row(const Transport& tp, const Layout& L, const RecvPlan& pl, const Outputs& o,
+                                           int64_t row, int s, int64_t rows, bool expert_major, int lane) {
+  const int K = int(L.topk), Le = int(L.local_experts()), S = int(L.combine_slots);
+  const int64_t rb = L.row_bytes();
+  const uint8_t* px = tp.local + L.recv_x;
+  const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.recv_idx);
+  const float* pw = reinterpret_cast<const float*>(tp.local + L.recv_w);
+  const int32_t src = __ldcg(reinterpret_cast<const int32_t*>(tp.local + L.recv_src) + row);
+  if (!expert_major) {
+    if (row >= rows) return;  // only with corrupt inputs; never write out of bounds
+    const int4* sx = reinterpret_cast<const int4*>(px + row * rb);
+    int4* dx = reinterpret_cast<int4*>(o.x + row * rb);
+    for (int64_t i = lane; i < rb / 16; i += 32) dx[i] = __ldcg(sx + i);
+    if (lane < K) {
+      o.idx[row * K + lane] = __ldcg(pidx + row * K + lane);
+      o.w[row * K + lane] = __ldcg(pw + row * K + lane);
+    }
+    if (lane == 0) {
+      o.src_rank[row] = s;
+      o.src_token[row] = src / S;
+      o.src_slot[row] = src % S;
+    }
+    return;
+  }
+  int64_t dst = lane < K ? __ldcg(pidx + row * K + lane) : -1;
+  if (dst >= rows) dst = -1;  // only with corrupt inputs; never write out of bounds
+  if (dst >= 0) {
+    o.idx[dst] = group_of(pl.goff, Le, dst);
+    o.w[dst] = __ldcg(pw + row * K + lane);
+    o.src_rank[dst] = s;
+    o.src_token[dst] = src / S;
+    o.src_slot[dst] = lane;
+  }
+  int n;
+  dst = compact_lanes(dst >= 0, dst, lane, n);
+  warp_fanout_row(o.x + max(dst, int64_t(0)) * rb, n, px + row * rb, rb, lane);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -431,8 +506,7 @@ template <class Transport>
 __global__ void __launch_bounds__(kUnpackThreads, 1) unpack_kernel(Transport tp, Layout L, const int32_t* counts, Outputs o,
                                                       bool expert_major, int alignment, ErrorWord* err, int rank) {
   uint8_t* smem_raw = dyn_smem();
-  const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), r = rank;
-  const int S = int(L.combine_slots);
+  const int W = int(L.world_size), Le = int(L.local_experts()), r = rank;
   const int64_t rb = L.row_bytes();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   __shared__ bool dead;
@@ -447,45 +521,13 @@ __global__ void __launch_bounds__(kUnpackThreads, 1) unpack_kernel(Transport tp,
   const int64_t rows = pl.build(counts, L, r, expert_major, alignment);
   if (rows > o.capacity || rows > L.recv_rows) return;
   if (expert_major) fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, Le, o, rb);
-  const uint8_t* px = tp.local + L.recv_x;
-  const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.recv_idx);
-  const float* pw = reinterpret_cast<const float*>(tp.local + L.recv_w);
-  const int32_t* psrc = reinterpret_cast<const int32_t*>(tp.local + L.recv_src);
   const int64_t pool_rows = pl.rbase[W];
   const int64_t gw = int64_t(blockIdx.x) * warps + warp, nwt = int64_t(gridDim.x) * warps;
   for (int64_t row = gw; row < pool_rows; row += nwt) {
     int s = 0;
     while (s + 1 < W && pl.rbase[s + 1] <= row) ++s;
     if (s == r) continue;  // own rows were written straight into the outputs
-    const int32_t src = psrc[row];
-    if (!expert_major) {
-      const int4* sx = reinterpret_cast<const int4*>(px + row * rb);
-      int4* dx = reinterpret_cast<int4*>(o.x + row * rb);
-      for (int64_t i = lane; i < rb / 16; i += 32) dx[i] = sx[i];
-      if (lane < K) {
-        o.idx[row * K + lane] = pidx[row * K + lane];
-        o.w[row * K + lane] = pw[row * K + lane];
-      }
-      if (lane == 0) {
-        o.src_rank[row] = s;
-        o.src_token[row] = src / S;
-        o.src_slot[row] = src % S;
-      }
-      continue;
-    }
-    // Expert-major: one pool row, one output row per slot that names a local expert.
-    int64_t dst = lane < K ? pidx[row * K + lane] : -1;
-    if (dst >= rows) dst = -1;  // only with corrupt inputs; never write out of bounds
-    if (dst >= 0) {
-      o.idx[dst] = group_of(pl.goff, Le, dst);
-      o.w[dst] = pw[row * K + lane];
-      o.src_rank[dst] = s;
-      o.src_token[dst] = src / S;
-      o.src_slot[dst] = lane;
-    }
-    int n;
-    dst = compact_lanes(dst >= 0, dst, lane, n);
-    warp_fanout_row(o.x + max(dst, int64_t(0)) * rb, n, px + row * rb, rb, lane);
+    unpack_row(tp, L, pl, o, row, s, rows, expert_major, lane);
   }
 }
 

@@ -1,5 +1,5 @@
-// Device pieces every NVSHMEM kernel uses: block shape, signal words (epoch << 32 | count),
-// the error record with its device mirror, waits with a timeout, peer addresses for plain
+// Device pieces every NVSHMEM kernel uses: block shape, signal words (common/channel.cuh:
+// epoch << 32 | count), the error record with its device mirror, waits with a timeout, peer addresses for plain
 // stores, and a warp row copy.
 #pragma once
 #include <nvshmem.h>
@@ -7,6 +7,7 @@
 
 #include <cstdint>
 
+#include "../common/channel.cuh"
 #include "../common/layout.cuh"
 #include "../common/ptx.cuh"
 
@@ -22,12 +23,6 @@ constexpr int kRowsPerWarp = 2;   // rows each warp puts between two tail signal
 // ---- small device helpers --------------------------------------------------------------
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
-__device__ __forceinline__ int64_t chan_begin(int64_t n, int c, int C) { return n * c / C; }
-
-__device__ __forceinline__ uint64_t sig_value(int64_t epoch, int64_t count) {
-  return (static_cast<uint64_t>(epoch) << 32) | static_cast<uint64_t>(count);
 }
 
 // Rows the signal says have arrived for this epoch (all of them if a later epoch wrote it).

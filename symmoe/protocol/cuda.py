@@ -11,7 +11,10 @@ dispatch (both protocols)
   3. pull: each receiver fetches the rows meant for it from every source's ``input`` with
      TMA bulk copies (peer global -> shared -> output), barrier "dispatch.done".
      push: each sender bulk-stores its rows into the receivers' ``recv`` pools, barrier
-     "dispatch.data"; receivers unpack the pool into the outputs.
+     "dispatch.data"; receivers unpack the pool into the outputs. With ``kernel.push_mode``
+     "stream" (the "auto" choice when every rank has a GPU of its own) one kernel does both:
+     sender blocks raise a channel's tail word at each peer after every chunk of rows, and
+     receiver blocks copy the rows out of the pool as they land.
   4. the host reads the counts, raises InputError on every rank if any rank's ids were bad
      (tokens = -1 in its row: nothing moved), checks every receiver's capacity (all ranks
      raise together), and returns views of the first ``rows`` rows of the outputs.
@@ -47,6 +50,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from .. import build
 from ..config import Config
@@ -69,6 +73,45 @@ def _kernel_outputs(out: dict[str, torch.Tensor | None], cap: int, selfmap: torc
     """The data kernels' view of a dispatch's outputs: their pointers and their rows, and
     where they record the rows this rank kept of its own tokens (None: already recorded)."""
     return {**{k: _ptr(v) for k, v in out.items()}, "capacity": cap, "selfmap": _ptr(selfmap)}
+
+
+def stream_blocks(mode: str, share: int, sms: int, num_sms: int) -> int:
+    """Blocks of the streamed push for ``kernel.push_mode`` = ``mode`` when at most ``share``
+    ranks run on one GPU and every GPU has at least ``sms`` SMs; 0 = push then unpack. The
+    inputs are the same on every rank, so is the result (receivers wait for their channels'
+    senders on every peer). Receivers wait inside the kernel, so the grids of all ranks sharing
+    a GPU must be resident at once: one block per SM at least, a sender and a receiver each.
+    "auto" streams only when every rank has a GPU of its own (under MPS the receivers would
+    spin on the SMs the senders need)."""
+    if mode == "unpack" or (mode == "auto" and share > 1):
+        return 0
+    fit = sms // share
+    if fit < 2:
+        if mode == "stream":
+            raise InputError(f"kernel.push_mode=stream: {share} ranks share a GPU of {sms} SMs, and each needs "
+                             "2 blocks resident at once; use push_mode unpack (or auto)")
+        return 0
+    return max(2, min(num_sms, fit))
+
+
+def stream_split(blocks: int, num_channels: int, receivers: int) -> tuple[int, int]:
+    """(senders, receivers) of a streamed push over at most ``blocks`` blocks; ``receivers``
+    = ``kernel.stream_receivers`` (0: half the blocks; at W=2 a quarter or an eighth were
+    slower in both layouts). Senders are the channels (at most ``num_channels``: the
+    layout's tail words); receivers never outnumber them."""
+    r = max(1, min(receivers or blocks // 2, blocks // 2))
+    s = min(num_channels, blocks - r)
+    return s, min(r, s)
+
+
+def _gpu_sharing(mem: SymmetricMemory) -> tuple[int, int]:
+    """(most ranks of the group on one GPU, fewest SMs of their GPUs): the same on every rank;
+    collective."""
+    props = torch.cuda.get_device_properties(mem.device)
+    every: list[Any] = [None] * mem.world_size
+    dist.all_gather_object(every, (str(props.uuid), props.multi_processor_count), group=mem.group)
+    gpus = [u for u, _ in every]
+    return max(gpus.count(u) for u in gpus), min(n for _, n in every)
 
 
 class _RoutingState(NamedTuple):
@@ -109,6 +152,8 @@ class _CudaProtocol(Protocol):
                                         self._counters.data_ptr())
         self.ctx.set_copy_bytes(config.kernel.copy_bytes)
         self.ctx.set_copy_depth(config.kernel.copy_depth)
+        self._stream_blocks = self._push_stream_blocks(config, mem)
+        self._stream_receivers = config.kernel.stream_receivers
         self._epoch = 0
         W, E = layout.world_size, layout.num_experts
         self._published: torch.Tensor | None = None  # the routing copy now in the input region
@@ -240,6 +285,14 @@ class _CudaProtocol(Protocol):
         return dispatch_result(lay, self._counts_np, me, output_layout, alignment, self._bad_record, out, topk_idx,
                                topk_weights, in_rank, self.buffer_id, cache=cache)
 
+    def _push_stream_blocks(self, config: Config, mem: SymmetricMemory) -> int:
+        """Blocks of the streamed push, 0 for push then unpack (``stream_blocks``)."""
+        mode = config.kernel.push_mode
+        if self.name != "push" or self.world_size == 1 or mode == "unpack":
+            return 0
+        share, sms = _gpu_sharing(mem)  # collective; the condition above is the same on every rank
+        return stream_blocks(mode, share, sms, config.kernel.num_sms)
+
     def _tail(self, out: dict[str, torch.Tensor | None], counts_dev: torch.Tensor, worst: int, expert_major: bool,
               alignment: int) -> RecvResult:
         """The ``worst`` rows of a dispatch that does not wait on the host: after the data
@@ -263,6 +316,9 @@ class _CudaProtocol(Protocol):
         epoch = self._next_epoch()
         if self.name == "pull":
             self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
+        elif self._stream_blocks:
+            senders, receivers = stream_split(self._stream_blocks, self.layout.num_channels, self._stream_receivers)
+            self.ctx.push_stream(_ptr(x), args, expert_major, alignment, senders, receivers, epoch, sp)
         else:
             self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)
             if self.world_size > 1:  # alone, push wrote every row, group start and padding row

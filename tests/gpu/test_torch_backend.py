@@ -104,6 +104,37 @@ def test_back_to_back_combines_on_one_handle(protocol):
     assert _run(2, gpu_config(protocol=protocol), 95, CHECK_ROUTINGS[:3], combines=3) == [6, 6]
 
 
+# -- the streamed push (kernel.push_mode=stream; under MPS "auto" keeps push + unpack) -------
+STREAM = {"protocol": "push", "kernel.push_mode": "stream"}
+
+
+@pytest.mark.parametrize("hidden", [256, 7168])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_streamed_push_is_bitwise_equal_to_reference(world_size, hidden):
+    """One kernel of sender and receiver channels: receivers copy rows out of the pool as
+    the senders' tail words announce them; both layouts, every routing kind."""
+    cfg = gpu_config(**STREAM, **{"buffer.hidden": hidden})
+    assert _run(world_size, cfg, 4343 + world_size + hidden) == [len(CHECK_ROUTINGS) * 2] * world_size
+
+
+@pytest.mark.parametrize("receivers", [1, 3])
+def test_streamed_push_over_many_chunks_and_channels(receivers):
+    """2048 tokens per rank over 8 channels (sender blocks): several chunks (and tail signals)
+    per channel, each receiver block serving several channels (8 of them, or 3, 3 and 2), and
+    a routing split over 16 chunks; three dispatches in a row on the same buffer."""
+    cfg = gpu_config(**STREAM, **{"buffer.hidden": 64, "buffer.max_tokens_per_rank": 2048, "kernel.num_sms": 32,
+                                  "kernel.stream_receivers": receivers})
+    assert _run(2, cfg, 556 + receivers, CHECK_ROUTINGS[:4], repeats=3) == [24, 24]
+
+
+@pytest.mark.parametrize("check", [check_cached_dispatch, check_num_worst_tokens])
+def test_streamed_push_cached_and_worst_case_dispatch(check):
+    args = (gpu_config(**STREAM), 199, CHECK_ROUTINGS, ("rank", "expert"), "cuda")
+    if check is check_cached_dispatch:
+        args += (True,)
+    assert _on_ranks(check, 2, args) == [len(CHECK_ROUTINGS) * 2] * 2
+
+
 def test_single_process_world_size_one_without_process_group():
     cfg = gpu_config()
     assert _run(1, cfg, 5, CHECK_ROUTINGS[:2]) == [4]
