@@ -58,12 +58,9 @@ DEEPSEEK_V3 = {"buffer.max_tokens_per_rank": 4096, "buffer.hidden": 7168, "buffe
 
 
 def bench_config(protocol: str = "pull", num_sms: int = 132, **over: Any) -> Config:
-    # nvshmem runs one sender and one receiver block per channel: the same SMs as the others,
-    # at most the 64 channels of configs/nvshmem.yaml (what its kernels were measured with).
-    # The streamed push (torch, nccl) has as many channels (senders) as the SMs allow.
-    channels = min(64, num_sms // 2) if over.get("backend") == "nvshmem" else min(MAX_CHANNELS, num_sms)
+    # nvshmem runs one sender and one receiver block per channel: the same SMs as the others.
     d = {"backend": "torch", "protocol": protocol, "kernel.num_sms": num_sms,
-         "kernel.num_channels": max(1, channels), "kernel.timeout_s": 30.0,
+         "kernel.num_channels": max(1, min(MAX_CHANNELS, num_sms // 2)), "kernel.timeout_s": 30.0,
          "torch.allow_overlapping_devices": True, **DEEPSEEK_V3}
     d.update(over)
     return Config().replace(**d)

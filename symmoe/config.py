@@ -16,7 +16,7 @@ from typing import Any, Mapping
 import yaml
 
 from .errors import ConfigError
-from .layout import DTYPES, MAX_CHANNELS, BufferLayout
+from .layout import DTYPES, MAX_CHANNELS, STREAM_CHANNELS, BufferLayout
 
 # Each backend's protocols, native one first. Kept here (not in the backend modules) so a
 # config can be checked on a machine where the backend's library is missing.
@@ -45,7 +45,7 @@ class BufferConfig:
 @dataclass(frozen=True)
 class KernelConfig:
     num_sms: int = 24
-    num_channels: int = 8
+    num_channels: int = 8  # nvshmem: a sender and a receiver block each
     timeout_s: float = 30.0
     copy_bytes: int = 0  # bulk-copy piece (multiple of 128); 0 = whole rows up to 16 KB, 3584 B expert-major
     copy_depth: int = 0  # bulk-copy slots per warp (torch/nccl), depth - 1 loads in flight; 0 = 4 rank-major, 2 expert-major
@@ -53,7 +53,7 @@ class KernelConfig:
     # pool out; "stream" = one kernel of sender and receiver channels, the pool copied out as
     # rows land (DeepEP V1's shape); "auto" = stream when every rank has a GPU of its own
     push_mode: str = "auto"
-    # receiver blocks of the streamed push (its senders are the channels); 0 = half its blocks
+    # receiver blocks of the streamed push (its senders are the rest of its blocks); 0 = half
     stream_receivers: int = 0
 
 
@@ -97,10 +97,13 @@ class Config:
 
     def layout(self, world_size: int) -> BufferLayout:
         b = self.buffer
+        # nvshmem's channels are the config's; the streamed push (torch, nccl) sizes its
+        # senders from the SMs, so it keeps tail words for the most it can have.
+        channels = self.kernel.num_channels if self.backend == "nvshmem" else STREAM_CHANNELS
         return BufferLayout(
             world_size=world_size, max_tokens=b.max_tokens_per_rank, hidden=b.hidden, topk=b.topk,
             num_experts=b.num_experts, elem_size=DTYPES[b.dtype].itemsize, alignment=b.expert_alignment,
-            num_channels=self.kernel.num_channels, recv_capacity=b.recv_capacity,
+            num_channels=channels, recv_capacity=b.recv_capacity,
         )
 
     def to_dict(self) -> dict[str, Any]:
@@ -137,7 +140,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "buffer.recv_capacity": (0, 1 << 28),
     "kernel.num_sms": (1, 1024),
     "kernel.num_channels": (1, MAX_CHANNELS),
-    "kernel.stream_receivers": (0, MAX_CHANNELS),
+    "kernel.stream_receivers": (0, STREAM_CHANNELS),
     "kernel.timeout_s": (1e-3, 86400),
     "kernel.copy_bytes": (0, 65536),
     "kernel.copy_depth": (0, 16),

@@ -31,7 +31,8 @@ import torch
 from .errors import CapacityError
 
 ALIGN = 1024  # region alignment: a multiple of TMA's 16 bytes and of a cache line
-MAX_CHANNELS = 128
+MAX_CHANNELS = 64  # kernel.num_channels: nvshmem's channels
+STREAM_CHANNELS = 128  # tail words of the streamed push (torch, nccl): its sender blocks at most
 
 DTYPES: dict[str, torch.dtype] = {
     "bfloat16": torch.bfloat16,

@@ -136,11 +136,3 @@ def test_the_table_splits_dispatch_host_time_at_the_counts_wait(two_ranks):
     assert not lines[head + 2].startswith("  torch")  # the expert layout had no phases
     assert "dispatch, host wall time" not in bench.table([two_ranks])
 
-
-def test_bench_gives_nvshmem_its_measured_channels_and_the_streamed_push_one_per_sm():
-    """nvshmem: a sender and a receiver block per channel, at most configs/nvshmem.yaml's 64;
-    torch and nccl: the streamed push's senders, one per SM the bench grants."""
-    assert bench.bench_config("push", 132, backend="nvshmem").kernel.num_channels == 64
-    assert bench.bench_config("push", 24, backend="nvshmem").kernel.num_channels == 12
-    assert bench.bench_config("push", 132, backend="nccl").kernel.num_channels == 128
-    assert bench.bench_config("push", 24, backend="torch").kernel.num_channels == 24

@@ -57,7 +57,7 @@ BAD = [
     ("buffer:\n  max_tokens_per_rank: -4\n", "buffer.max_tokens_per_rank", "must be in"),
     ("buffer:\n  expert_alignment: 0\n", "buffer.expert_alignment", "must be in"),
     ("buffer: 7\n", "buffer", "expected a mapping"),
-    ("kernel:\n  num_channels: 129\n", "kernel.num_channels", "must be in"),
+    ("kernel:\n  num_channels: 65\n", "kernel.num_channels", "must be in"),
     ("kernel:\n  copy_bytes: 1000\n", "kernel.copy_bytes", "multiple of 128"),
     ("kernel:\n  copy_depth: 1\n", "kernel.copy_depth", "0 (automatic) or 2..16"),
     ("kernel:\n  copy_depth: 17\n", "kernel.copy_depth", "must be in"),

@@ -94,13 +94,13 @@ def stream_blocks(mode: str, share: int, sms: int, num_sms: int) -> int:
     return max(2, min(num_sms, fit))
 
 
-def stream_split(blocks: int, num_channels: int, receivers: int) -> tuple[int, int]:
+def stream_split(blocks: int, max_senders: int, receivers: int) -> tuple[int, int]:
     """(senders, receivers) of a streamed push over at most ``blocks`` blocks; ``receivers``
     = ``kernel.stream_receivers`` (0: half the blocks; at W=2 every smaller share measured
-    was slower, in both layouts: results/NOTES.md, session 14). Senders are the channels (at
-    most ``num_channels``: the layout's tail words); receivers never outnumber them."""
+    was slower, in both layouts: results/NOTES.md, session 14). Senders are the channels, at
+    most ``max_senders`` (the layout's tail words); receivers never outnumber them."""
     r = max(1, min(receivers or blocks // 2, blocks // 2))
-    s = min(num_channels, blocks - r)
+    s = min(max_senders, blocks - r)
     return s, min(r, s)
 
 

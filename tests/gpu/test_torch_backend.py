@@ -119,9 +119,10 @@ def test_streamed_push_is_bitwise_equal_to_reference(world_size, hidden):
 
 @pytest.mark.parametrize("receivers", [1, 3])
 def test_streamed_push_over_many_chunks_and_channels(receivers):
-    """2048 tokens per rank over 8 channels (sender blocks): several chunks (and tail signals)
-    per channel, each receiver block serving several channels (8 of them, or 3, 3 and 2), and
-    a routing split over 16 chunks; three dispatches in a row on the same buffer."""
+    """2048 tokens per rank on 32 SMs: 31 or 29 sender blocks (channels), several chunks (and
+    tail signals) each, and 1 or 3 receiver blocks serving all of them (31; or 10, 10 and 9
+    channels each), and a routing split over 16 chunks; three dispatches in a row on the
+    same buffer."""
     cfg = gpu_config(**STREAM, **{"buffer.hidden": 64, "buffer.max_tokens_per_rank": 2048, "kernel.num_sms": 32,
                                   "kernel.stream_receivers": receivers})
     assert _run(2, cfg, 556 + receivers, CHECK_ROUTINGS[:4], repeats=3) == [24, 24]
