@@ -62,6 +62,8 @@ BAD = [
     ("kernel:\n  copy_depth: 1\n", "kernel.copy_depth", "0 (automatic) or 2..16"),
     ("kernel:\n  copy_depth: 17\n", "kernel.copy_depth", "must be in"),
     ("kernel:\n  push_mode: pipelined\n", "kernel.push_mode", "allowed: auto, stream, unpack"),
+    ("kernel:\n  stream_receivers: -1\n", "kernel.stream_receivers", "must be in"),
+    ("kernel:\n  stream_receivers: 129\n", "kernel.stream_receivers", "must be in"),
     ("kernel:\n  timeout_s: 0\n", "kernel.timeout_s", "must be in"),
     ("kernel:\n  timeout_s: soon\n", "kernel.timeout_s", "expected a number"),
     ("torch:\n  allow_overlapping_devices: 1\n", "torch.allow_overlapping_devices", "true or false"),

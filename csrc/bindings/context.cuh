@@ -147,8 +147,9 @@ struct Ctx {
   }
 
   // Warps per block that fit next to `plan` bytes of tables.
-  MoveCfg move_cfg(int64_t plan, bool expert_major = false) const {
-    MoveCfg m = expert_major ? move_fan : move;
+  // fan: the expert-major dispatch's mover (small pieces, 16 warps), else whole rows.
+  MoveCfg move_cfg(int64_t plan, bool fan = false) const {
+    MoveCfg m = fan ? move_fan : move;
     m.plan_bytes = (plan + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
     auto fits = [&] { return (max_smem - m.plan_bytes) / int64_t(WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth)); };
     if (depth_auto && m.depth > 2 && fits() < 2) m.depth = 2;  // one warp per block costs more than deep slots win
@@ -269,7 +270,7 @@ struct Ctx {
     // warps, not slots, and at W=2 rank-major ran 378 -> 192 us with it (whole-row slots leave
     // 3 warps a block).
     const MoveCfg m = move_cfg(push_stream_plan_bytes(int(L.world_size), int(L.local_experts()), senders, receivers),
-                               true);
+                               /*fan=*/true);
     push_stream_kernel<Transport><<<senders + receivers, m.warps * 32, smem_of(m), S(stream)>>>(
         tp, L, P<const uint8_t>(x), outputs(out), expert_major, alignment, m, sync(epoch, 2), senders, receivers);
     check(cudaGetLastError(), "push_stream_kernel launch");
