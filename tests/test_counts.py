@@ -30,14 +30,16 @@ def _case(W: int, routing, seed: int, align: int = 4, **over):
 
 @pytest.mark.parametrize("W", [1, 2, 4])
 @pytest.mark.parametrize("layout", ["rank", "expert"])
-def test_received_rows_are_the_references(W, layout):
+@pytest.mark.parametrize("alignment", [1, 4])
+def test_received_rows_are_the_references(W, layout, alignment):
     for n, routing in enumerate(CHECK_ROUTINGS):
         lay, inputs, counts = _case(W, routing, seed=100 * W + n)
         ref = reference.dispatch([i.x for i in inputs], [i.topk_idx for i in inputs],
-                                 [i.topk_weights for i in inputs], lay.num_experts, layout, 4)
+                                 [i.topk_weights for i in inputs], lay.num_experts, layout, alignment)
         for r in range(W):
-            totals, per_expert = received_rows(lay, counts, r, layout, 4)
-            assert int(totals[r]) == ref.recv[r].x.shape[0], (routing, r)
+            totals, per_expert = received_rows(lay, counts, r, layout, alignment)
+            # every receiver's rows, not only this rank's: all ranks judge capacity from them
+            assert totals.tolist() == [ref.recv[d].x.shape[0] for d in range(W)], (routing, r)
             assert per_expert.tolist() == ref.recv[r].num_recv_tokens_per_expert.tolist(), (routing, r)
 
 

@@ -22,15 +22,21 @@ def received_rows(lay: BufferLayout, counts: np.ndarray, rank: int, output_layou
                   alignment: int, worst: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(rows each receiver gets, unpadded rows per local expert of ``rank``). Raises
     CapacityError on every rank when any receiver is over capacity, or over ``worst`` rows
-    (num_worst_tokens; 0: exact outputs)."""
+    (num_worst_tokens; 0: exact outputs). Few numpy calls on purpose: a dispatch runs this
+    after its host wait, while only the data kernel is left to hide it."""
     W, L = lay.world_size, lay.local_experts
-    per_expert = counts[:, 1 + W:].astype(np.int64).reshape(W, W, L).sum(0)  # [dst, L]
+    pairs = counts[:, 1 + W:]  # [src, dst * L]
     if output_layout == "rank":
-        totals = counts[:, 1:1 + W].astype(np.int64).sum(0)
+        totals = counts[:, 1:1 + W].sum(0)  # int32 sums to int64
+        per_expert = pairs[:, rank * L:(rank + 1) * L].sum(0)
     else:
-        totals = ((per_expert + alignment - 1) // alignment * alignment).sum(1)
-    lay.check_capacity(totals.tolist(), output_layout, worst)
-    return totals, per_expert[rank].astype(np.int32)
+        per_dst = pairs.sum(0).reshape(W, L)  # [dst, L]
+        padded = per_dst if alignment == 1 else (per_dst + alignment - 1) // alignment * alignment
+        totals, per_expert = padded.sum(1), per_dst[rank]
+    most = int(totals.max())
+    if most > lay.recv_rows or (worst and most > worst):
+        lay.check_capacity(totals.tolist(), output_layout, worst)  # names the first receiver over
+    return totals, per_expert.astype(np.int32)
 
 
 def bad_input_error(lay: BufferLayout, counts: np.ndarray, rank: int, info: "tuple[int, int, int, int]") -> InputError:
@@ -57,7 +63,7 @@ def dispatch_result(lay: BufferLayout, counts: np.ndarray, rank: int, output_lay
     ``worst`` rows (``num_worst_tokens``; ``out`` has that many); ``cache`` goes into the
     handle for cached dispatch."""
     counts = counts.copy()  # the mapped memory changes with the next dispatch
-    if (counts[:, 0] < 0).any():
+    if counts[:, 0].min() < 0:
         raise bad_input_error(lay, counts, rank, bad_info())
     totals, per_expert = received_rows(lay, counts, rank, output_layout, alignment, worst)
     rows = int(totals[rank])

@@ -278,7 +278,8 @@ class _CudaProtocol(Protocol):
             return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, counts_dev, out, recv,
                                      self.buffer_id, alignment, cache, worst)
 
-        # The data kernel keeps the GPU busy meanwhile.
+        # The data kernel keeps the GPU busy meanwhile; what needs no counts is done before.
+        topk_idx = topk_idx.long()  # the handle's (a launch for int32 ids)
         self._wait_counts(self._counts_event,
                           lambda max_s: self.mod.wait_mapped(self._counts_ready[0], epoch, self._err[0], max_s))
         self.check()

@@ -248,7 +248,8 @@ class NvshmemPush(Protocol):
             return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, plan["counts"], out, recv,
                                      self.buffer_id, alignment, plan, worst)
 
-        # The one host wait; the data kernel runs meanwhile.
+        # The one host wait; the data kernel runs meanwhile. What needs no counts is done before.
+        topk_idx = topk_idx.long()  # the handle's (a launch for int32 ids)
         ready, err = self._counts_ready.data_ptr(), self.err.data_ptr()
         self._wait_counts(self._counts_event, lambda max_s: self.ext.wait_mapped(ready, epoch, err, max_s))
         raise_if_failed(self.mem, "dispatch.counts")
