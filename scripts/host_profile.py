@@ -41,6 +41,44 @@ def profile_op(fn, calls: int, top: int) -> str:
     return "\n".join(lines)
 
 
+def launch_costs(proto, idx: torch.Tensor, calls: int = 200) -> str:
+    """Unprofiled host µs per call (median) of the extension's bindings against torch's own
+    launch, with the GPU kept busy by a sleep kernel (launches queue; nothing waits): is a
+    binding that launches a kernel slow, or the Python around it?"""
+    import statistics
+
+    dev = idx.device
+    W, E, T = proto.layout.world_size, proto.layout.num_experts, idx.shape[0]
+    per_rank = torch.empty(W, dtype=torch.int32, device=dev)
+    per_expert = torch.empty(E, dtype=torch.int32, device=dev)
+    in_rank = torch.empty((T, W), dtype=torch.bool, device=dev)
+    stream = torch.cuda.current_stream().cuda_stream
+    scratch = proto._route_scratch.data_ptr()
+    calls_ = {
+        "pybind call, no CUDA (ctx.layout_scratch_bytes)": lambda: proto.ctx.layout_scratch_bytes(),
+        "torch.cuda._sleep(1) launch": lambda: torch.cuda._sleep(1),
+        "torch.empty(4096, 7168, bf16)": lambda: torch.empty((T, 7168), dtype=torch.bfloat16, device=dev),
+        "ctx.layout, one routing launch (ints given)": lambda: proto.ctx.layout(
+            idx.data_ptr(), True, 0, T, scratch, in_rank.data_ptr(), per_rank.data_ptr(), per_expert.data_ptr(),
+            False, 0, stream),
+        "torch.cuda.current_stream().cuda_stream": lambda: torch.cuda.current_stream().cuda_stream,
+        "get_dispatch_layout (whole call)": lambda: proto.get_dispatch_layout(idx),
+    }
+    lines = []
+    for name, fn in calls_.items():
+        fn()
+        torch.cuda.synchronize()
+        torch.cuda._sleep(1_000_000 * calls)  # about 0.5 ms of GPU per call queued ahead: no launch waits for it
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        torch.cuda.synchronize()
+        lines.append(f"    {statistics.median(times) * 1e6:8.1f} µs  {name}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backends", default="torch")
@@ -58,6 +96,9 @@ def main() -> None:
             x, idx, w = _inputs(b.max_tokens_per_rank, b.hidden, b.topk, b.num_experts, 1, 0, 0, torch.device("cuda", 0))
             with Buffer(None, cfg) as buf:
                 proto = buf._protocol
+                if hasattr(proto, "ctx"):  # the CUDA protocols' extension (nvshmem has its own)
+                    print(f"{backend} {proto_name} launch costs (median host µs, GPU busy):")
+                    print(launch_costs(proto, idx), flush=True)
                 for layout in a.layouts.split(","):
                     state = {"d": proto.dispatch(x, idx, w, layout, b.expert_alignment)}
                     ops = {
