@@ -19,7 +19,7 @@
 #   SYMMOE_COMMIT=$(git rev-parse HEAD)   the commit recorded in every JSON (the device copy's .git may be stale)
 #   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_WORLD_SIZES=1,4 BENCH_PROTOCOLS=pull,push BENCH_REPEATS=30   bench choices
 #   BENCH_SET='kernel.num_channels=32 kernel.num_sms=64'   config values for every bench run
-#   BENCH_X_IN_BUFFER=no|yes|both   x built in Buffer.input_view (no publish copy); both: each run twice
+#   BENCH_X_IN_BUFFER=no|yes|both   x built in Buffer.input_view (no publish copy); both: pull runs twice
 #   MPS=off                          no MPS daemon (world size 1 runs only)
 #   BENCH_CPU=2                      bench pinned to these CPUs (taskset -c; world size 1: ranks inherit it): is the
 #                                    host's two-speed mode the core it lands on?

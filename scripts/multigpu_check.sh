@@ -17,7 +17,7 @@
 #   SYMMOE_COMMIT=$(git rev-parse HEAD)       the commit recorded in the JSON files
 #   STEP_LIMIT_S=1200                         each torchrun step is interrupted after this
 #   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_PROTOCOLS=pull,push BENCH_REPEATS=20
-#   BENCH_X_IN_BUFFER=no|yes|both             bench with x built in Buffer.input_view (no publish copy)
+#   BENCH_X_IN_BUFFER=no|yes|both             bench with x built in Buffer.input_view (no publish copy); both: pull runs twice
 #   CHECK_CONFIGS="configs/nccl.yaml"         the configs `check` runs (default: torch, nvshmem, nccl)
 #   CHECK_SET="--set protocol=push"           more config values for `check`
 #   CHECK_X_IN_BUFFER=no                      skip check's second pass (x built in Buffer.input_view)

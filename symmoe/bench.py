@@ -420,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--set", action="append", type=parse_key_value, default=[], metavar="KEY=VALUE",
                    help="config value for every run, e.g. --set kernel.copy_bytes=7168 (repeatable)")
     p.add_argument("--x-in-buffer", choices=("no", "yes", "both"), default="no",
-                   help="x built in Buffer.input_view (the Mega MoE way: no publish copy); both: each run twice")
+                   help="x built in Buffer.input_view (the Mega MoE way: no publish copy); both: each pull run "
+                        "twice (a push reads x where it lies: its runs stay single, x not in the buffer)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     placements = {"no": [False], "yes": [True], "both": [False, True]}[a.x_in_buffer]
@@ -436,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"skipping nccl at world size {ws}: NCCL needs one GPU per rank", flush=True)
                     continue
                 cfg = bench_config(proto, sms, backend=backend, **sets)
-                for in_buf in placements:
+                for in_buf in placements if proto == "pull" else placements[:1]:
                     results.append(run_gpu_bench(cfg, ws, a.tokens, a.warmup, a.repeats, baselines=(ws == 1),
                                                  x_in_buffer=in_buf))
                     print(table(results[-1:]), flush=True)
