@@ -26,7 +26,8 @@ cached dispatch, what its intranode benchmark times); the same bytes as ``dispat
 worst-case size; the same bytes, and the CUDA protocols skip the host wait.
 ``api_*`` numbers time ``Buffer.dispatch``/``combine`` with their input validation.
 ``host_us``: the host's wall time inside a call, timed in a second pass without the sleep;
-``dispatch_host_phases``: that pass's dispatch split at its counts wait (before / in / after).
+``dispatch_host_phases``: that pass's dispatch split at its counts wait (before / in / after);
+``dispatch_host_phases_timed``: the same split of the timed dispatches (their wait spans the sleep).
 
 Several ranks on one GPU (MPS) all get the same active thread percentage, whatever the
 backend (``launch.mps_share``); the roofline is measured by the launching process on the whole
@@ -251,7 +252,9 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
             fns = {"dispatch": dispatch, "combine": combine, "cached_dispatch": cached}
             if layout == "rank":
                 fns["worst_dispatch"] = worst
+            mark = len(phases)
             gpu = {op: _time(f, warmup, repeats, sleep, sync, align=align) for op, f in fns.items()}
+            timed_phases = phases[mark:][-repeats:]  # the timed dispatches: their waits began during the sleep
             # The host's wall time per call, without the sleep kernel in front (with it, the
             # dispatch's wait for the counts would include the sleep): for dispatch the launches,
             # the wait for the routing kernels and the work after it; for combine the launches.
@@ -276,6 +279,8 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
                 **{f"{op}_host": _stats(t) for op, t in host.items()},
                 **({"dispatch_host_phases": {k: _stats([p[i] for p in host_phases]) for i, k in enumerate(HOST_PHASES)}}
                    if host_phases else {}),
+                **({"dispatch_host_phases_timed": {k: _stats([p[i] for p in timed_phases])
+                                                   for i, k in enumerate(HOST_PHASES)}} if timed_phases else {}),
                 "dispatch_bytes": (unique_src + rows) * rb, "combine_bytes": (real + T) * rb,
                 "cached_dispatch_bytes": (unique_src + rows) * rb,
                 **({"worst_dispatch_bytes": (unique_src + rows) * rb} if "worst_dispatch" in fns else {}),
@@ -381,8 +386,11 @@ def table(results: list[dict[str, Any]]) -> str:
         lines.append("dispatch, host wall time before / in / after its counts wait (rank 0, median µs; "
                      "the data kernel runs during the last two):")
     for r, layout, ph in phased:
+        timed = r["ranks"][0][layout].get("dispatch_host_phases_timed")
         lines.append(f"  {r['backend']:<8} {r['protocol']:<5} {r['world_size']:>2} {layout:<6} "
-                     + " / ".join(f"{ph[k]['median_us']:.0f}" for k in HOST_PHASES))
+                     + " / ".join(f"{ph[k]['median_us']:.0f}" for k in HOST_PHASES)
+                     + (" (timed calls: " + " / ".join(f"{timed[k]['median_us']:.0f}" for k in HOST_PHASES) + ")"
+                        if timed else ""))
     roofs = sorted({round(r['copy_roofline_TBps'], 2) for r in results})
     lines.append(f"copy roofline (read + write, whole device): {', '.join(map(str, roofs))} TB/s; "
                  "%copy: a copy of the op's bytes (per GPU) timed the same way, over the op's time; "

@@ -136,3 +136,16 @@ def test_the_table_splits_dispatch_host_time_at_the_counts_wait(two_ranks):
     assert not lines[head + 2].startswith("  torch")  # the expert layout had no phases
     assert "dispatch, host wall time" not in bench.table([two_ranks])
 
+
+
+def test_the_dispatch_s_host_phases_are_printed_for_the_host_pass_and_the_timed_calls():
+    ranks = [rank_result(300.0, 250.0, 80.0, 8000) for _ in range(2)]
+    phases = {"before_wait": stats(120.0), "wait": stats(8.0), "after_wait": stats(95.0)}
+    timed = {"before_wait": stats(130.0), "wait": stats(900.0), "after_wait": stats(150.0)}
+    ranks[0]["rank"].update(dispatch_host_phases=phases, dispatch_host_phases_timed=timed)
+    ranks[0]["expert"].update(dispatch_host_phases=phases)  # an older JSON: no timed split
+    text = bench.table([bench.summarize(bench.bench_config("push", 66), 2, ranks, roof=4.0e12)])
+    lines = [ln.split() for ln in text.splitlines() if ln.startswith("  torch") and "/" in ln and "total" not in ln]
+    assert ["rank", "120", "/", "8", "/", "95", "(timed", "calls:", "130", "/", "900", "/", "150)"] in \
+        [ln[3:] for ln in lines]
+    assert ["expert", "120", "/", "8", "/", "95"] in [ln[3:] for ln in lines]
