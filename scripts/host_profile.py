@@ -57,7 +57,7 @@ def launch_costs(proto, idx: torch.Tensor, calls: int = 200) -> str:
     calls_ = {
         "pybind call, no CUDA (ctx.layout_scratch_bytes)": lambda: proto.ctx.layout_scratch_bytes(),
         "torch.cuda._sleep(1) launch": lambda: torch.cuda._sleep(1),
-        "torch.empty(4096, 7168, bf16)": lambda: torch.empty((T, 7168), dtype=torch.bfloat16, device=dev),
+        f"torch.empty(({T}, 7168), bf16)": lambda: torch.empty((T, 7168), dtype=torch.bfloat16, device=dev),
         "ctx.layout, one routing launch (ints given)": lambda: proto.ctx.layout(
             idx.data_ptr(), True, 0, T, scratch, in_rank.data_ptr(), per_rank.data_ptr(), per_expert.data_ptr(),
             False, 0, stream),

@@ -137,7 +137,6 @@ def test_the_table_splits_dispatch_host_time_at_the_counts_wait(two_ranks):
     assert "dispatch, host wall time" not in bench.table([two_ranks])
 
 
-
 def test_the_dispatch_s_host_phases_are_printed_for_the_host_pass_and_the_timed_calls():
     ranks = [rank_result(300.0, 250.0, 80.0, 8000) for _ in range(2)]
     phases = {"before_wait": stats(120.0), "wait": stats(8.0), "after_wait": stats(95.0)}
