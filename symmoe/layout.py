@@ -150,12 +150,17 @@ class BufferLayout:
     def check_capacity(self, totals: Sequence[int], output_layout: str, worst: int = 0) -> None:
         """Raise CapacityError if a receiver's rows (``totals[r]``, from the exchanged counts
         matrix, so every rank raises together) exceed the receive pool, or the outputs of
-        ``worst`` rows the call asked for (num_worst_tokens; 0: exact outputs)."""
+        ``worst`` rows the call asked for (num_worst_tokens; 0: exact outputs). A GPU dispatch
+        calls this after its host wait, so the common case (nobody over) is one comparison."""
+        pool = self.recv_rows
+        most = max((int(t) for t in totals), default=0)
+        if most <= pool and not (worst and most > worst):
+            return
         for r, n in enumerate(int(t) for t in totals):
-            if n > self.recv_rows:
+            if n > pool:
                 raise CapacityError(
                     f"rank {r} would receive {n} rows ({output_layout}-major) but the receive pool holds "
-                    f"{self.recv_rows}: raise buffer.recv_capacity (0 = worst case)")
+                    f"{pool}: raise buffer.recv_capacity (0 = worst case)")
             if worst and n > worst:
                 raise CapacityError(f"num_worst_tokens={worst} but rank {r} receives {n} rows: num_worst_tokens must "
                                     "be at least the most rows any rank receives")

@@ -11,11 +11,11 @@
 //   receiver r  polls tail[c][s] of every peer s for its channels c = r, r + R, ... and
 //               copies each newly arrived pool row into the outputs (unpack_row, as
 //               unpack_kernel): the fan-out of expert-major rows and the copy out of the pool
-//               overlap the link instead of following it. R = C by default
-//               (kernel.stream_receivers sets fewer).
+//               overlap the link instead of following it.
 //
-// Receivers wait inside the kernel for peers' senders, so every rank's grid must be resident at
-// once: the host sizes C + R so that ranks sharing a GPU fit (symmoe/protocol/cuda.py). Waits are
+// The host sizes C + R from kernel.num_sms so that the grids of ranks sharing a GPU fit at
+// once (receivers wait inside the kernel for peers' senders), R half of them unless
+// kernel.stream_receivers says (symmoe/protocol/cuda.py: stream_blocks, stream_split). Waits are
 // bounded: a peer whose rows stop coming is reported as stage "dispatch.data".
 #pragma once
 #include <cstdint>

@@ -33,9 +33,7 @@ def received_rows(lay: BufferLayout, counts: np.ndarray, rank: int, output_layou
         per_dst = pairs.sum(0).reshape(W, L)  # [dst, L]
         padded = per_dst if alignment == 1 else (per_dst + alignment - 1) // alignment * alignment
         totals, per_expert = padded.sum(1), per_dst[rank]
-    most = int(totals.max())
-    if most > lay.recv_rows or (worst and most > worst):
-        lay.check_capacity(totals.tolist(), output_layout, worst)  # names the first receiver over
+    lay.check_capacity(totals.tolist(), output_layout, worst)
     return totals, per_expert.astype(np.int32)
 
 
