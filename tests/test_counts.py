@@ -9,7 +9,8 @@ import torch
 from symmoe import reference
 from symmoe.config import Config
 from symmoe.errors import CapacityError, InputError
-from symmoe.protocol.counts import bad_input_error, deferred_error, dispatch_result, received_rows
+from symmoe.protocol.counts import (SUMMARY_HEAD, bad_input_error, deferred_error, dispatch_result, received_rows,
+                                    summarized_result, summary_of)
 from symmoe.testing import CHECK_ROUTINGS, _tokens_per_rank
 from symmoe.workload import make_inputs
 
@@ -100,6 +101,60 @@ def test_dispatch_result_views_this_ranks_rows_and_keeps_its_own_copy_of_the_mat
     published = counts.copy()
     counts[:] = -7  # the mapped memory is rewritten by the next dispatch
     assert handle.counts.numpy().tolist() == published.tolist()
+
+
+@pytest.mark.parametrize("W", [1, 2, 4])
+@pytest.mark.parametrize("alignment", [1, 4])
+def test_the_routing_kernel_s_summary_holds_what_received_rows_reduces(W, alignment):
+    """summary_of specifies the words kernels/route.cuh's summarize_counts writes for the host."""
+    for n, routing in enumerate(CHECK_ROUTINGS):
+        lay, _, counts = _case(W, routing, seed=300 + 10 * W + n)
+        for r in range(W):
+            s = summary_of(counts, r, alignment, lay.local_experts)
+            assert s.dtype.name == "int32" and s.shape == (SUMMARY_HEAD + lay.local_experts,)
+            rank_totals, per_expert = received_rows(lay, counts, r, "rank", alignment)
+            expert_totals, _ = received_rows(lay, counts, r, "expert", alignment)
+            assert s[:5].tolist() == [0, rank_totals[r], rank_totals.max(), expert_totals[r], expert_totals.max()]
+            assert s[5:SUMMARY_HEAD].tolist() == [0] * (SUMMARY_HEAD - 5)
+            assert s[SUMMARY_HEAD:].tolist() == per_expert.tolist()
+    counts[W - 1, 0] = -1  # the last rank's routing kernel rejected its ids
+    assert summary_of(counts, 0, alignment, lay.local_experts)[0] == 1
+
+
+@pytest.mark.parametrize("layout", ["rank", "expert"])
+def test_a_result_from_the_summary_is_the_result_from_the_matrix(layout):
+    lay, inputs, counts = _case(2, CHECK_ROUTINGS[1], seed=11)
+    mine, in_rank = inputs[0], torch.ones((inputs[0].x.shape[0], 2), dtype=torch.bool)
+    out = _worst_case_outputs(lay, layout)
+    args = (out, mine.topk_idx, mine.topk_weights, in_rank, 5)
+    recv, handle = summarized_result(lay, summary_of(counts, 0, 4, lay.local_experts), counts, 0, layout, 4,
+                                     lambda: pytest.fail("read only for bad ids"), *args)
+    want, want_handle = dispatch_result(lay, counts, 0, layout, 4, lambda: (0, 0, 0, 0), *args)
+    for f in ("x", "topk_idx", "topk_weights", "num_recv_tokens_per_expert", "src_rank", "src_token"):
+        a, b = getattr(recv, f), getattr(want, f)
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), f
+    assert handle.num_recv_rows == want_handle.num_recv_rows > 0
+    assert torch.equal(handle.counts, want_handle.counts) and torch.equal(handle.recv_src_slot, want_handle.recv_src_slot)
+    counts[:] = -7  # the mapped memory is rewritten by the next dispatch
+    assert torch.equal(handle.counts, want_handle.counts)
+
+
+def test_a_summary_naming_bad_ids_or_a_receiver_over_capacity_raises_from_the_matrix_on_every_rank():
+    from symmoe.workload import Routing
+    lay, inputs, counts = _case(2, Routing("uniform"), seed=12)
+    out = _worst_case_outputs(lay, "rank")
+    counts[1, 0] = -1
+    for r in range(2):
+        with pytest.raises(InputError, match=r"ranks with bad input: \[1\]"):
+            summarized_result(lay, summary_of(counts, r, 4, lay.local_experts), counts, r, "rank", 4,
+                              lambda: (1, 2, 0, 99), out, inputs[r].topk_idx, inputs[r].topk_weights,
+                              torch.ones((inputs[r].x.shape[0], 2), dtype=torch.bool), 0)
+    lay, inputs, counts = _case(2, Routing("one_expert", expert=0), seed=5, **{"buffer.recv_capacity": 20})
+    for r in range(2):
+        with pytest.raises(CapacityError, match="rank 0 would receive"):
+            summarized_result(lay, summary_of(counts, r, 4, lay.local_experts), counts, r, "rank", 4,
+                              lambda: (0, 0, 0, 0), out, inputs[r].topk_idx, inputs[r].topk_weights,
+                              torch.ones((inputs[r].x.shape[0], 2), dtype=torch.bool), 0)
 
 
 def test_dispatch_result_raises_for_bad_ids_and_over_capacity_on_every_rank():

@@ -58,6 +58,7 @@ struct Ctx {
   int32_t* counts_snap = nullptr;
   uint8_t* routing_copy = nullptr;
   int64_t* counts_ready = nullptr;
+  CountsSummary summary;  // what the host reads after its wait (summary.host nullptr: none)
   BadInput bad{nullptr, nullptr};  // in-kernel expert-id checks of dispatch (set_input_check)
 
   Ctx(const std::vector<int64_t>& layout, int rank_, Transport tp_, uintptr_t err_dev, uintptr_t err_host_dev,
@@ -189,7 +190,7 @@ struct Ctx {
     const bool big = route_big();
     RouteScratch sc{scratch, scratch + int64_t(route_max_blocks()) * C,
                     big ? scratch + int64_t(route_max_blocks()) * C + C : nullptr, counts_host, counts_snap,
-                    publish ? counts_ready : nullptr};
+                    publish ? counts_ready : nullptr, publish ? summary : CountsSummary{}};
     RoutingArgs<Idx> a{idx, w, int(T), int(L.topk), int(L.world_size), int(L.num_experts), nullptr, in_rank, nullptr, nullptr,
                        BadInput{nullptr, nullptr}};
     if (publish) {
@@ -212,13 +213,19 @@ struct Ctx {
 
   // Where the next dispatch's routing kernels leave the counts matrix ([W][1 + W + E] int32:
   // host, the device-side address of host-mapped memory; snap, device memory), a copy of the
-  // routing they publish (copy: the bytes from in_idx to the last position; 0: none), and the
-  // host-mapped int64 that receives the dispatch's epoch once the host copy is complete (ready).
-  void set_routing_outputs(uintptr_t host, uintptr_t snap, uintptr_t copy, uintptr_t ready) {
+  // routing they publish (copy: the bytes from in_idx to the last position; 0: none), the
+  // host-mapped int64 that receives the dispatch's epoch once the host copy is complete (ready),
+  // and the matrix's summary for the host (route.cuh's CountsSummary: host-mapped, 0: none;
+  // `alignment`: the dispatch's expert-major group padding).
+  void set_routing_outputs(uintptr_t host, uintptr_t snap, uintptr_t copy, uintptr_t ready, uintptr_t summary_host,
+                           int alignment) {
+    if (alignment < 1) throw std::invalid_argument("set_routing_outputs: alignment must be >= 1, got " +
+                                                   std::to_string(alignment));
     counts_host = P<int32_t>(host);
     counts_snap = P<int32_t>(snap);
     routing_copy = P<uint8_t>(copy);
     counts_ready = P<int64_t>(ready);
+    summary = CountsSummary{P<int32_t>(summary_host), rank, alignment};
   }
 
   // flag: device int32 (zero); info: device-side address of host-mapped int64[4].
@@ -351,6 +358,7 @@ template <class Transport, class Init>
 void bind_context(py::module_& m, Init init) {
   using C = Ctx<Transport>;
   m.attr("LAYOUT_ARGS") = kLayoutArgs;
+  m.attr("SUMMARY_HEAD") = kSummaryHead;
   m.attr("STAGES") = py::dict(py::arg("dispatch.counts") = int(kStageDispatchCounts),
                               py::arg("dispatch.data") = int(kStageDispatchData),
                               py::arg("dispatch.done") = int(kStageDispatchDone),
@@ -384,7 +392,7 @@ void bind_context(py::module_& m, Init init) {
       .def("set_copy_depth", &C::set_copy_depth, py::arg("depth"))
       .def("set_input_check", &C::set_input_check, py::arg("flag"), py::arg("info"))
       .def("set_routing_outputs", &C::set_routing_outputs, py::arg("host"), py::arg("snap"), py::arg("copy"),
-           py::arg("ready"))
+           py::arg("ready"), py::arg("summary") = 0, py::arg("alignment") = 1)
       .def("layout", &C::layout, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"), py::arg("scratch"),
            py::arg("in_rank"), py::arg("per_rank"), py::arg("per_expert"), py::arg("publish"), py::arg("epoch"),
            py::arg("stream"))

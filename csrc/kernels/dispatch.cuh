@@ -87,8 +87,8 @@ __global__ void __launch_bounds__(kRouteThreads) route_place_kernel(Transport tp
   block_barrier(tp, sy.rank, a.W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageDispatchCounts);
   // Every row has arrived: hand the matrix to the host (mapped memory: no copy launch) and
   // to the snapshot, before a peer's next dispatch can overwrite it.
-  hand_counts(reinterpret_cast<const int32_t*>(tp.local + L.counts), int64_t(a.W) * row, sc.counts_host, sc.counts_snap,
-              sc.counts_ready, sy.epoch);
+  hand_counts(reinterpret_cast<const int32_t*>(tp.local + L.counts), a.W, a.E, sc.counts_host, sc.counts_snap,
+              sc.counts_ready, sy.epoch, sc.summary);
 }
 
 // Cached dispatch (dispatch(x, handle=...)): the routing a handle kept goes back where the

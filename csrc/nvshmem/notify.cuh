@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kRouteThreads) plan_kernel(RoutingArgs<Idx> a,
   for (int c = threadIdx.x; c < row; c += blockDim.x)
     m[p.me * row + c] = c == 0 ? (bad ? -1 : a.T) : __ldcg(sc.totals + c - 1);
   exchange_counts(p.base, p.lay, p.me, p.epoch, p.timeout_ns, p.err);
-  hand_counts(m, int64_t(W) * row, p.counts_host, p.counts_snap, p.counts_ready, p.epoch);
+  hand_counts(m, W, a.E, p.counts_host, p.counts_snap, p.counts_ready, p.epoch, CountsSummary{});  // the host reduces
 }
 
 // Flag barrier over `barrier[W]` with signals (SymmetricMemory.barrier).

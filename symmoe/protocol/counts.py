@@ -37,6 +37,42 @@ def received_rows(lay: BufferLayout, counts: np.ndarray, rank: int, output_layou
     return totals, per_expert.astype(np.int32)
 
 
+SUMMARY_HEAD = 8  # kernels/route.cuh's kSummaryHead: the words before the per-expert counts
+
+
+def summary_of(counts: np.ndarray, rank: int, alignment: int, local_experts: int) -> np.ndarray:
+    """What the CUDA protocols' routing kernel leaves for the host beside the counts matrix
+    (kernels/route.cuh's CountsSummary), from the matrix: [0] 1 when some rank's ids were bad,
+    [1] / [2] this rank's rows and the most any receiver gets, rank-major, [3] / [4] the same
+    expert-major (groups padded to ``alignment``), zeros up to SUMMARY_HEAD, then this rank's
+    unpadded rows per local expert. int32."""
+    W, L = counts.shape[0], local_experts
+    rank_rows = counts[:, 1:1 + W].sum(0)
+    per_dst = counts[:, 1 + W:].sum(0).reshape(W, L)
+    expert_rows = ((per_dst + alignment - 1) // alignment * alignment).sum(1)
+    head = [int((counts[:, 0] < 0).any()), rank_rows[rank], rank_rows.max(), expert_rows[rank], expert_rows.max()]
+    return np.array(head + [0] * (SUMMARY_HEAD - len(head)) + per_dst[rank].tolist(), dtype=np.int32)
+
+
+def summarized_result(lay: BufferLayout, summary: np.ndarray, counts: np.ndarray, rank: int, output_layout: str,
+                      alignment: int, bad_info: Callable[[], Sequence[int]], out: dict[str, torch.Tensor | None],
+                      topk_idx: torch.Tensor, topk_weights: torch.Tensor, in_rank: torch.Tensor, buffer_id: int,
+                      cache: Any = None) -> tuple[RecvResult, DispatchHandle]:
+    """``dispatch_result`` (exact outputs) from the routing kernel's ``summary`` (``summary_of``):
+    five words and this rank's per-expert counts instead of reducing the matrix on the host,
+    which is left to do only when something must be raised (bad ids, a receiver over
+    capacity). The host does this after its wait, while only the data kernel hides it."""
+    bad, rank_rows, rank_most, expert_rows, expert_most = summary[:5].tolist()
+    rows, most = (rank_rows, rank_most) if output_layout == "rank" else (expert_rows, expert_most)
+    if bad or most > lay.recv_rows:  # the matrix names the bad rank or the receiver over
+        return dispatch_result(lay, counts, rank, output_layout, alignment, bad_info, out, topk_idx, topk_weights,
+                               in_rank, buffer_id, cache)
+    per_expert = torch.from_numpy(summary[SUMMARY_HEAD:SUMMARY_HEAD + lay.local_experts].copy())
+    recv = recv_views(out, rows, per_expert)
+    return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, torch.from_numpy(counts.copy()), out,
+                             recv, buffer_id, alignment, cache, 0)
+
+
 def bad_input_error(lay: BufferLayout, counts: np.ndarray, rank: int, info: "tuple[int, int, int, int]") -> InputError:
     """The error every rank raises when some rank's routing kernel found a bad expert id;
     ``info`` is (kind, token, slot, value) of this rank's first bad pair (kind 1: out of

@@ -15,9 +15,11 @@ dispatch (both protocols)
      "stream" (the "auto" choice when every rank has a GPU of its own) one kernel does both:
      sender blocks raise a channel's tail word at each peer after every chunk of rows, and
      receiver blocks copy the rows out of the pool as they land.
-  4. the host reads the counts, raises InputError on every rank if any rank's ids were bad
-     (tokens = -1 in its row: nothing moved), checks every receiver's capacity (all ranks
-     raise together), and returns views of the first ``rows`` rows of the outputs.
+  4. the host reads the routing kernel's summary of the matrix (its rows, the most any
+     receiver gets, its per-expert counts: ``counts.summary_of``), and only when it names bad
+     ids (tokens = -1 in a row: nothing moved) or a receiver over capacity reads the matrix to
+     raise InputError / CapacityError on every rank; it returns views of the first ``rows``
+     rows of the outputs.
 cached dispatch (``dispatch(x, handle=...)``)
   the handle keeps the routing's device state: a copy of the published ids, weights and
   positions, and the dispatch's device copy of the counts matrix. They are put back into
@@ -60,7 +62,7 @@ from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots
-from .counts import cached_rows, deferred_error, dispatch_result, make_handle, recv_views
+from .counts import SUMMARY_HEAD, cached_rows, deferred_error, make_handle, recv_views, summarized_result
 
 MAX_LOCAL_EXPERTS = 4096  # the data kernels keep per-expert tables in shared memory
 
@@ -163,6 +165,13 @@ class _CudaProtocol(Protocol):
         cells = W * (1 + W + E)
         self._counts_mapped = self.mod.host_alloc_mapped(4 * cells)
         self._counts_np = np.ctypeslib.as_array((ctypes.c_int32 * cells).from_address(self._counts_mapped[0])).reshape(W, 1 + W + E)
+        if self.mod.SUMMARY_HEAD != SUMMARY_HEAD:
+            raise RuntimeError(f"{self.mod.__name__}: summary head {self.mod.SUMMARY_HEAD} words, counts.py reads "
+                               f"{SUMMARY_HEAD}: rebuild the extension (symmoe build)")
+        # Beside the matrix, what the host reads of it after its wait (counts.summary_of).
+        words = SUMMARY_HEAD + layout.local_experts
+        self._summary = self.mod.host_alloc_mapped(4 * words)
+        self._summary_np = np.ctypeslib.as_array((ctypes.c_int32 * words).from_address(self._summary[0]))
         self._counts_event = torch.cuda.Event()
         self._counts_ready = self.mod.host_alloc_mapped(8)  # the dispatch's epoch once the matrix is in
         self._counts_shape = (W, 1 + W + E)
@@ -265,7 +274,8 @@ class _CudaProtocol(Protocol):
         routing = torch.empty(self._routing_bytes(T), dtype=torch.uint8, device=self.device)
         # num_worst_tokens: no host wait, so no host copy of the counts either.
         self.ctx.set_routing_outputs(0 if worst else self._counts_mapped[1], counts_dev.data_ptr(), routing.data_ptr(),
-                                     0 if worst else self._counts_ready[1])
+                                     0 if worst else self._counts_ready[1], 0 if worst else self._summary[1],
+                                     alignment)
         self._layout(topk_idx, topk_weights, True, None, None, in_rank)
         epoch = self._epoch  # the routing kernel writes it to _counts_ready after the matrix
         if not worst:
@@ -283,8 +293,8 @@ class _CudaProtocol(Protocol):
         self._wait_counts(self._counts_event,
                           lambda max_s: self.mod.wait_mapped(self._counts_ready[0], epoch, self._err[0], max_s))
         self.check()
-        return dispatch_result(lay, self._counts_np, me, output_layout, alignment, self._bad_record, out, topk_idx,
-                               topk_weights, in_rank, self.buffer_id, cache=cache)
+        return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment, self._bad_record,
+                                 out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=cache)
 
     def _push_stream_blocks(self, config: Config, mem: SymmetricMemory) -> int:
         """Blocks of the streamed push, 0 for push then unpack (``stream_blocks``)."""
@@ -395,7 +405,7 @@ class _CudaProtocol(Protocol):
         except Exception:
             pass
         for h in (self._err[0], *(getattr(self, a, (0, 0))[0]
-                                  for a in ("_counts_mapped", "_bad_info", "_counts_ready", "_deferred"))):
+                                  for a in ("_counts_mapped", "_bad_info", "_counts_ready", "_deferred", "_summary"))):
             try:
                 self.mod.host_free(h)
             except Exception:
