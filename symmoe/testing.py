@@ -160,6 +160,33 @@ def check_cached_dispatch(rank: int, world_size: int, config: dict[str, Any], se
     return checked
 
 
+def check_counts_summary(rank: int, world_size: int, config: dict[str, Any], seed: int) -> int:
+    """After every exact-size dispatch of a GPU protocol, the words its routing kernel left for
+    the host (``host_counts()``) equal ``counts.summary_of`` of the matrix it left beside them:
+    every check routing, both layouts, alignment 1 and 4. Returns the number of dispatches."""
+    import numpy as np
+
+    from .protocol.counts import summary_of
+
+    cfg: Config = from_dict(config)
+    b = cfg.buffer
+    checked = 0
+    with Buffer(None, cfg) as buf:
+        proto, L = buf._protocol, b.num_experts // world_size
+        for i, routing in enumerate(CHECK_ROUTINGS):
+            mine = _case_inputs(routing, world_size, cfg, seed + 7919 * i)[rank]
+            for layout, align in (("rank", 1), ("expert", 1), ("expert", 4)):
+                buf.dispatch(mine.x.cuda(), mine.topk_idx.cuda(), mine.topk_weights.cuda(), output_layout=layout,
+                             expert_alignment=align)
+                matrix, summary = proto.host_counts()
+                want = summary_of(matrix, rank, align, L)
+                if not np.array_equal(summary, want):
+                    raise AssertionError(f"rank {rank}/{world_size} {cfg.backend} routing={routing.kind} {layout} "
+                                         f"alignment {align}: summary {summary.tolist()} != {want.tolist()}")
+                checked += 1
+    return checked
+
+
 def check_num_worst_tokens(rank: int, world_size: int, config: dict[str, Any], seed: int,
                            routings: tuple[Routing, ...] = CHECK_ROUTINGS, layouts: tuple[str, ...] = ("rank", "expert"),
                            device: str = "cpu") -> int:

@@ -47,6 +47,7 @@ struct PlanArgs {
   int32_t* counts_host;  // the same, host-mapped
   int64_t* counts_ready;  // host-mapped: the epoch once counts_host is complete (the host's one wait)
   ErrorWord* err;
+  CountsSummary summary;  // what the host reads of the matrix (summary.host nullptr: none)
 };
 
 // Place pass of the routing (same grid as route_count_kernel), then each block scatters its
@@ -87,7 +88,7 @@ __global__ void __launch_bounds__(kRouteThreads) plan_kernel(RoutingArgs<Idx> a,
   for (int c = threadIdx.x; c < row; c += blockDim.x)
     m[p.me * row + c] = c == 0 ? (bad ? -1 : a.T) : __ldcg(sc.totals + c - 1);
   exchange_counts(p.base, p.lay, p.me, p.epoch, p.timeout_ns, p.err);
-  hand_counts(m, W, a.E, p.counts_host, p.counts_snap, p.counts_ready, p.epoch, CountsSummary{});  // the host reduces
+  hand_counts(m, W, a.E, p.counts_host, p.counts_snap, p.counts_ready, p.epoch, p.summary);
 }
 
 // Flag barrier over `barrier[W]` with signals (SymmetricMemory.barrier).

@@ -126,10 +126,11 @@ void allow_smem() {
 // Routing of one dispatch (plan = true: count + place/send list/counts exchange) or of
 // get_dispatch_layout (plan = false: counts and is_token_in_rank only).
 // ptrs: idx, w, scratch, in_rank, per_rank, per_expert, pub_idx, pub_w, pos, send_ent,
-//       counts_snap, counts_host, bad_flag, bad_info, err, done, counts_ready
+//       counts_snap, counts_host, bad_flag, bad_info, err, done, counts_ready, summary
+// (summary: route.cuh's CountsSummary for the host, written with the groups padded to `alignment`)
 template <typename Idx>
 void route(const Layout& l, int64_t base, int me, int64_t T, bool plan, int64_t epoch,
-           uint64_t timeout_ns, const std::vector<int64_t>& p, cudaStream_t st) {
+           uint64_t timeout_ns, const std::vector<int64_t>& p, int alignment, cudaStream_t st) {
   allow_smem();
   const int C = static_cast<int>(l.world_size + l.num_experts);
   const int B = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(route_max_blocks(), (T + 127) / 128)));
@@ -146,18 +147,19 @@ void route(const Layout& l, int64_t base, int me, int64_t T, bool plan, int64_t 
   cuda_check(cudaGetLastError(), "route_count_kernel launch");
   if (!plan) return;
   PlanArgs pa{ptr<uint8_t>(base), l, me, epoch, timeout_ns, ptr<int32_t>(p[9]), ptr<int32_t>(p[10]),
-              ptr<int32_t>(p[11]), ptr<int64_t>(p[16]), err};
+              ptr<int32_t>(p[11]), ptr<int64_t>(p[16]), err, CountsSummary{ptr<int32_t>(p[17]), me, alignment}};
   plan_kernel<Idx><<<B, kRouteThreads, size_t(kRouteWarps + 1) * C * 4, st>>>(a, sc, pa, done);
   cuda_check(cudaGetLastError(), "plan_kernel launch");
 }
 
 void launch_route(int64_t base, const std::vector<int64_t>& lay, int me, bool idx64, int64_t T, bool plan,
-                  int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int64_t stream) {
-  if (p.size() != 17) throw std::runtime_error("route: expected 17 pointers");
+                  int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int64_t stream, int alignment) {
+  if (p.size() != 18) throw std::runtime_error("route: expected 18 pointers");
+  if (alignment < 1) throw std::runtime_error("route: alignment must be >= 1, got " + std::to_string(alignment));
   Layout l = layout_from(lay);
   auto st = ptr<CUstream_st>(stream);
-  if (idx64) route<int64_t>(l, base, me, T, plan, epoch, timeout_ns, p, st);
-  else route<int32_t>(l, base, me, T, plan, epoch, timeout_ns, p, st);
+  if (idx64) route<int64_t>(l, base, me, T, plan, epoch, timeout_ns, p, alignment, st);
+  else route<int32_t>(l, base, me, T, plan, epoch, timeout_ns, p, alignment, st);
 }
 
 void launch_barrier(int64_t base, const std::vector<int64_t>& lay, int me, int64_t epoch, uint64_t timeout_ns,
@@ -311,6 +313,7 @@ PYBIND11_MODULE(symmoe_nvshmem, m) {
   m.def("tail", &launch_tail);
   m.attr("DEFERRED") = py::dict(py::arg("capacity") = int(symmoe::kDeferredCapacity),
                                 py::arg("bad_ids") = int(symmoe::kDeferredBadIds));
+  m.attr("SUMMARY_HEAD") = symmoe::kSummaryHead;
   m.attr("threads") = kThreads;
   m.attr("max_world") = kMaxWorld;
 }

@@ -215,6 +215,11 @@ class _CudaProtocol(Protocol):
                 what = f"no arrival from rank {int(word[1])} at barrier epoch {int(word[2])}"
             raise StallError(self.rank, stage, self.timeout_s, f"{what}; this Buffer is unusable now")
 
+    def host_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The last exact-size dispatch's counts matrix and its summary as the routing kernel
+        left them in host-mapped memory (views: the next dispatch rewrites them)."""
+        return self._counts_np, self._summary_np
+
     def _bad_record(self) -> tuple[int, ...]:
         """This rank's record of the first bad expert id (kind, token, slot, value), host-mapped."""
         return tuple((ctypes.c_int64 * 4).from_address(self._bad_info[0]))

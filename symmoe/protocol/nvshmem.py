@@ -52,13 +52,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import build
 from ..errors import InputError, StallError
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots
-from .counts import cached_rows, deferred_error, dispatch_result, make_handle, recv_views
+from .counts import SUMMARY_HEAD, cached_rows, deferred_error, make_handle, recv_views, summarized_result
 
 # Stage codes, as in csrc/common/layout.cuh (enum Stage).
 STAGES = {"dispatch.counts": 1, "dispatch.data": 2, "combine.data": 4, "combine.done": 5, "barrier": 6}
@@ -69,7 +70,7 @@ _ELEM_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 MAX_COLUMNS = 4096
 # The pointers of the extension's route(), in its order.
 _ROUTE_PTRS = ("idx", "w", "scratch", "in_rank", "per_rank", "per_expert", "pub_idx", "pub_w", "pos", "send_ent",
-               "counts_snap", "counts_host", "bad_flag", "bad_info", "err", "done", "counts_ready")
+               "counts_snap", "counts_host", "bad_flag", "bad_info", "err", "done", "counts_ready", "summary")
 
 
 def _include_dirs() -> list[str]:
@@ -161,6 +162,11 @@ class NvshmemPush(Protocol):
         self._counts_host = torch.zeros((W, 1 + W + E), dtype=torch.int32, pin_memory=True)
         self._counts_event = torch.cuda.Event()
         self._counts_ready = torch.zeros(1, dtype=torch.int64, pin_memory=True)  # epoch once the matrix is in
+        if self.ext.SUMMARY_HEAD != SUMMARY_HEAD:
+            raise RuntimeError(f"symmoe_nvshmem: summary head {self.ext.SUMMARY_HEAD} words, counts.py reads "
+                               f"{SUMMARY_HEAD}: rebuild the extension (symmoe build)")
+        # Beside the matrix, what the host reads of it after its wait (counts.summary_of).
+        self._summary = torch.zeros(SUMMARY_HEAD + layout.local_experts, dtype=torch.int32, pin_memory=True)
         # DeferredError of a dispatch without the host wait (num_worst_tokens; kernels/tail.cuh)
         self._deferred = torch.zeros(8, dtype=torch.int64, pin_memory=True)
         # Peers reachable by load/store get plain stores; the others puts, which read their
@@ -183,14 +189,20 @@ class NvshmemPush(Protocol):
     def _local(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         return self.mem.view(self.offs[name], dtype, shape)
 
+    def host_counts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The last exact-size dispatch's counts matrix and its summary as the plan kernel left
+        them in pinned memory (views: the next dispatch rewrites them)."""
+        return self._counts_host.numpy(), self._summary.numpy()
+
     def _route(self, topk_idx: torch.Tensor, plan: bool, epoch: int, ptrs: dict[str, int],
-               stream: torch.cuda.Stream) -> None:
-        """Routing kernels (``plan``: the whole dispatch planning); ``ptrs`` by name, absent = null."""
+               stream: torch.cuda.Stream, alignment: int = 1) -> None:
+        """Routing kernels (``plan``: the whole dispatch planning); ``ptrs`` by name, absent = null;
+        ``alignment``: the expert-major group padding the host summary's rows count."""
         ptrs = {"idx": topk_idx.data_ptr(), "scratch": self._route_scratch.data_ptr(), "err": self.err.data_ptr(),
                 "done": self._done.data_ptr(), **ptrs}
         self.ext.route(self.mem.local.data_ptr(), self.args, self.me, topk_idx.dtype == torch.int64, topk_idx.shape[0],
                        plan, epoch, self.timeout_ns, [ptrs.get(n, 0) for n in _ROUTE_PTRS],
-                       stream.cuda_stream)
+                       stream.cuda_stream, alignment)
 
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:
         self._raise_if_failed("dispatch")
@@ -234,12 +246,12 @@ class NvshmemPush(Protocol):
         epoch = self._dispatches
         # num_worst_tokens: no host wait, so no host copy of the counts either.
         host = {} if worst else {"counts_host": self._counts_host.data_ptr(),
-                                 "counts_ready": self._counts_ready.data_ptr()}
+                                 "counts_ready": self._counts_ready.data_ptr(), "summary": self._summary.data_ptr()}
         self._route(topk_idx, True, epoch, {
             "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": plan["pub_idx"].data_ptr(),
             "pub_w": plan["pub_w"].data_ptr(), "pos": plan["pos"].data_ptr(), "send_ent": plan["send_ent"].data_ptr(),
             "counts_snap": plan["counts"].data_ptr(), **host,
-            "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream)
+            "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream, alignment)
         if not worst:
             self._counts_event.record(stream)
         self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
@@ -253,8 +265,8 @@ class NvshmemPush(Protocol):
         ready, err = self._counts_ready.data_ptr(), self.err.data_ptr()
         self._wait_counts(self._counts_event, lambda max_s: self.ext.wait_mapped(ready, epoch, err, max_s))
         raise_if_failed(self.mem, "dispatch.counts")
-        return dispatch_result(lay, self._counts_host.numpy(), me, output_layout, alignment, self._bad_info.tolist,
-                               out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=plan, worst=worst)
+        return summarized_result(lay, self._summary.numpy(), self._counts_host.numpy(), me, output_layout, alignment,
+                                 self._bad_info.tolist, out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=plan)
 
     def _tail(self, out: dict[str, torch.Tensor | None], counts: torch.Tensor, worst: int, em: bool,
               alignment: int) -> RecvResult:

@@ -108,6 +108,12 @@ def test_dispatch_combine_bitwise(dtype):
     assert n > 0
 
 
+def test_the_routing_kernel_leaves_the_host_the_matrix_s_summary():
+    _nccl()
+    from symmoe.testing import CHECK_ROUTINGS, check_counts_summary
+    assert check_counts_summary(0, 1, _small_config(), seed=1357) == 3 * len(CHECK_ROUTINGS)
+
+
 def test_num_worst_tokens_outputs():
     """num_worst_tokens=N: the reference's rows, then x 0, ids -1, weights 0 up to N rows."""
     _nccl()

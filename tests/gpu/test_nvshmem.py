@@ -14,7 +14,8 @@ import torch
 
 from symmoe.config import Config
 from symmoe.launch import mps_share, spawn
-from symmoe.testing import CHECK_ROUTINGS, check_cached_dispatch, check_dispatch_combine, check_num_worst_tokens
+from symmoe.testing import (CHECK_ROUTINGS, check_cached_dispatch, check_counts_summary, check_dispatch_combine,
+                            check_num_worst_tokens)
 
 pytestmark = pytest.mark.gpu
 
@@ -54,6 +55,14 @@ def test_dispatch_combine_bitwise_equal_to_reference(world_size):
     _usable()
     checked = _run(world_size, _config(), 4000 + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda")
     assert checked == [CASES] * world_size
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_plan_kernel_leaves_the_host_the_matrix_s_summary(world_size):
+    _usable()
+    checked = spawn(check_counts_summary, world_size, args=(_config(), 4100 + world_size), env=_env(world_size),
+                    timeout_s=180.0)
+    assert checked == [3 * len(CHECK_ROUTINGS)] * world_size
 
 
 def test_payload_dtypes_and_staged_puts():

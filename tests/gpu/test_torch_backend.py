@@ -11,7 +11,8 @@ import torch
 
 from symmoe.config import Config, from_dict
 from symmoe.launch import spawn
-from symmoe.testing import CHECK_ROUTINGS, check_cached_dispatch, check_dispatch_combine, check_num_worst_tokens
+from symmoe.testing import (CHECK_ROUTINGS, check_cached_dispatch, check_counts_summary, check_dispatch_combine,
+                            check_num_worst_tokens)
 
 pytestmark = pytest.mark.gpu
 
@@ -142,39 +143,9 @@ def test_single_process_world_size_one_without_process_group():
 
 
 # -- what the host reads after its wait ----------------------------------------------------
-def _summary_is_the_matrix_s(rank: int, world_size: int, cfg_dict: dict, seed: int) -> int:
-    """After every exact-size dispatch, the words the routing kernel left for the host equal
-    counts.summary_of of the matrix it left beside them (both layouts, alignment 1 and 4)."""
-    import numpy as np
-
-    from symmoe import Buffer
-    from symmoe.protocol.counts import summary_of
-    from symmoe.workload import make_inputs
-
-    cfg = from_dict(cfg_dict)
-    b = cfg.buffer
-    checked = 0
-    with Buffer(None, cfg) as buf:
-        proto, L = buf._protocol, b.num_experts // world_size
-        for i, routing in enumerate(CHECK_ROUTINGS):
-            inputs = make_inputs(routing, num_tokens=[b.max_tokens_per_rank - 7 * r for r in range(world_size)],
-                                 hidden=b.hidden, topk=b.topk, num_experts=b.num_experts, world_size=world_size,
-                                 dtype=torch.bfloat16, seed=seed + i)
-            mine = inputs[rank]
-            for layout, align in (("rank", 1), ("expert", 1), ("expert", 4)):
-                buf.dispatch(mine.x.cuda(), mine.topk_idx.cuda(), mine.topk_weights.cuda(), output_layout=layout,
-                             expert_alignment=align)
-                want = summary_of(proto._counts_np, rank, align, L)
-                if not np.array_equal(proto._summary_np, want):
-                    raise AssertionError(f"rank {rank} {routing.kind} {layout} alignment {align}: summary "
-                                         f"{proto._summary_np.tolist()} != {want.tolist()}")
-                checked += 1
-    return checked
-
-
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_the_routing_kernel_leaves_the_host_the_matrix_s_summary(world_size):
-    assert _on_ranks(_summary_is_the_matrix_s, world_size, (gpu_config(), 17)) == [3 * len(CHECK_ROUTINGS)] * world_size
+    assert _on_ranks(check_counts_summary, world_size, (gpu_config(), 17)) == [3 * len(CHECK_ROUTINGS)] * world_size
 
 
 # -- a rank that never arrives -------------------------------------------------------------
