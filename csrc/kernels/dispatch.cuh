@@ -197,32 +197,33 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
           mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
 
-  // Warp w owns items w, w + nwt, ...; item it of `items` (P per token) belongs to token
-  // g = it / P of all sources. A token's routing is read across the lanes in one round
-  // (TokenRoute, as push reads it), one item ahead of the copy: with peers it is a round trip
-  // over the link, and no copy waits on it.
+  // Warp w owns items w, w + nwt, ...; item it of `items` (P per visit) is piece it % P of
+  // visit it / P (RecvPlan::visit: the sources round-robin). A token's routing is read across
+  // the lanes in one round (TokenRoute, as push reads it), one item ahead of the copy: with
+  // peers it is a round trip over the link, and no copy waits on it.
   const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
   auto it_route = [&](int64_t it, int64_t items, int64_t P) {
-    if (it >= items) return TokenRoute{-1, 0.f, 0};
-    const int64_t g = it / P;
-    const int s = pl.source_of_token(g, W);
+    int s;
+    int64_t t;
+    if (it >= items || !pl.visit(it / P, W, s, t)) return TokenRoute{-1, 0.f, 0};
     return TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s, L.in_idx)),
                             reinterpret_cast<const float*>(tp.map(s, L.in_w)),
-                            reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), g - pl.tstart[s], K, PC, lane, true);
+                            reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), t, K, PC, lane, true);
   };
 
   if (run && !expert_major) {
     // Rank-major: one output row per token, moved in P pieces (pieces spread the tail over
     // more warps).
     const int64_t P = (rb + mc.slot_bytes - 1) / mc.slot_bytes;
-    const int64_t items = pl.tstart[W] * P;
+    const int64_t items = pl.visits(W) * P;
     TokenRoute next = it_route(gw, items, P);
     for (int64_t it = gw; it < items; it += nwt) {
       const TokenRoute cur = next;
       next = it_route(it + nwt, items, P);
-      const int64_t g = it / P, off = (it % P) * mc.slot_bytes;
-      const int s = pl.source_of_token(g, W);
-      const int64_t t = g - pl.tstart[s];
+      int s;
+      int64_t t;
+      if (!pl.visit(it / P, W, s, t)) continue;  // warp-uniform
+      const int64_t off = (it % P) * mc.slot_bytes;
       const bool own = cur.e >= 0 && cur.e / Le == r;  // lanes < K: this slot's expert is here
       const bool mine = __ballot_sync(0xffffffffu, own) != 0;
       const int p = cur.pos_of(reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), t, PC, r);
@@ -248,14 +249,15 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
     }
   }
   if (run && expert_major) {
-    // One item per token; its routing is read one token ahead, as in the rank-major path.
-    const int64_t total_tokens = pl.tstart[W];
-    TokenRoute next = it_route(gw, total_tokens, 1);
-    for (int64_t g = gw; g < total_tokens; g += nwt) {
+    // One item per visit; its routing is read one visit ahead, as in the rank-major path.
+    const int64_t items = pl.visits(W);
+    TokenRoute next = it_route(gw, items, 1);
+    for (int64_t v = gw; v < items; v += nwt) {
       const TokenRoute cur = next;
-      next = it_route(g + nwt, total_tokens, 1);
-      const int s = pl.source_of_token(g, W);
-      const int64_t t = g - pl.tstart[s];
+      next = it_route(v + nwt, items, 1);
+      int s;
+      int64_t t;
+      if (!pl.visit(v, W, s, t)) continue;  // warp-uniform
       const int e = cur.e;  // -1 on lanes >= K
       const bool mine = e >= 0 && e / Le == r;
       const uint32_t bal = __ballot_sync(0xffffffffu, mine);
