@@ -6,8 +6,9 @@
 //                   weights / positions in the input region, store this rank's counts row into
 //                   every peer, and run the barrier "dispatch.counts".
 //   pull_kernel     receivers fetch the rows meant for them from every source's input region
-//                   with bulk copies (peer global -> shared -> local output), write metadata and
-//                   zero padding; barrier "dispatch.done" (sources may overwrite their inputs).
+//                   with bulk copies (peer global -> shared -> local output), the sources'
+//                   tokens visited round-robin (RecvPlan::visit), write metadata and zero
+//                   padding; barrier "dispatch.done" (sources may overwrite their inputs).
 //   push_kernel     senders store rows into the receivers' recv pools (their own rows straight
 //                   into the outputs); barrier "dispatch.data".
 //   unpack_kernel   receivers copy what peers pushed from the pool into the outputs, one copy
