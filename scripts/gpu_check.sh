@@ -47,6 +47,14 @@ fi
 # keep their SMs) and would slow every later measurement: kill them before going on.
 reap_ranks() { pkill -9 -f 'multiprocessing.spawn' 2>/dev/null && note "killed leftover rank processes"; return 0; }
 
+# A pytest section's summary line; pytest prints "N passed" when SIGINT stops it too, so a run
+# cut by TEST_LIMIT_S (timeout's 124, or 137 after SIGKILL) says so.
+pytest_note() {  # label log rc
+  local cut=""
+  { [ "$3" -eq 124 ] || [ "$3" -eq 137 ]; } && cut=" -- CUT by TEST_LIMIT_S=${TEST_LIMIT_S:-420} s: the tests after these did not run"
+  note "pytest ($1): $(tail -1 "$2")$cut"
+}
+
 status=0
 for s in "${SECTIONS[@]}"; do
   case "$s" in
@@ -58,7 +66,7 @@ for s in "${SECTIONS[@]}"; do
       eval "extra=(${PYTEST_ARGS:-})"  # keeps quoted -k expressions whole
       timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} "${sel[@]}" "${extra[@]}" 2>&1 | tee "$LOG/pytest.log"
       rc=${PIPESTATUS[0]}
-      note "pytest (torch backend): $(tail -1 "$LOG/pytest.log")"
+      pytest_note "torch backend" "$LOG/pytest.log" "$rc"
       reap_ranks
       [ "$rc" -ne 0 ] && status=1 ;;
     bench|bench-quick)
@@ -91,7 +99,7 @@ for s in "${SECTIONS[@]}"; do
       eval "extra=(${PYTEST_ARGS:-})"
       timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_nvshmem.py "${extra[@]}" 2>&1 | tee "$LOG/nvshmem_tests.log"
       rc=${PIPESTATUS[0]}
-      note "pytest (nvshmem): $(tail -1 "$LOG/nvshmem_tests.log")"
+      pytest_note nvshmem "$LOG/nvshmem_tests.log" "$rc"
       reap_ranks
       [ "$rc" -ne 0 ] && status=1 ;;
     ab)  # A/B: V1 vs V2 vs Mega at world size 1 (nccl needs one GPU per rank), torch push vs pull at 4 ranks
