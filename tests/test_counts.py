@@ -9,8 +9,8 @@ import torch
 from symmoe import reference
 from symmoe.config import Config
 from symmoe.errors import CapacityError, InputError
-from symmoe.protocol.counts import (SUMMARY_HEAD, bad_input_error, deferred_error, dispatch_result, received_rows,
-                                    summarized_result, summary_of)
+from symmoe.protocol.counts import (SUMMARY_HEAD, bad_input_error, check_summary_head, deferred_error, dispatch_result,
+                                    received_rows, summarized_result, summary_of)
 from symmoe.testing import CHECK_ROUTINGS, _tokens_per_rank
 from symmoe.workload import make_inputs
 
@@ -237,3 +237,10 @@ def test_a_record_without_an_error_kind_is_a_bug_not_an_error_to_raise():
     lay, _, _ = _case(2, CHECK_ROUTINGS[0], seed=14)
     with pytest.raises(AssertionError, match="names no error"):
         deferred_error(lay, (9, 1, 0, 0, 8, 0), 0, KINDS, lambda: (0, 0, 0, 0))
+
+
+def test_an_extension_built_with_another_summary_layout_is_refused_by_name():
+    check_summary_head("symmoe_cuda", SUMMARY_HEAD)
+    with pytest.raises(RuntimeError, match=f"symmoe_nccl: summary head {SUMMARY_HEAD + 1} words, counts.py reads "
+                                           f"{SUMMARY_HEAD}: rebuild"):
+        check_summary_head("symmoe_nccl", SUMMARY_HEAD + 1)

@@ -40,6 +40,14 @@ def received_rows(lay: BufferLayout, counts: np.ndarray, rank: int, output_layou
 SUMMARY_HEAD = 8  # kernels/route.cuh's kSummaryHead: the words before the per-expert counts
 
 
+def check_summary_head(module: str, head: int) -> None:
+    """Raise when an extension's summary layout (its SUMMARY_HEAD) is not the one read here: a
+    stale build would hand the host other words than ``summarized_result`` reads."""
+    if head != SUMMARY_HEAD:
+        raise RuntimeError(f"{module}: summary head {head} words, counts.py reads {SUMMARY_HEAD}: "
+                           "rebuild the extension (symmoe build)")
+
+
 def summary_of(counts: np.ndarray, rank: int, alignment: int, local_experts: int) -> np.ndarray:
     """What the CUDA protocols' routing kernel leaves for the host beside the counts matrix
     (kernels/route.cuh's CountsSummary), from the matrix: [0] 1 when some rank's ids were bad,

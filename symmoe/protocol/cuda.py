@@ -62,7 +62,8 @@ from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots
-from .counts import SUMMARY_HEAD, cached_rows, deferred_error, make_handle, recv_views, summarized_result
+from .counts import (SUMMARY_HEAD, cached_rows, check_summary_head, deferred_error, make_handle, recv_views,
+                     summarized_result)
 
 MAX_LOCAL_EXPERTS = 4096  # the data kernels keep per-expert tables in shared memory
 
@@ -165,9 +166,7 @@ class _CudaProtocol(Protocol):
         cells = W * (1 + W + E)
         self._counts_mapped = self.mod.host_alloc_mapped(4 * cells)
         self._counts_np = np.ctypeslib.as_array((ctypes.c_int32 * cells).from_address(self._counts_mapped[0])).reshape(W, 1 + W + E)
-        if self.mod.SUMMARY_HEAD != SUMMARY_HEAD:
-            raise RuntimeError(f"{self.mod.__name__}: summary head {self.mod.SUMMARY_HEAD} words, counts.py reads "
-                               f"{SUMMARY_HEAD}: rebuild the extension (symmoe build)")
+        check_summary_head(self.mod.__name__, self.mod.SUMMARY_HEAD)
         # Beside the matrix, what the host reads of it after its wait (counts.summary_of).
         words = SUMMARY_HEAD + layout.local_experts
         self._summary = self.mod.host_alloc_mapped(4 * words)

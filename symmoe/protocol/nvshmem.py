@@ -59,7 +59,8 @@ from .. import build
 from ..errors import InputError, StallError
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots
-from .counts import SUMMARY_HEAD, cached_rows, deferred_error, make_handle, recv_views, summarized_result
+from .counts import (SUMMARY_HEAD, cached_rows, check_summary_head, deferred_error, make_handle, recv_views,
+                     summarized_result)
 
 # Stage codes, as in csrc/common/layout.cuh (enum Stage).
 STAGES = {"dispatch.counts": 1, "dispatch.data": 2, "combine.data": 4, "combine.done": 5, "barrier": 6}
@@ -162,9 +163,7 @@ class NvshmemPush(Protocol):
         self._counts_host = torch.zeros((W, 1 + W + E), dtype=torch.int32, pin_memory=True)
         self._counts_event = torch.cuda.Event()
         self._counts_ready = torch.zeros(1, dtype=torch.int64, pin_memory=True)  # epoch once the matrix is in
-        if self.ext.SUMMARY_HEAD != SUMMARY_HEAD:
-            raise RuntimeError(f"symmoe_nvshmem: summary head {self.ext.SUMMARY_HEAD} words, counts.py reads "
-                               f"{SUMMARY_HEAD}: rebuild the extension (symmoe build)")
+        check_summary_head("symmoe_nvshmem", self.ext.SUMMARY_HEAD)
         # Beside the matrix, what the host reads of it after its wait (counts.summary_of).
         self._summary = torch.zeros(SUMMARY_HEAD + layout.local_experts, dtype=torch.int32, pin_memory=True)
         # DeferredError of a dispatch without the host wait (num_worst_tokens; kernels/tail.cuh)
