@@ -226,9 +226,9 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
     int64_t lo = sender ? i0 : mid, hi = sender ? mid : i1;
     int first = warp, step = kWarps;
     if (sender && split_own) {  // the put warps skip this share
-      first = warp - put_warps;
+      first = max(warp - put_warps, 0);
       step = kWarps - put_warps;
-      if (first < 0) hi = lo;
+      if (warp < put_warps) hi = lo;
     }
     for (int64_t i = lo + first; i < hi; i += step) {
       const int ent = a.send_ent[send_off[me] + i], t = ent / S;
