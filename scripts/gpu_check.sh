@@ -7,7 +7,8 @@
 #   (setup and MPS always run; micro: scripts/microbench/row_copy.cu, copy and reduce strategies;
 #   host: scripts/host_profile.py, cProfile of each call's host time)
 # Every log and JSON goes to $LOG (default /tmp/symmoe-gpu); at the end $OUT receives at
-# most 8 files (what the device tool brings back): summary.txt, logs.tar.gz and the JSONs.
+# most 9 files: summary.txt, logs.tar.gz and the JSONs of the sections that ran (the device
+# tool brings back 8: a call that runs every section uses a separate OUT per run).
 # One call stays inside the 10-minute limit with e.g. "build test nccl", then "nvshmem bench ab".
 #   PYTEST_ARGS='-k pull' scripts/gpu_check.sh test      extra pytest arguments
 #   A test still running after $FAULT_S seconds (default 240) dumps every thread's stack

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# One run on a machine with N GPUs, one process per GPU (torchrun), N = every visible GPU:
+# One run on a machine with N GPUs, one process per GPU (torchrun; bench spawns its own),
+# N = every visible GPU:
 #   check      symmoe check: torch, nvshmem and nccl at world size N, each bitwise equal to
 #              symmoe.reference (hence to each other) on every routing kind, both layouts,
 #              and cached dispatch (handle=..., --cached); then again with x built in
-#              Buffer.input_view (--x-in-buffer)
+#              Buffer.input_view (--x-in-buffer, without --cached)
 #   ab         symmoe ab configs/ab/v1_v2_mega.yaml: V1 vs V2 vs Mega, DeepSeek-V3 shape
 #              (AB_SPEC=configs/ab/push_modes.yaml: another spec, e.g. push unpack vs stream)
 #   baselines  python -m symmoe.baselines: P2P copy GB/s of every GPU pair, NCCL all-to-all

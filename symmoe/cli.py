@@ -1,4 +1,4 @@
-"""The ``symmoe`` command: info, config check, size, build, bench, ab."""
+"""The ``symmoe`` command: info, config check, size, build, check, bench, ab."""
 from __future__ import annotations
 
 import argparse
@@ -257,7 +257,8 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="time dispatch and combine for a config")
     bench.add_argument("config")
-    bench.add_argument("--world-size", type=int, default=1, help="local ranks to spawn (ignored under torchrun)")
+    bench.add_argument("--world-size", type=int, default=1,
+                       help="local ranks to spawn (host backend: ignored under torchrun)")
     bench.add_argument("--tokens", type=int, default=0, help="tokens per rank (default: buffer.max_tokens_per_rank)")
     bench.add_argument("--routing", default="uniform")
     bench.add_argument("--layout", choices=["rank", "expert"], default=None)
