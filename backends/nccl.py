@@ -171,8 +171,8 @@ class NcclMemory(SymmetricMemory):
         except Exception:  # noqa: BLE001
             how, ver = "ncclGetLsaPointer", "NCCL ?"
         return (f"{ver}; peers in the LSA team (NVLink domain): load/store through LSA pointers ({how}); "
-                "peers outside it: GIN puts + signals, where NCCL sets up a GIN transport (multi-node with "
-                "GPUDirect RDMA)")
+                "peers outside it: refused at allocation (GIN put and signal kernels are compiled, but the "
+                "push kernels move rows over LSA only)")
 
     @classmethod
     def allocate(cls, config: Config, group: dist.ProcessGroup | None, nbytes: int) -> "NcclMemory":

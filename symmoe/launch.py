@@ -91,7 +91,9 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, en
 def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), env: dict[str, str] | None = None,
           timeout_s: float = 120.0) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` in ``world_size`` fresh processes; return each
-    rank's result, or raise ``RankFailed`` carrying every rank's outcome."""
+    rank's result, or raise ``RankFailed`` carrying every rank's outcome. A rank that returned
+    but then exited non-zero (an abort at interpreter exit, e.g. in a library's finalisation)
+    or hung until killed has failed too."""
     ctx = mp.get_context("spawn")
     with ctx.Manager() as manager:
         results = manager.dict()
@@ -107,6 +109,10 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), env: dict[s
                 p.kill()
                 p.join()
         out = dict(results)
+    for r, p in enumerate(procs):
+        if out.get(r, ("missing",))[0] == "ok" and p.exitcode != 0:
+            how = "was killed, still running" if p.exitcode == -9 else f"exited with code {p.exitcode}"
+            out[r] = ("error", f"returned its result, then {how} (at interpreter exit)", "")
     if any(out.get(r, ("missing",))[0] != "ok" for r in range(world_size)):
         raise RankFailed(out, world_size)
     return [out[r][1] for r in range(world_size)]

@@ -1,5 +1,6 @@
 """The CUDA extension modules compile (no GPU needed), and the kernel header mirrors the layout."""
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -69,16 +70,16 @@ def test_every_registered_module_compiles(tmp_path, monkeypatch):
 def test_compile_error_is_a_build_error_with_compiler_output(tmp_path, monkeypatch):
     if build.nvcc_path() is None:
         pytest.skip("nvcc not found")
-    monkeypatch.setenv("SYMMOE_CACHE", str(tmp_path))
-    bad = CSRC / "bindings" / "_broken_for_test.cu"
-    bad.write_text("this is not C++;\n")
-    try:
-        build.register(build.ExtensionSpec(name="_broken_for_test", sources=("bindings/_broken_for_test.cu",)))
-        with pytest.raises(build.BuildError, match="compiling bindings/_broken_for_test.cu"):
-            build.build("_broken_for_test")
-    finally:
-        build.EXTENSIONS.pop("_broken_for_test", None)
-        bad.unlink()
+    monkeypatch.setenv("SYMMOE_CACHE", str(tmp_path / "cache"))
+    # A copy of the sources: the broken file never enters the project's csrc/.
+    csrc = tmp_path / "csrc"
+    shutil.copytree(CSRC, csrc)
+    monkeypatch.setattr(build, "CSRC", csrc)
+    (csrc / "bindings" / "_broken_for_test.cu").write_text("this is not C++;\n")
+    monkeypatch.setitem(build.EXTENSIONS, "_broken_for_test",
+                        build.ExtensionSpec(name="_broken_for_test", sources=("bindings/_broken_for_test.cu",)))
+    with pytest.raises(build.BuildError, match="compiling bindings/_broken_for_test.cu"):
+        build.build("_broken_for_test")
 
 
 @pytest.mark.build

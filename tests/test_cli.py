@@ -13,7 +13,9 @@ def test_info_lists_every_backend_with_a_status():
     assert out.returncode == 0, out.stderr
     for name in ["host", "torch", "nvshmem", "nccl"]:
         line = next(l for l in out.stdout.splitlines() if l.startswith(name + " "))
-        assert "usable" in line
+        _, _, status, *detail = line.split(maxsplit=3)
+        assert status in ("usable", "unusable"), line
+        assert status == "usable" or detail and len(detail[0]) > 10, f"no reason given: {line}"
     host = next(l for l in out.stdout.splitlines() if l.startswith("host "))
     assert " usable " in host
 

@@ -152,6 +152,15 @@ def test_shared_memory_is_released_when_a_rank_raises():
     assert not leaked
 
 
+def test_a_rank_that_aborts_at_interpreter_exit_fails_the_run():
+    """A library whose finalisation aborts after the rank's work returned is a failure, not a pass."""
+    from symmoe.testing_faults import abort_at_exit
+
+    with pytest.raises(RankFailed, match=r"rank 1: returned its result, then exited with code 3"):
+        spawn(abort_at_exit, 2, args=(1,))
+    assert spawn(abort_at_exit, 2, args=(-1,)) == [0, 1]
+
+
 def test_more_combine_slots_than_the_gpu_reduction_holds_is_refused_naming_both():
     from symmoe.config import Config
     from symmoe.errors import InputError

@@ -51,65 +51,65 @@ CASES = len(CHECK_ROUTINGS) * 2
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4, 8])
-def test_dispatch_combine_bitwise_equal_to_reference(world_size):
+def test_dispatch_combine_bitwise_equal_to_reference(world_size, seed):
     _usable()
-    checked = _run(world_size, _config(), 4000 + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda")
+    checked = _run(world_size, _config(), seed + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda")
     assert checked == [CASES] * world_size
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_the_plan_kernel_leaves_the_host_the_matrix_s_summary(world_size):
+def test_the_plan_kernel_leaves_the_host_the_matrix_s_summary(world_size, seed):
     _usable()
-    checked = spawn(check_counts_summary, world_size, args=(_config(), 4100 + world_size), env=_env(world_size),
+    checked = spawn(check_counts_summary, world_size, args=(_config(), seed + 100 + world_size), env=_env(world_size),
                     timeout_s=180.0)
     assert checked == [3 * len(CHECK_ROUTINGS)] * world_size
 
 
-def test_payload_dtypes_and_staged_puts():
+def test_payload_dtypes_and_staged_puts(seed):
     """fp16/fp32 rows, and the IBGDA-style path that puts from symmetric staging copies (or
     from x itself when it was built in Buffer.input_view)."""
     _usable()
     for dtype in ("float16", "float32"):
-        assert _run(2, _config(**{"buffer.dtype": dtype}), 77, CHECK_ROUTINGS[:3], ("rank", "expert"),
+        assert _run(2, _config(**{"buffer.dtype": dtype}), seed + 77, CHECK_ROUTINGS[:3], ("rank", "expert"),
                     "cuda") == [6, 6]
     staged = _env(2, SYMMOE_NVSHMEM_STAGE="1")
-    assert _run(2, _config(), 78, CHECK_ROUTINGS, ("rank", "expert"), "cuda", env=staged) == [CASES] * 2
+    assert _run(2, _config(), seed + 78, CHECK_ROUTINGS, ("rank", "expert"), "cuda", env=staged) == [CASES] * 2
     # x built in Buffer.input_view is already symmetric: the puts read it there, no staging copy.
-    assert _run(2, _config(), 79, CHECK_ROUTINGS[:3], ("rank", "expert"), "cuda", 1, 1, True, env=staged) == [6, 6]
+    assert _run(2, _config(), seed + 79, CHECK_ROUTINGS[:3], ("rank", "expert"), "cuda", 1, 1, True, env=staged) == [6, 6]
 
 
-def test_deepseek_shape_many_channels_and_repeats():
+def test_deepseek_shape_many_channels_and_repeats(seed):
     """Large rows (7168 bf16), top-8 of 64 experts, several channels and chunks, buffer reuse."""
     _usable()
     cfg = _config(**{"buffer.hidden": 7168, "buffer.max_tokens_per_rank": 512, "buffer.topk": 8,
                      "buffer.num_experts": 64, "kernel.num_sms": 16, "kernel.num_channels": 8})
-    assert _run(4, cfg, 91, CHECK_ROUTINGS[:2], ("rank", "expert"), "cuda", 2) == [8] * 4
+    assert _run(4, cfg, seed + 91, CHECK_ROUTINGS[:2], ("rank", "expert"), "cuda", 2) == [8] * 4
 
 
-def test_back_to_back_combines_on_one_handle():
+def test_back_to_back_combines_on_one_handle(seed):
     """Three combines in a row on one handle, each with other expert outputs: a peer still
     reducing the previous combine must not see its slots overwritten (barrier "combine.done")."""
     _usable()
-    assert _run(2, _config(), 93, CHECK_ROUTINGS[:3], ("rank", "expert"), "cuda", 1, 3) == [6, 6]
+    assert _run(2, _config(), seed + 93, CHECK_ROUTINGS[:3], ("rank", "expert"), "cuda", 1, 3) == [6, 6]
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 4])
-def test_cached_dispatch_moves_new_rows_along_the_handles_routing(world_size):
+def test_cached_dispatch_moves_new_rows_along_the_handles_routing(world_size, seed):
     """dispatch(x, handle=...) after other dispatches: the handle's own routing tables, the
     reference's rows for the new x, and a combine on the handle still exact (staged puts at 2)."""
     _usable()
     env = _env(world_size, SYMMOE_NVSHMEM_STAGE="1") if world_size == 2 else _env(world_size)
-    got = spawn(check_cached_dispatch, world_size, args=(_config(), 5000 + world_size, CHECK_ROUTINGS,
+    got = spawn(check_cached_dispatch, world_size, args=(_config(), seed + 5000 + world_size, CHECK_ROUTINGS,
                                                          ("rank", "expert"), "cuda"), env=env, timeout_s=180.0)
     assert got == [CASES] * world_size
 
 
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_num_worst_tokens_returns_the_worst_case_outputs_without_a_copy(world_size):
+def test_num_worst_tokens_returns_the_worst_case_outputs_without_a_copy(world_size, seed):
     """num_worst_tokens=N: N rows, the reference's first, then x 0, ids -1, weights 0 (cached
     dispatch too); fewer than some rank receives raises CapacityError on every rank."""
     _usable()
-    got = spawn(check_num_worst_tokens, world_size, args=(_config(), 6000 + world_size, CHECK_ROUTINGS,
+    got = spawn(check_num_worst_tokens, world_size, args=(_config(), seed + 6000 + world_size, CHECK_ROUTINGS,
                                                           ("rank", "expert"), "cuda"), env=_env(world_size),
                 timeout_s=180.0)
     assert got == [CASES] * world_size
@@ -134,7 +134,7 @@ def test_bad_expert_id_with_num_worst_tokens_raises_by_synchronize_on_every_rank
     cfg = _config()
     out = spawn(bad_expert_id, 2, args=(cfg, "range", 13, 64), env=_env(2), timeout_s=180.0)
     expect_bad_expert_id_errors(out, "range", cfg["buffer"]["num_experts"])
-    assert all("num_worst_tokens=64" in msg for msg, _ in out), out
+    assert all("num_worst_tokens=64" in msg for msg in out), out
 
 
 def test_receiver_over_capacity_raises_on_every_rank():

@@ -16,6 +16,15 @@ from symmoe.testing import (CHECK_ROUTINGS, check_cached_dispatch, check_counts_
 
 pytestmark = pytest.mark.gpu
 
+
+@pytest.fixture(autouse=True)
+def _usable():
+    """A GPU without what the backend needs (torch's symmetric memory, nvcc, ...) skips, saying why."""
+    from symmoe.backends.torch_symm import TorchSymmMemory
+    reason = TorchSymmMemory.unavailable_reason()
+    if reason:
+        pytest.skip(f"torch backend unusable here: {reason}")
+
 # Keep NVLink multicast off in every process we start (machines with several GPUs).
 ENV = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
        "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -47,62 +56,62 @@ def _run(world_size: int, cfg: dict, seed: int, routings=CHECK_ROUTINGS, layouts
 @pytest.mark.parametrize("protocol", ["pull", "push"])
 @pytest.mark.parametrize("hidden", [256, 7168])
 @pytest.mark.parametrize("world_size", [1, 2, 4])
-def test_bitwise_equal_to_reference(world_size, hidden, protocol):
+def test_bitwise_equal_to_reference(world_size, hidden, protocol, seed):
     cfg = gpu_config(protocol=protocol, **{"buffer.hidden": hidden})
-    assert _run(world_size, cfg, 4242 + world_size + hidden) == [len(CHECK_ROUTINGS) * 2] * world_size
+    assert _run(world_size, cfg, seed + world_size + hidden) == [len(CHECK_ROUTINGS) * 2] * world_size
 
 
 @pytest.mark.parametrize("protocol", ["pull", "push"])
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_routing_split_over_many_chunks(world_size, protocol):
+def test_routing_split_over_many_chunks(world_size, protocol, seed):
     """1024-2048 tokens per rank: the routing runs in 8-16 chunks of 128 tokens (one block
     each), and every position must continue across chunks as the reference numbers rows."""
     cfg = gpu_config(protocol=protocol, **{"buffer.hidden": 64, "buffer.max_tokens_per_rank": 2048,
                                           "kernel.num_sms": 32})
-    assert _run(world_size, cfg, 555 + world_size, CHECK_ROUTINGS[:4]) == [8] * world_size
+    assert _run(world_size, cfg, seed + 555 + world_size, CHECK_ROUTINGS[:4]) == [8] * world_size
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_other_payload_dtypes(dtype):
+def test_other_payload_dtypes(dtype, seed):
     cfg = gpu_config(**{"buffer.dtype": dtype, "buffer.hidden": 136})
-    assert _run(2, cfg, 77, CHECK_ROUTINGS[:3]) == [6, 6]
+    assert _run(2, cfg, seed + 77, CHECK_ROUTINGS[:3]) == [6, 6]
 
 
-def test_repeated_calls_and_big_pieces():
+def test_repeated_calls_and_big_pieces(seed):
     # hidden 16384 fp32: rows of 64 KiB move in several bulk pieces; repeats reuse the buffer.
     cfg = gpu_config(protocol="pull", **{"buffer.dtype": "float32", "buffer.hidden": 16384,
                                         "buffer.max_tokens_per_rank": 24, "buffer.topk": 4, "buffer.num_experts": 16})
-    assert _run(4, cfg, 9, CHECK_ROUTINGS[:2], repeats=3) == [12] * 4
+    assert _run(4, cfg, seed + 9, CHECK_ROUTINGS[:2], repeats=3) == [12] * 4
 
 
 @pytest.mark.parametrize("protocol", ["pull", "push"])
-def test_x_built_in_the_input_view_is_dispatched_where_it_lies(protocol):
+def test_x_built_in_the_input_view_is_dispatched_where_it_lies(protocol, seed):
     """Buffer.input_view: pull's peers read x in place (no publish copy); x is left as it was."""
-    assert _run(2, gpu_config(protocol=protocol), 96, x_in_buffer=True) == [len(CHECK_ROUTINGS) * 2] * 2
+    assert _run(2, gpu_config(protocol=protocol), seed + 96, x_in_buffer=True) == [len(CHECK_ROUTINGS) * 2] * 2
 
 
 @pytest.mark.parametrize("protocol", ["pull", "push"])
 @pytest.mark.parametrize("world_size", [1, 2, 4])
-def test_cached_dispatch_moves_new_rows_along_the_handles_routing(world_size, protocol):
+def test_cached_dispatch_moves_new_rows_along_the_handles_routing(world_size, protocol, seed):
     """dispatch(x, handle=...) after other dispatches overwrote the routing it published: the
     reference's rows for the new x, the same handle back, and a combine on it still exact."""
-    args = (gpu_config(protocol=protocol), 97 + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda", world_size == 2)
+    args = (gpu_config(protocol=protocol), seed + 97 + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda", world_size == 2)
     assert _on_ranks(check_cached_dispatch, world_size, args) == [len(CHECK_ROUTINGS) * 2] * world_size
 
 
 @pytest.mark.parametrize("protocol", ["pull", "push"])
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_num_worst_tokens_returns_the_worst_case_outputs_without_a_copy(world_size, protocol):
+def test_num_worst_tokens_returns_the_worst_case_outputs_without_a_copy(world_size, protocol, seed):
     """num_worst_tokens=N: N rows, the reference's first, then x 0, ids -1, weights 0; a cached
     dispatch too; N below the most rows any rank receives raises CapacityError on every rank."""
-    args = (gpu_config(protocol=protocol), 131 + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda")
+    args = (gpu_config(protocol=protocol), seed + 131 + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda")
     assert _on_ranks(check_num_worst_tokens, world_size, args) == [len(CHECK_ROUTINGS) * 2] * world_size
 
 
 @pytest.mark.parametrize("protocol", ["pull", "push"])
-def test_back_to_back_combines_on_one_handle(protocol):
+def test_back_to_back_combines_on_one_handle(protocol, seed):
     """Three combines in a row on one handle (a backward pass), each with other expert outputs."""
-    assert _run(2, gpu_config(protocol=protocol), 95, CHECK_ROUTINGS[:3], combines=3) == [6, 6]
+    assert _run(2, gpu_config(protocol=protocol), seed + 95, CHECK_ROUTINGS[:3], combines=3) == [6, 6]
 
 
 # -- the streamed push (kernel.push_mode=stream; under MPS "auto" keeps push + unpack) -------
@@ -111,41 +120,41 @@ STREAM = {"protocol": "push", "kernel.push_mode": "stream"}
 
 @pytest.mark.parametrize("hidden", [256, 7168])
 @pytest.mark.parametrize("world_size", [2, 4])
-def test_streamed_push_is_bitwise_equal_to_reference(world_size, hidden):
+def test_streamed_push_is_bitwise_equal_to_reference(world_size, hidden, seed):
     """One kernel of sender and receiver channels: receivers copy rows out of the pool as
     the senders' tail words announce them; both layouts, every routing kind."""
     cfg = gpu_config(**STREAM, **{"buffer.hidden": hidden})
-    assert _run(world_size, cfg, 4343 + world_size + hidden) == [len(CHECK_ROUTINGS) * 2] * world_size
+    assert _run(world_size, cfg, seed + 4343 + world_size + hidden) == [len(CHECK_ROUTINGS) * 2] * world_size
 
 
 @pytest.mark.parametrize("receivers", [1, 3])
-def test_streamed_push_over_many_chunks_and_channels(receivers):
+def test_streamed_push_over_many_chunks_and_channels(receivers, seed):
     """2048 tokens per rank on 32 SMs: 31 or 29 sender blocks (channels), several chunks (and
     tail signals) each, and 1 or 3 receiver blocks serving all of them (31; or 10, 10 and 9
     channels each), and a routing split over 16 chunks; three dispatches in a row on the
     same buffer."""
     cfg = gpu_config(**STREAM, **{"buffer.hidden": 64, "buffer.max_tokens_per_rank": 2048, "kernel.num_sms": 32,
                                   "kernel.stream_receivers": receivers})
-    assert _run(2, cfg, 556 + receivers, CHECK_ROUTINGS[:4], repeats=3) == [24, 24]
+    assert _run(2, cfg, seed + 556 + receivers, CHECK_ROUTINGS[:4], repeats=3) == [24, 24]
 
 
 @pytest.mark.parametrize("check", [check_cached_dispatch, check_num_worst_tokens])
-def test_streamed_push_cached_and_worst_case_dispatch(check):
-    args = (gpu_config(**STREAM), 199, CHECK_ROUTINGS, ("rank", "expert"), "cuda")
+def test_streamed_push_cached_and_worst_case_dispatch(check, seed):
+    args = (gpu_config(**STREAM), seed + 199, CHECK_ROUTINGS, ("rank", "expert"), "cuda")
     if check is check_cached_dispatch:
         args += (True,)
     assert _on_ranks(check, 2, args) == [len(CHECK_ROUTINGS) * 2] * 2
 
 
-def test_single_process_world_size_one_without_process_group():
+def test_single_process_world_size_one_without_process_group(seed):
     cfg = gpu_config()
-    assert _run(1, cfg, 5, CHECK_ROUTINGS[:2]) == [4]
+    assert _run(1, cfg, seed + 5, CHECK_ROUTINGS[:2]) == [4]
 
 
 # -- what the host reads after its wait ----------------------------------------------------
 @pytest.mark.parametrize("world_size", [1, 2])
-def test_the_routing_kernel_leaves_the_host_the_matrix_s_summary(world_size):
-    assert _on_ranks(check_counts_summary, world_size, (gpu_config(), 17)) == [3 * len(CHECK_ROUTINGS)] * world_size
+def test_the_routing_kernel_leaves_the_host_the_matrix_s_summary(world_size, seed):
+    assert _on_ranks(check_counts_summary, world_size, (gpu_config(), seed + 17)) == [3 * len(CHECK_ROUTINGS)] * world_size
 
 
 # -- a rank that never arrives -------------------------------------------------------------
