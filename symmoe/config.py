@@ -55,6 +55,10 @@ class KernelConfig:
     push_mode: str = "auto"
     # receiver blocks of the streamed push (its senders are the rest of its blocks); 0 = half
     stream_receivers: int = 0
+    # nvshmem: rows of each (source, channel) ring of the receive pool; a sender reuses a slot
+    # once the receiver's head counter passed it. 0 = the pool split evenly (never wraps when
+    # the pool holds the worst case)
+    ring_rows: int = 0
 
 
 @dataclass(frozen=True)
@@ -144,6 +148,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "kernel.timeout_s": (1e-3, 86400),
     "kernel.copy_bytes": (0, 65536),
     "kernel.copy_depth": (0, 16),
+    "kernel.ring_rows": (0, 1 << 28),
     "host.poll_interval_us": (0, 1_000_000),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {

@@ -5,17 +5,19 @@ kernel reaches a peer's region as ``peer_base[r] + offset``. ``csrc/common/layou
 holds the same fields, in the same order, as a struct the kernels take by value
 (``BufferLayout.kernel_args()`` fills it); the arithmetic lives only here.
 
-    signals  int64 flags: barrier[W], ready[W], tail[C][W], head[C][W]
+    signals  int64 flags: barrier[W], ready[W], tail[C][W], head[C][W], ack[C][W] (nvshmem:
+             rows of channel c that receiver d consumed, at the sender: its ring's head)
     counts   int32 [W][1 + W + E]: row s = rank s's token count, then tokens it sends per
              rank, then (token, slot) pairs per expert; every rank writes its row into every peer
     input    x [T, H] | topk_idx int32 [T, K] | topk_weights f32 [T, K]   (published for pull)
              | pos int32 [T, W + K]: the sender's row of each (token, rank) among the tokens it
              sends that rank, then of each (token, slot) among its tokens of that expert; with
              the counts matrix this gives every row's destination (the CUDA kernels use it)
-    recv     x [R, H] | idx int32 [R, K] | weights f32 [R, K] | src int32 [R]: rank-major in both
-             output layouts, one row per (source, token); per slot the local expert id
-             (rank-major output) or the slot's row in the expert-major output, and the weight
-             (-1 / 0 for slots of other ranks): receivers copy a row once per slot of theirs
+    recv     x [R, H] | idx int32 [R, K] | weights f32 [R, K] | src int32 [R]: one row per
+             (source, token) whatever the output layout (nvshmem: a ring per (source,
+             channel)); per slot the local expert id (rank-major output) or the slot's row in
+             the expert-major output, and the weight (-1 / 0 for slots of other ranks):
+             receivers copy a row once per slot of theirs
     combine  x [T * S, H] | topk_weights f32 [T * S, K], S = max(W, K): one slot per
              (token, destination rank) for rank-major, per (token, k) for expert-major
 
@@ -74,7 +76,7 @@ class BufferLayout:
         R = self.recv_rows
         C = self.num_channels
         sizes = [
-            ("signals", 8 * W * (2 + 2 * C)),
+            ("signals", 8 * W * (2 + 3 * C)),
             ("counts", 4 * W * (1 + W + E)),
             ("input", _up(T * H * self.elem_size) + 2 * _up(4 * T * K) + _up(4 * T * (W + K))),
             ("recv", _up(R * H * self.elem_size) + 2 * _up(4 * R * K) + _up(4 * R)),
@@ -124,6 +126,7 @@ class BufferLayout:
             "ready": sig + 8 * W,
             "tail": sig + 16 * W,
             "head": sig + 16 * W + 8 * C * W,
+            "ack": sig + 16 * W + 16 * C * W,
             "counts": g["counts"].offset,
             "in_x": inp,
             "in_idx": inp + _up(T * H * self.elem_size),
@@ -140,7 +143,7 @@ class BufferLayout:
     # Order must match `struct Layout` in csrc/common/layout.cuh.
     KERNEL_FIELDS = ("world_size", "max_tokens", "hidden", "topk", "num_experts", "elem_size",
                      "recv_rows", "num_channels", "combine_slots")
-    KERNEL_OFFSETS = ("barrier", "ready", "tail", "head", "counts", "in_x", "in_idx", "in_w", "in_pos",
+    KERNEL_OFFSETS = ("barrier", "ready", "tail", "head", "ack", "counts", "in_x", "in_idx", "in_w", "in_pos",
                       "recv_x", "recv_idx", "recv_w", "recv_src", "combine_x", "combine_w")
 
     def kernel_args(self) -> list[int]:

@@ -101,3 +101,16 @@ def test_config_check_cli_prints_effective_config_or_error_without_traceback(tmp
                          capture_output=True, text=True)
     assert bad.returncode == 1
     assert "buffer.topk = 'x'" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_nvshmem_rings_must_fit_in_the_receive_pool():
+    from symmoe.errors import ConfigError
+    from symmoe.protocol.nvshmem import ring_rows
+
+    assert ring_rows(0, 1000, 2, 4) == 125  # the pool split evenly over 2 sources x 4 channels
+    assert ring_rows(3, 1000, 2, 4) == 3
+    with pytest.raises(ConfigError, match=r"kernel.ring_rows = 200: 2 sources x 4 channels of rings of 200 rows "
+                                          r"need 1600 rows, the receive pool holds 1000 \(allowed: 1..125"):
+        ring_rows(200, 1000, 2, 4)
+    with pytest.raises(ConfigError, match=r"kernel.ring_rows = 0: .* rings of 0 rows"):
+        ring_rows(0, 7, 2, 4)

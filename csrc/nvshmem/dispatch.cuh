@@ -16,12 +16,13 @@ namespace nv {
 // ---- dispatch geometry -----------------------------------------------------------------
 // Every offset of one dispatch, built by each block in shared memory from the counts matrix
 // (identical on every rank). Both layouts send one row per (token, destination rank): n(s, d)
-// rows from s to d, d's pool source-major, each source's rows by token. The output is
+// rows from s to d, by token; channel c carries a contiguous share of them through a ring of
+// `ring` rows in d's pool (one ring per (source, channel)). The output is
 // rank-major (source, token) or expert-major (local expert, source, token) with each group
 // padded to `alignment`; expert-major, the receiver copies a pool row once per slot that names
 // one of its experts, to the output row the sender computed (ebase + the slot's position).
 struct Geometry {
-  int32_t send_off[kMaxWorld], send_cnt[kMaxWorld], dst_base[kMaxWorld], recv_cnt[kMaxWorld], recv_base[kMaxWorld];
+  int32_t send_off[kMaxWorld], send_cnt[kMaxWorld], recv_cnt[kMaxWorld], recv_base[kMaxWorld];
   int32_t rows_of[kMaxWorld];  // output rows of each receiver (padded, expert-major)
   int32_t tmp[33];
   int ok;                      // every rank's ids valid and every receiver within capacity
@@ -48,12 +49,8 @@ struct Geometry {
     for (int d = threadIdx.x; d < W; d += blockDim.x) {
       send_cnt[d] = cnt(me, 1 + d);
       recv_cnt[d] = cnt(d, 1 + me);
-      int32_t b = 0, r = 0;
-      for (int s = 0; s < W; ++s) {
-        if (s < me) b += cnt(s, 1 + d);
-        r += cnt(s, 1 + d);
-      }
-      dst_base[d] = b;
+      int32_t r = 0;
+      for (int s = 0; s < W; ++s) r += cnt(s, 1 + d);
       rows_of[d] = r;
     }
     if (em) {
@@ -94,6 +91,7 @@ struct DispatchArgs {
   uint8_t* base;
   Layout lay;
   int me, C, expert_major, alignment;
+  int64_t ring;              // rows of each (source, channel) ring of a receiver's pool
   int64_t epoch;
   uint64_t timeout_ns;
   int direct;                // 1: plain stores to load/store-reachable peers; 0: puts to all
@@ -190,8 +188,8 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
   if (dead) return;  // the counts exchange timed out: the snapshot is not this dispatch's
   geo.build(a.counts, a.lay, me, em, a.alignment, a.capacity);
   if (!geo.ok) return;  // bad ids or a receiver over capacity: every rank skips, every host raises
-  const int32_t *send_off = geo.send_off, *send_cnt = geo.send_cnt, *dst_base = geo.dst_base,
-                *recv_cnt = geo.recv_cnt, *recv_base = geo.recv_base;
+  const int32_t *send_off = geo.send_off, *send_cnt = geo.send_cnt, *recv_cnt = geo.recv_cnt,
+                *recv_base = geo.recv_base;
   uint64_t* tail = reinterpret_cast<uint64_t*>(a.base + a.lay.tail);
 
   if (em) {  // group starts, and the padding rows of each group (zeros, ids and sources -1)
@@ -245,19 +243,30 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
     int32_t* ridx = reinterpret_cast<int32_t*>(a.base + a.lay.recv_idx);
     float* rw = reinterpret_cast<float*>(a.base + a.lay.recv_w);
     int32_t* rsrc = reinterpret_cast<int32_t*>(a.base + a.lay.recv_src);
-    const int64_t chunk = int64_t(wpg) * kRowsPerWarp;
+    const uint64_t* ack = reinterpret_cast<const uint64_t*>(a.base + a.lay.ack);
+    const int64_t chunk = min(int64_t(wpg) * kRowsPerWarp, a.ring);
     for (int k = g; k < W - 1; k += ngroups) {
       const int d = (me + 1 + k) % W;  // next ranks first: receivers are not all hit at once
       // Load/store reachable: vector stores straight into d's pool (NVSHMEM's P2P warp put
       // copies with two warp syncs around a one-vector loop); else the put path.
       uint8_t* pd = a.direct ? static_cast<uint8_t*>(nvshmem_ptr(a.base, d)) : nullptr;
       const int64_t n = send_cnt[d], i0 = chan_begin(n, c, C), i1 = chan_begin(n, c + 1, C);
+      // This rank's ring for channel c in d's pool: row i goes to slot (i - i0) % ring.
+      const int64_t ring0 = (int64_t(me) * C + c) * a.ring;
       int64_t c0 = i0;
       do {
         const int64_t c1 = min(i1, c0 + chunk);
+        if (c1 - i0 > a.ring) {
+          // The chunk's slots last held rows c0 - ring .. c1 - ring: wait until d's receiver
+          // copied those out (its head counter for this channel, in ack[c][d] here).
+          if (wig == 0 && lane == 0)
+            wait_signal(ack + int64_t(c) * W + d, sig_value(a.epoch, c1 - i0 - a.ring), a.timeout_ns, a.err,
+                        kStageDispatchData, d, a.epoch);
+          named_barrier(1 + g, wpg * 32);
+        }
         for (int64_t i = c0 + wig; i < c1; i += wpg) {
           const int ent = a.send_ent[send_off[d] + i], t = ent / S;
-          const int64_t q = dst_base[d] + i;
+          const int64_t q = ring0 + (i - i0) % a.ring;
           const Meta m = row_meta(a, geo, t, d, lane);
           if (pd) {
             warp_copy_row<true>(at_peer(pd, a.base, rx + q * rb), a.x + int64_t(t) * rb, rb, lane);
@@ -297,11 +306,22 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
   const int32_t* pidx = reinterpret_cast<const int32_t*>(a.base + a.lay.recv_idx);
   const float* pw = reinterpret_cast<const float*>(a.base + a.lay.recv_w);
   const int32_t* psrc = reinterpret_cast<const int32_t*>(a.base + a.lay.recv_src);
-  for (int s = threadIdx.x; s < W; s += blockDim.x) s_done[s] = chan_begin(recv_cnt[s], c, C);
+  uint64_t* ack = reinterpret_cast<uint64_t*>(a.base + a.lay.ack);
+  for (int s = threadIdx.x; s < W; s += blockDim.x) {
+    s_done[s] = chan_begin(recv_cnt[s], c, C);
+    s_from[s] = s_to[s] = 0;
+  }
   __syncthreads();
   const uint64_t start = global_timer_ns();
   while (true) {
     if (threadIdx.x == 0) {
+      // The rows copied out last round free their ring slots: tell each source whose share of
+      // this channel is longer than its ring (the only ones that wait), in its ack[c][me].
+      for (int s = 0; s < W; ++s) {
+        const int64_t i0 = chan_begin(recv_cnt[s], c, C), i1 = chan_begin(recv_cnt[s], c + 1, C);
+        if (s != me && s_to[s] > s_from[s] && i1 - i0 > a.ring)
+          nvshmemx_signal_op(ack + int64_t(c) * W + me, sig_value(a.epoch, s_to[s] - i0), NVSHMEM_SIGNAL_SET, s);
+      }
       uint32_t spins = 0;
       while (true) {
         bool pending = false, fresh = false;
@@ -347,9 +367,10 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
       int s = 0;
       int64_t rr = r;
       while (rr >= s_to[s] - s_from[s]) { rr -= s_to[s] - s_from[s]; ++s; }
-      const int64_t q = recv_base[s] + s_from[s] + rr;
+      const int64_t i = s_from[s] + rr, i0 = chan_begin(recv_cnt[s], c, C);
+      const int64_t q = (int64_t(s) * C + c) * a.ring + (i - i0) % a.ring;  // its slot in s's ring
       const Meta m = lane < K ? Meta{pidx[q * K + lane], pw[q * K + lane]} : Meta{-1, 0.f};
-      deliver_row<false>(a, geo, px + q * rb, q, s, psrc[q], m, lane);
+      deliver_row<false>(a, geo, px + q * rb, recv_base[s] + i, s, psrc[q], m, lane);
     }
     __syncthreads();
   }

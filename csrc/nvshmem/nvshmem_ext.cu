@@ -172,7 +172,7 @@ void launch_barrier(int64_t base, const std::vector<int64_t>& lay, int me, int64
 
 // ptrs: x, idx, w, send_ent, pos, counts, out_x, out_idx, out_w, out_rank, out_tok, out_slot, out_offsets, err,
 //       selfmap
-void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int channels, int expert_major,
+void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int channels, int64_t ring, int expert_major,
                      int direct, int alignment, int64_t capacity, int64_t epoch, uint64_t timeout_ns,
                      const std::vector<int64_t>& p,
                      int64_t stream) {
@@ -183,6 +183,10 @@ void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int 
   a.lay = layout_from(lay);
   a.me = me;
   a.C = num_channels(channels, static_cast<int>(a.lay.world_size));
+  if (ring < 1 || ring * a.C * a.lay.world_size > a.lay.recv_rows)
+    throw std::invalid_argument("dispatch: " + std::to_string(a.lay.world_size * a.C) + " rings of " + std::to_string(ring) +
+                                " rows do not fit the receive pool of " + std::to_string(a.lay.recv_rows) + " rows");
+  a.ring = ring;
   a.expert_major = expert_major;
   a.direct = direct;
   a.alignment = alignment;

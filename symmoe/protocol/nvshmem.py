@@ -15,7 +15,8 @@ dispatch
      leaves the matrix in a device snapshot (this dispatch's own) and in host-mapped memory.
   3. ``dispatch_kernel``, launched right behind into outputs sized for the worst case: every
      block derives the offsets from the snapshot; C channels, each one sender block (warp
-     puts of rows + metadata into the receivers' pools, ``tail[c][me]`` signalled per chunk)
+     puts of rows + metadata into its ring in each receiver's pool, ``tail[c][me]`` signalled
+     per chunk, and before reusing a slot a wait on the receiver's head in ``ack[c][d]``)
      and one receiver block (copies the rows a rank keeps straight from x, then waits on
      ``tail[c][s]`` and streams delivered rows into the outputs; expert-major, one copy per
      slot that names a local expert, at the row its sender computed) (stage ``dispatch.data``).
@@ -42,10 +43,13 @@ No host wait follows a kernel: a wait that timed out is raised by the next call 
 must be resident at once (dispatch receivers and combine senders wait for the peers' senders),
 so C is capped by the SMs this process holds (``usable_sms``).
 
-The pool holds the worst case, so no ring-buffer flow control is needed: ``tail`` counts
-rows delivered per (channel, source) for dispatch, ``head`` marks a channel finished for
-combine (separate words, so a fast peer's combine never overwrites a dispatch signal still
-being read).
+Each receiver's pool is cut into W * C rings of ``kernel.ring_rows`` rows (0: the pool split
+evenly, which never wraps when the pool holds the worst case), one per (source, channel), as
+DeepEP V1's channel buffers: ``tail[c][s]`` at the receiver counts rows delivered, and
+``ack[c][d]`` at the sender counts rows receiver d copied out (the ring's head), signalled only
+for shares longer than the ring, the only ones whose sender waits. ``head`` marks a channel
+finished for combine (separate words, so a fast peer's combine never overwrites a dispatch
+signal still being read).
 """
 from __future__ import annotations
 
@@ -56,7 +60,7 @@ import numpy as np
 import torch
 
 from .. import build
-from ..errors import InputError, StallError
+from ..errors import ConfigError, InputError, StallError
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots
 from .counts import (SUMMARY_HEAD, cached_rows, check_summary_head, deferred_error, make_handle, recv_views,
@@ -120,6 +124,20 @@ def usable_sms(device: torch.device) -> int:
     return sms
 
 
+def ring_rows(requested: int, pool_rows: int, world_size: int, channels: int) -> int:
+    """Rows of each (source, channel) ring of the receive pool: ``kernel.ring_rows``, or with
+    0 the pool split evenly. Every one of the W * C rings must fit in the pool."""
+    even = pool_rows // (world_size * channels)
+    rows = requested or even
+    if rows < 1 or rows > even:
+        raise ConfigError(
+            "kernel.ring_rows", requested,
+            f"{world_size} sources x {channels} channels of rings of {rows} rows need "
+            f"{world_size * channels * rows} rows, the receive pool holds {pool_rows} (allowed: 1..{even}, or 0 "
+            f"for {even}; the pool follows buffer.recv_capacity)")
+    return rows
+
+
 class NvshmemPush(Protocol):
     name = "push"
     checks_topk_values = True  # the routing kernel checks the expert ids (counts.bad_input_error)
@@ -141,6 +159,7 @@ class NvshmemPush(Protocol):
         # has (under MPS, its active thread percentage of them), or the ranks deadlock.
         self.channels = max(1, min(k.num_channels, layout.num_channels, k.num_sms // 2,
                                    usable_sms(mem.device) // 2))
+        self.ring_rows = ring_rows(k.ring_rows, layout.recv_rows, W, self.channels)
         # The combine's send kernel is alone on the GPU: one block (channel) per SM it holds,
         # all resident at once (each waits for its channel from the peers). The reduction
         # runs after it as its own grid: 16 blocks of 128 per SM.
@@ -290,8 +309,8 @@ class NvshmemPush(Protocol):
               alignment: int, epoch: int, selfmap: torch.Tensor | None) -> None:
         """The dispatch kernel from the routing tables ``plan`` into ``o`` (``cap`` rows),
         recording the rows this rank keeps in ``selfmap`` (None: the same routing recorded them)."""
-        self.ext.dispatch(self.mem.local.data_ptr(), self.args, self.me, self.channels, int(em), self.direct,
-                          alignment, cap, epoch, self.timeout_ns,
+        self.ext.dispatch(self.mem.local.data_ptr(), self.args, self.me, self.channels, self.ring_rows, int(em),
+                          self.direct, alignment, cap, epoch, self.timeout_ns,
                           [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(),
                            plan["send_ent"].data_ptr(), plan["pos"].data_ptr(), plan["counts"].data_ptr(),
                            o["x"].data_ptr(), o["idx"].data_ptr(), o["w"].data_ptr(), o["src_rank"].data_ptr(),

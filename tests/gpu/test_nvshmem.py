@@ -57,6 +57,24 @@ def test_dispatch_combine_bitwise_equal_to_reference(world_size, seed):
     assert checked == [CASES] * world_size
 
 
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_rows_stream_through_rings_shorter_than_a_channel_s_share(world_size, seed):
+    """kernel.ring_rows=3: a channel's share of up to 16 rows from one source (64 tokens, 4
+    channels) wraps its ring several times, so senders wait on the receivers' head counters
+    before reusing a slot. Bitwise, both layouts, twice on one buffer; at 2 PEs also through
+    the put path (staged) and with a cached dispatch."""
+    _usable()
+    cfg = _config(**{"kernel.ring_rows": 3})
+    assert _run(world_size, cfg, seed + 300 + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda",
+                2) == [2 * CASES] * world_size
+    if world_size == 2:
+        staged = _env(2, SYMMOE_NVSHMEM_STAGE="1")
+        assert _run(2, cfg, seed + 310, CHECK_ROUTINGS, ("rank", "expert"), "cuda", env=staged) == [CASES] * 2
+        got = spawn(check_cached_dispatch, 2, args=(cfg, seed + 320, CHECK_ROUTINGS, ("rank", "expert"), "cuda"),
+                    env=_env(2), timeout_s=180.0)
+        assert got == [CASES] * 2
+
+
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_the_plan_kernel_leaves_the_host_the_matrix_s_summary(world_size, seed):
     _usable()
