@@ -72,9 +72,9 @@ def bad_expert_id(rank: int, world_size: int, config: dict[str, Any], kind: str,
                   worst: int = 0) -> str:
     """The last rank's topk_idx holds an out-of-range (kind 'range') or a repeated ('duplicate')
     expert id. Returns the InputError this rank got, once the next valid dispatch + combine on
-    the same Buffer was bitwise equal to the reference (it raises otherwise). ``worst`` > 0: the dispatch asks
-    for num_worst_tokens and may return before the device checked the ids; the error comes by
-    ``synchronize()`` at the latest."""
+    the same Buffer was bitwise equal to the reference (it raises otherwise). ``worst`` > 0:
+    the dispatch asks for num_worst_tokens and may return before the device checked the ids;
+    the error comes by ``synchronize()`` at the latest."""
     cfg = from_dict(config)
     b = cfg.buffer
     with Buffer(None, cfg) as buf:
