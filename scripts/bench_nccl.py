@@ -11,7 +11,6 @@ Usage: python3 scripts/bench_nccl.py --out results/nccl_bench.json
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -79,15 +78,13 @@ def main() -> None:
 
     from symmoe.backends import probe
     from symmoe.backends.nccl import NcclMemory, describe
-    from symmoe.bench import bench_config, run_gpu_bench, table
+    from symmoe.bench import bench_config, provenance, run_gpu_bench, table
 
     torch.cuda.init()
     sms = a.num_sms or torch.cuda.get_device_properties(0).multi_processor_count
     report: dict[str, Any] = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": os.environ.get("SYMMOE_COMMIT") or git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
-        "device": torch.cuda.get_device_name(0), "torch": torch.__version__,
-        "command": os.environ.get("SYMMOE_BENCH_COMMAND", " ".join(["python3", *sys.argv])),
+        **provenance(" ".join(["python3", *sys.argv])),
+        "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),
         "env": {k: os.environ.get(k) for k in ("NCCL_NVLS_ENABLE", "TORCH_SYMM_MEM_DISABLE_MULTICAST")},
         "results": [],
     }

@@ -18,10 +18,8 @@ machine without CUDA it runs on the CPU over gloo (host-clock timings).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import statistics
 import sys
 from dataclasses import dataclass
@@ -31,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 from . import launch, reference, timing
-from .bench import _git_commit, _stats, _time
+from .bench import _stats, _time, provenance
 from .reference import RecvResult
 from .workload import ROUTINGS, Routing, make_inputs
 
@@ -403,12 +401,6 @@ def check_against_reference(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight
     return {"bitwise_equal": True, "detail": f"rank {me}: dispatch (6 outputs) and combine bitwise equal"}
 
 
-def _device_name() -> str:
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_name(torch.cuda.current_device())
-    return f"cpu ({platform.processor() or platform.machine()}, no CUDA)"
-
-
 def _slowest(ranks: list[dict[str, Any]], op: str) -> dict[str, float]:
     """The collective is as slow as its slowest rank: that rank's median and spread."""
     worst = max(ranks, key=lambda r: r[op]["median_us"])[op]
@@ -492,10 +484,7 @@ def _document(a: argparse.Namespace, argv: list[str], dev: torch.device, W: int,
     checks = [r["check"] for r in per_rank]
     bad = [c for c in checks if not c["bitwise_equal"]]
     doc = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "commit": os.environ.get("SYMMOE_COMMIT") or _git_commit(), "device": _device_name(),
-        "torch": torch.__version__, "world_size": W,
-        "command": os.environ.get("SYMMOE_BENCH_COMMAND", " ".join(["python -m symmoe.baselines", *argv])),
+        **provenance(" ".join(["python -m symmoe.baselines", *argv])), "world_size": W,
         "timing": "CUDA events" if dev.type == "cuda" else "host clock (no CUDA)",
         "shape": {"tokens": a.tokens, "hidden": a.hidden, "topk": a.topk, "experts": a.experts, "dtype": a.dtype,
                   "routing": a.routing, "seed": a.seed, "warmup": a.warmup, "repeats": a.repeats},

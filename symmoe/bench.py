@@ -41,6 +41,7 @@ import argparse
 import datetime
 import json
 import os
+import platform
 import statistics
 import subprocess
 import time
@@ -410,10 +411,18 @@ def table(results: list[dict[str, Any]]) -> str:
 
 
 def _device_name() -> str:
-    try:
-        return torch.cuda.get_device_name(0)
-    except Exception:
-        return "unknown"
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name(torch.cuda.current_device())
+    return f"cpu ({platform.processor() or platform.machine()}, no CUDA)"
+
+
+def provenance(command: str) -> dict[str, str]:
+    """What every results JSON starts with: date (UTC), commit, device, torch, and the command
+    (``SYMMOE_COMMIT`` / ``SYMMOE_BENCH_COMMAND`` override what git and argv say: the GPU
+    machine's copy of the repository may not know its commit)."""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": os.environ.get("SYMMOE_COMMIT") or _git_commit(), "device": _device_name(),
+            "torch": torch.__version__, "command": os.environ.get("SYMMOE_BENCH_COMMAND", command)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -449,10 +458,7 @@ def main(argv: list[str] | None = None) -> int:
                     results.append(run_gpu_bench(cfg, ws, a.tokens, a.warmup, a.repeats, baselines=(ws == 1),
                                                  x_in_buffer=in_buf))
                     print(table(results[-1:]), flush=True)
-    doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "commit": os.environ.get("SYMMOE_COMMIT") or _git_commit(), "device": _device_name(),
-           "torch": torch.__version__, "command": os.environ.get("SYMMOE_BENCH_COMMAND", " ".join(["python -m symmoe.bench", *(argv or [])])),
-           "results": results}
+    doc = {**provenance(" ".join(["python -m symmoe.bench", *(argv or [])])), "results": results}
     if a.json:
         with open(a.json, "w") as f:
             json.dump(doc, f, indent=1)

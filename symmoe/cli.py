@@ -109,6 +109,10 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
             "dispatch": d.summary(), "combine": c.summary()}
 
 
+def _command() -> str:
+    return " ".join(["symmoe", *sys.argv[1:]])
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
     from . import launch
     from .config import check_world_size
@@ -135,8 +139,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"{r['rank']:>4} {r['recv_rows']:>8} {r['bytes'] / 1e6:>9.2f} {dm * 1e6:>12.1f} "
               f"{r['bytes'] / dm / 1e9:>8.2f} {cm * 1e6:>11.1f} {r['bytes'] / cm / 1e9:>8.2f}")
     if args.json:
+        from .bench import provenance
         with open(args.json, "w") as f:
-            json.dump({"config": cfg.to_dict(), "options": opts, "ranks": results}, f, indent=1)
+            json.dump({**provenance(_command()), "config": cfg.to_dict(), "options": opts, "ranks": results}, f,
+                      indent=1)
     return 0
 
 
@@ -219,7 +225,7 @@ def _bench_gpu(cfg: Any, args: argparse.Namespace) -> int:
     print(bench.table([result]))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+            json.dump({**bench.provenance(_command()), "results": [result]}, f, indent=1)
     return 0
 
 

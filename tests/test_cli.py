@@ -33,6 +33,7 @@ def test_bench_spawns_ranks_and_reports_each(tmp_path):
                  "--tokens", "32", "--json", str(tmp_path / "b.json"))
     assert out.returncode == 0, out.stderr
     data = json.loads((tmp_path / "b.json").read_text())
+    assert {"date", "commit", "device", "torch"} <= set(data) and data["command"].startswith("symmoe bench")
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
     assert all(r["dispatch"]["n"] == 3 and r["dispatch"]["median_s"] > 0 for r in data["ranks"])
     assert "bench host/push" in out.stderr  # the progress bar
