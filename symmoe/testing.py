@@ -100,6 +100,12 @@ def _check_one(buf: Buffer, inputs, rank: int, world_size: int, cfg: Config, lay
     ref = reference.dispatch([i.x for i in inputs], [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
                              b.num_experts, layout, align)
     want = ref.recv[rank]
+    # DeepEP's first call, from the same ids: the backend's routing kernel against the reference.
+    per_rank, _, tokens_per_expert, in_rank, _ = buf.get_dispatch_layout(mine.topk_idx.to(dev))
+    lay = reference.get_dispatch_layout(mine.topk_idx, b.num_experts, world_size)
+    assert_bitwise("get_dispatch_layout num_tokens_per_rank", per_rank, lay.num_tokens_per_rank, ctx)
+    assert_bitwise("get_dispatch_layout num_tokens_per_expert", tokens_per_expert, lay.num_tokens_per_expert, ctx)
+    assert_bitwise("get_dispatch_layout is_token_in_rank", in_rank, lay.is_token_in_rank, ctx)
     x = mine.x.to(dev)
     if x_in_buffer:
         x = buf.input_view(x.shape[0]).copy_(x)
