@@ -33,15 +33,36 @@ def test_gencode_default_and_override(monkeypatch):
         build.gencode()
 
 
-def test_cache_key_changes_with_arch(monkeypatch):
-    nvcc = build.nvcc_path()
-    if nvcc is None:
-        pytest.skip("nvcc not found")
-    spec = build.EXTENSIONS["symmoe_cuda"]
+def test_the_cache_key_follows_sources_headers_arch_compiler_and_library_versions(tmp_path, monkeypatch):
+    """A cached module is reused only when nothing that went into it changed."""
+    csrc = tmp_path / "csrc"
+    shutil.copytree(CSRC, csrc)
+    monkeypatch.setattr(build, "CSRC", csrc)
+    monkeypatch.setattr(build, "nvcc_version", lambda nvcc: "13.0")
     monkeypatch.setenv("SYMMOE_ARCH", "sm_90a")
-    a = build.cache_key(spec, nvcc)
+    from symmoe.protocol.nvshmem import SPEC as spec  # registers the module
+    assert spec.lib_dists, "the nvshmem module records its library's version"
+    key = lambda: build.cache_key(spec, "nvcc")  # noqa: E731
+    seen = {key()}
+    assert key() in seen  # nothing changed: the same key
+
     monkeypatch.setenv("SYMMOE_ARCH", "sm_100a")
-    assert build.cache_key(spec, nvcc) != a
+    seen.add(key())
+    monkeypatch.setenv("SYMMOE_ARCH", "sm_90a")
+    monkeypatch.setattr(build, "nvcc_version", lambda nvcc: "13.1")
+    seen.add(key())
+    monkeypatch.setattr(build, "nvcc_version", lambda nvcc: "13.0")
+    real = build.dist_version
+    monkeypatch.setattr(build, "dist_version", lambda d: "9.9.9" if d == spec.lib_dists[0] else real(d))
+    seen.add(key())
+    monkeypatch.setattr(build, "dist_version", real)
+    header = csrc / "common" / "layout.cuh"
+    header.write_text(header.read_text() + "\n// edited\n")
+    seen.add(key())
+    source = csrc / spec.sources[0]
+    source.write_text(source.read_text() + "\n// edited\n")
+    seen.add(key())
+    assert len(seen) == 6  # the original and one new key per change
 
 
 @pytest.mark.build
