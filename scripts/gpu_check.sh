@@ -18,6 +18,7 @@
 #   spinning inside a library call never sees SIGINT, and would keep the log pipe open), so
 #   the summary and logs still come back inside the device tool's 10-minute limit.
 #   SYMMOE_COMMIT=$(git rev-parse HEAD)   the commit recorded in every JSON (the device copy's .git may be stale)
+#   SYMMOE_TEST_SEED=N                    replay the GPU tests' routings of an earlier run (its summary names N)
 #   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_WORLD_SIZES=1,4 BENCH_PROTOCOLS=pull,push BENCH_REPEATS=30   bench choices
 #   BENCH_SET='kernel.num_channels=32 kernel.num_sms=64'   config values for every bench run
 #   BENCH_X_IN_BUFFER=no|yes|both   x built in Buffer.input_view (no publish copy); both: pull runs twice
@@ -30,6 +31,10 @@ cd "$(dirname "$0")/.."
 SECTIONS=("$@")
 [ ${#SECTIONS[@]} -eq 0 ] && SECTIONS=(build test bench)
 source scripts/gpu_env.sh
+# The GPU tests' routings come from one seed per run (tests/conftest.py); pytest -q hides its
+# header, so the summary names it: SYMMOE_TEST_SEED=N replays the run.
+export SYMMOE_TEST_SEED=${SYMMOE_TEST_SEED:-$(( (RANDOM << 15 | RANDOM) ))}
+note "test seed $SYMMOE_TEST_SEED (replay: SYMMOE_TEST_SEED=$SYMMOE_TEST_SEED)"
 
 # -- MPS: several ranks on the one GPU run concurrently -------------------------------------
 # MPS=off leaves it out (world size 1 only: e.g. to see whether the host's waits change without it).
