@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import time
+from unittest import mock
 
 import pytest
 import torch
@@ -42,8 +43,8 @@ def _on_ranks(check, world_size: int, args: tuple) -> list:
     """``check(rank, world_size, *args)`` (a symmoe.testing check) in this process alone, or
     in world_size processes sharing the GPU."""
     if world_size == 1:
-        os.environ.update(ENV)
-        return [check(0, 1, *args)]
+        with mock.patch.dict(os.environ, ENV):  # for this check only, not the rest of the session
+            return [check(0, 1, *args)]
     return spawn(check, world_size, args=args, env=ENV, timeout_s=300.0)
 
 
