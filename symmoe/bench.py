@@ -438,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="config value for every run, e.g. --set kernel.copy_bytes=7168 (repeatable)")
     p.add_argument("--x-in-buffer", choices=("no", "yes", "both"), default="no",
                    help="x built in Buffer.input_view (the Mega MoE way: no publish copy); both: each pull run "
-                        "twice (a push reads x where it lies: its runs stay single, x not in the buffer)")
+                        "twice, each push run once with x outside the buffer (a push reads x where it lies)")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     placements = {"no": [False], "yes": [True], "both": [False, True]}[a.x_in_buffer]

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from . import reference
@@ -170,8 +171,6 @@ def check_counts_summary(rank: int, world_size: int, config: dict[str, Any], see
     """After every exact-size dispatch of a GPU protocol, the words its routing kernel left for
     the host (``host_counts()``) equal ``counts.summary_of`` of the matrix it left beside them:
     every check routing, both layouts, alignment 1 and 4. Returns the number of dispatches."""
-    import numpy as np
-
     from .protocol.counts import summary_of
 
     cfg: Config = from_dict(config)
