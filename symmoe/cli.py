@@ -59,6 +59,8 @@ def cmd_size(args: argparse.Namespace) -> int:
     for name, off, n in lay.describe():
         print(f"{name:<8} {off:>14} {n:>14} {n / 2**20:>10.2f}")
     print(f"{'total':<8} {'':>14} {total:>14} {total / 2**20:>10.2f}")
+    print(f"# recv: a pool of {lay.pool_rows} rows ({cfg.backend}/{cfg.effective_protocol}); a rank receives at most "
+          f"{lay.recv_rows} rows (buffer.recv_capacity, 0: the worst case), in tensors outside this buffer")
     return 0
 
 

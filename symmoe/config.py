@@ -39,7 +39,7 @@ class BufferConfig:
     dtype: str = "bfloat16"
     output_layout: str = "rank"
     expert_alignment: int = 1
-    recv_capacity: int = 0  # receive-pool rows; 0 = worst case
+    recv_capacity: int = 0  # most rows one rank receives (its outputs; the pool follows); 0 = worst case
 
 
 @dataclass(frozen=True)
@@ -107,8 +107,19 @@ class Config:
         return BufferLayout(
             world_size=world_size, max_tokens=b.max_tokens_per_rank, hidden=b.hidden, topk=b.topk,
             num_experts=b.num_experts, elem_size=DTYPES[b.dtype].itemsize, alignment=b.expert_alignment,
-            num_channels=channels, recv_capacity=b.recv_capacity,
+            num_channels=channels, recv_capacity=b.recv_capacity, pool_limit=self.pool_limit(world_size),
         )
+
+    def pool_limit(self, world_size: int) -> int:
+        """Rows the receive pool needs at most (``BufferLayout.pool_limit``): the push protocols
+        hold one row per (source, token), W * T, whatever the output layout (a receiver fans them
+        out into its outputs); the CUDA pull reads the sources' input regions and needs none;
+        nvshmem's put path stages the combine's input, up to recv_rows rows, in its pool (-1)."""
+        if self.backend == "nvshmem":
+            return -1
+        if self.backend != "host" and self.effective_protocol == "pull":
+            return 0
+        return world_size * self.buffer.max_tokens_per_rank
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -13,11 +13,14 @@ holds the same fields, in the same order, as a struct the kernels take by value
              | pos int32 [T, W + K]: the sender's row of each (token, rank) among the tokens it
              sends that rank, then of each (token, slot) among its tokens of that expert; with
              the counts matrix this gives every row's destination (the CUDA kernels use it)
-    recv     x [R, H] | idx int32 [R, K] | weights f32 [R, K] | src int32 [R]: one row per
-             (source, token) whatever the output layout (nvshmem: a ring per (source,
-             channel)); per slot the local expert id (rank-major output) or the slot's row in
-             the expert-major output, and the weight (-1 / 0 for slots of other ranks):
-             receivers copy a row once per slot of theirs
+    recv     x [P, H] | idx int32 [P, K] | weights f32 [P, K] | src int32 [P]: the receive
+             pool, one row per (source, token) whatever the output layout (nvshmem: a ring per
+             (source, channel)); per slot the local expert id (rank-major output) or the slot's
+             row in the expert-major output, and the weight (-1 / 0 for slots of other ranks):
+             receivers copy a row once per slot of theirs. P = ``pool_rows``: W * T for push
+             (one row per source token at most), none for the CUDA pull (receivers read the
+             sources' input regions), R = ``recv_rows`` for nvshmem (its put path stages the
+             combine's input, expert-major rows, there)
     combine  x [T * S, H] | topk_weights f32 [T * S, K], S = max(W, K): one slot per
              (token, destination rank) for rank-major, per (token, k) for expert-major
 
@@ -68,12 +71,15 @@ class BufferLayout:
     elem_size: int  # bytes per element of x
     alignment: int = 1  # expert-major group padding
     num_channels: int = 1
-    recv_capacity: int = 0  # rows of the receive pool; 0: the worst case for either layout
+    recv_capacity: int = 0  # most rows a receiver may get (its outputs); 0: the worst case for either layout
+    # Rows of the receive pool (``recv`` region): at most this many, at most recv_rows; -1:
+    # recv_rows (Config.layout sets it per protocol, ``pool_limit``).
+    pool_limit: int = -1
     regions: dict[str, Region] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         W, T, H, K, E = self.world_size, self.max_tokens, self.hidden, self.topk, self.num_experts
-        R = self.recv_rows
+        R = self.pool_rows
         C = self.num_channels
         sizes = [
             ("signals", 8 * W * (2 + 3 * C)),
@@ -103,6 +109,10 @@ class BufferLayout:
             return self.recv_capacity
         return self.worst_case_rows("expert")
 
+    @property
+    def pool_rows(self) -> int:
+        return self.recv_rows if self.pool_limit < 0 else min(self.pool_limit, self.recv_rows)
+
     def worst_case_rows(self, output_layout: str) -> int:
         W, T = self.world_size, self.max_tokens
         if output_layout == "rank":
@@ -116,7 +126,7 @@ class BufferLayout:
 
     # -- sub-array offsets the kernels use -----------------------------------------------
     def offsets(self) -> dict[str, int]:
-        W, T, H, K, R, C = self.world_size, self.max_tokens, self.hidden, self.topk, self.recv_rows, self.num_channels
+        W, T, H, K, R, C = self.world_size, self.max_tokens, self.hidden, self.topk, self.pool_rows, self.num_channels
         g = self.regions
         sig = g["signals"].offset
         inp = g["input"].offset
@@ -142,7 +152,7 @@ class BufferLayout:
 
     # Order must match `struct Layout` in csrc/common/layout.cuh.
     KERNEL_FIELDS = ("world_size", "max_tokens", "hidden", "topk", "num_experts", "elem_size",
-                     "recv_rows", "num_channels", "combine_slots")
+                     "recv_rows", "pool_rows", "num_channels", "combine_slots")
     KERNEL_OFFSETS = ("barrier", "ready", "tail", "head", "ack", "counts", "in_x", "in_idx", "in_w", "in_pos",
                       "recv_x", "recv_idx", "recv_w", "recv_src", "combine_x", "combine_w")
 
@@ -152,18 +162,18 @@ class BufferLayout:
 
     def check_capacity(self, totals: Sequence[int], output_layout: str, worst: int = 0) -> None:
         """Raise CapacityError if a receiver's rows (``totals[r]``, from the exchanged counts
-        matrix, so every rank raises together) exceed the receive pool, or the outputs of
+        matrix, so every rank raises together) exceed ``recv_rows``, or the outputs of
         ``worst`` rows the call asked for (num_worst_tokens; 0: exact outputs). A GPU dispatch
         calls this after its host wait, so the common case (nobody over) is one comparison."""
-        pool = self.recv_rows
+        cap = self.recv_rows
         most = max((int(t) for t in totals), default=0)
-        if most <= pool and not (worst and most > worst):
+        if most <= cap and not (worst and most > worst):
             return
         for r, n in enumerate(int(t) for t in totals):
-            if n > pool:
+            if n > cap:
                 raise CapacityError(
-                    f"rank {r} would receive {n} rows ({output_layout}-major) but the receive pool holds "
-                    f"{pool}: raise buffer.recv_capacity (0 = worst case)")
+                    f"rank {r} would receive {n} rows ({output_layout}-major) but buffer.recv_capacity allows "
+                    f"{cap}: raise buffer.recv_capacity (0 = worst case)")
             if worst and n > worst:
                 raise CapacityError(f"num_worst_tokens={worst} but rank {r} receives {n} rows: num_worst_tokens must "
                                     "be at least the most rows any rank receives")

@@ -23,9 +23,12 @@ def test_info_lists_every_backend_with_a_status():
 def test_size_lists_regions_that_add_up():
     out = symmoe("size", "configs/torch.yaml", "--world-size", "8")
     assert out.returncode == 0, out.stderr
-    rows = {l.split()[0]: l.split() for l in out.stdout.splitlines()[2:]}
+    rows = {l.split()[0]: l.split() for l in out.stdout.splitlines()[2:] if not l.startswith("#")}
     assert set(rows) == {"signals", "counts", "input", "recv", "combine", "total"}
     assert sum(int(rows[r][2]) for r in ["signals", "counts", "input", "recv", "combine"]) == int(rows["total"][1])
+    # torch.yaml pulls: receivers read the sources' inputs, so no receive pool, whatever they receive
+    assert "# recv: a pool of 0 rows (torch/pull); a rank receives at most 266208 rows" in out.stdout
+    assert int(rows["recv"][2]) == 1024
 
 
 def test_bench_spawns_ranks_and_reports_each(tmp_path):

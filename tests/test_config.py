@@ -114,3 +114,26 @@ def test_nvshmem_rings_must_fit_in_the_receive_pool():
         ring_rows(200, 1000, 2, 4)
     with pytest.raises(ConfigError, match=r"kernel.ring_rows = 0: .* rings of 0 rows"):
         ring_rows(0, 7, 2, 4)
+
+
+@pytest.mark.parametrize("backend, protocol, pool", [
+    ("torch", "pull", 0),             # receivers read the sources' input regions: no pool
+    ("torch", "push", 8 * 4096),      # one row per (source, token)
+    ("nccl", "push", 8 * 4096),
+    ("host", "pull", 8 * 4096),       # the host pull copies into its own pool
+    ("nvshmem", "push", 8 * 4096 * 8),  # its put path stages expert-major combine inputs there
+])
+def test_receive_pool_holds_what_the_protocol_writes_not_the_expert_major_worst_case(backend, protocol, pool):
+    cfg = from_dict({"backend": backend, "protocol": protocol,
+                     "buffer": {"max_tokens_per_rank": 4096, "hidden": 7168, "topk": 8, "num_experts": 256}})
+    lay = cfg.layout(8)
+    assert lay.recv_rows == 8 * 4096 * 8  # what one rank may receive expert-major: its outputs' bound
+    assert lay.pool_rows == pool
+    row = 7168 * 2 + 2 * 4 * 8 + 4
+    assert pool * row <= lay.regions["recv"].nbytes < pool * row + 4 * 1024 + 1024  # alignment of 4 sub-arrays
+
+
+def test_pool_never_exceeds_recv_capacity():
+    cfg = from_dict({"backend": "torch", "protocol": "push", "buffer": {"recv_capacity": 100}})
+    lay = cfg.layout(4)
+    assert lay.recv_rows == 100 and lay.pool_rows == 100

@@ -7,8 +7,10 @@
 namespace symmoe {
 
 struct Layout {
-  // KERNEL_FIELDS
-  int64_t world_size, max_tokens, hidden, topk, num_experts, elem_size, recv_rows, num_channels, combine_slots;
+  // KERNEL_FIELDS. recv_rows: the most rows a receiver's outputs take (buffer.recv_capacity);
+  // pool_rows: rows of the recv region (the receive pool), never more.
+  int64_t world_size, max_tokens, hidden, topk, num_experts, elem_size, recv_rows, pool_rows, num_channels,
+      combine_slots;
   // KERNEL_OFFSETS (bytes from the segment base)
   int64_t barrier, ready, tail, head, ack, counts, in_x, in_idx, in_w, in_pos, recv_x, recv_idx, recv_w, recv_src,
       combine_x, combine_w;
@@ -19,7 +21,7 @@ struct Layout {
   __host__ __device__ int64_t pos_cols() const { return world_size + topk; }
 };
 
-constexpr int kLayoutArgs = 9 + 16;
+constexpr int kLayoutArgs = 10 + 16;
 static_assert(sizeof(Layout) == kLayoutArgs * sizeof(int64_t), "Layout must be a flat int64 array");
 
 // Stages named in errors; the Python side maps the code back to the name (symmoe/protocol/cuda.py).

@@ -26,45 +26,42 @@ struct CountsSummary {
   int alignment = 1;
 };
 
-// Whole block, the matrix m ([W][1 + W + E]) complete. Warp w takes receivers w, w + nwarps, ...;
-// its lanes take that receiver's experts (each summed over the sources, then padded).
+// Whole block, the matrix m ([W][1 + W + E]) complete, W <= kMaxSummaryRanks. Thread i takes
+// expert columns i, i + blockDim, ... (each summed over the sources, then padded into its
+// receiver's total) and receiver i's rank-major rows: at W = 1 one warp walking the 256 experts
+// took a load round trip per 32 of them.
+constexpr int kMaxSummaryRanks = 64;  // max(W, K) <= 64 combine slots (reduce.cuh's kMaxSlots)
 __device__ __forceinline__ void summarize_counts(const int32_t* m, int W, int E, const CountsSummary& s) {
-  __shared__ int32_t most[2][32];  // per warp: the most rows of its receivers (rank-, expert-major)
-  const int L = E / W, lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+  __shared__ int32_t rank_rows[kMaxSummaryRanks], expert_rows[kMaxSummaryRanks];
+  const int L = E / W;
   const int64_t row = 1 + W + E;
-  int32_t most_r = 0, most_e = 0;
-  for (int d = warp; d < W; d += nw) {
-    int32_t r = 0, e = 0;
-    for (int src = lane; src < W; src += 32) r += __ldcg(m + src * row + 1 + d);
-    for (int j = lane; j < L; j += 32) {
-      int32_t v = 0;
-      for (int src = 0; src < W; ++src) v += __ldcg(m + src * row + 1 + W + int64_t(d) * L + j);
-      if (d == s.rank) s.host[kSummaryHead + j] = v;
-      e += (v + s.alignment - 1) / s.alignment * s.alignment;
-    }
-    r = __reduce_add_sync(0xffffffffu, r);
-    e = __reduce_add_sync(0xffffffffu, e);
-    if (d == s.rank && lane == 0) {
-      s.host[1] = r;
-      s.host[3] = e;
-    }
-    most_r = max(most_r, r);
-    most_e = max(most_e, e);
-  }
-  if (lane == 0) {
-    most[0][warp] = most_r;
-    most[1][warp] = most_e;
+  for (int d = threadIdx.x; d < W; d += blockDim.x) expert_rows[d] = 0;
+  __syncthreads();
+  for (int i = threadIdx.x; i < E; i += blockDim.x) {
+    int32_t v = 0;
+    for (int src = 0; src < W; ++src) v += __ldcg(m + src * row + 1 + W + i);
+    const int d = i / L;
+    if (d == s.rank) s.host[kSummaryHead + i - d * L] = v;
+    atomicAdd(&expert_rows[d], (v + s.alignment - 1) / s.alignment * s.alignment);
   }
   bool bad = false;
-  for (int src = threadIdx.x; src < W; src += blockDim.x) bad = bad || __ldcg(m + src * row) < 0;
-  bad = __syncthreads_or(bad);  // also orders the warps' `most` before thread 0 reads them
+  for (int d = threadIdx.x; d < W; d += blockDim.x) {
+    int32_t r = 0;
+    for (int src = 0; src < W; ++src) r += __ldcg(m + src * row + 1 + d);
+    rank_rows[d] = r;
+    bad = bad || __ldcg(m + d * row) < 0;  // row d's token count: -1 when d's ids were bad
+  }
+  bad = __syncthreads_or(bad);  // also orders every thread's totals before thread 0 reads them
   if (threadIdx.x == 0) {
-    for (int w = 1; w < nw; ++w) {
-      most_r = max(most_r, most[0][w]);
-      most_e = max(most_e, most[1][w]);
+    int32_t most_r = 0, most_e = 0;
+    for (int d = 0; d < W; ++d) {
+      most_r = max(most_r, rank_rows[d]);
+      most_e = max(most_e, expert_rows[d]);
     }
     s.host[0] = bad ? 1 : 0;
+    s.host[1] = rank_rows[s.rank];
     s.host[2] = most_r;
+    s.host[3] = expert_rows[s.rank];
     s.host[4] = most_e;
   }
 }

@@ -183,9 +183,9 @@ void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int 
   a.lay = layout_from(lay);
   a.me = me;
   a.C = num_channels(channels, static_cast<int>(a.lay.world_size));
-  if (ring < 1 || ring * a.C * a.lay.world_size > a.lay.recv_rows)
+  if (ring < 1 || ring * a.C * a.lay.world_size > a.lay.pool_rows)
     throw std::invalid_argument("dispatch: " + std::to_string(a.lay.world_size * a.C) + " rings of " + std::to_string(ring) +
-                                " rows do not fit the receive pool of " + std::to_string(a.lay.recv_rows) + " rows");
+                                " rows do not fit the receive pool of " + std::to_string(a.lay.pool_rows) + " rows");
   a.ring = ring;
   a.expert_major = expert_major;
   a.direct = direct;

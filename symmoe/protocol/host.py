@@ -130,7 +130,7 @@ class _HostProtocol(Protocol):
         for push; itself for pull). Per slot the row carries the local expert id (rank-major)
         or the slot's output row (expert-major), and the weight; -1 / 0 for other ranks' slots."""
         lay = self.layout
-        R, H, K, L, S = lay.recv_rows, lay.hidden, lay.topk, lay.local_experts, lay.combine_slots
+        R, H, K, L, S = lay.pool_rows, lay.hidden, lay.topk, lay.local_experts, lay.combine_slots
         idx = topk_idx.long()
         tokens = ((idx >= 0) & (idx // L == dst)).any(1).nonzero().flatten()
         n = tokens.numel()
@@ -157,10 +157,10 @@ class _HostProtocol(Protocol):
         lay, me = self.layout, self.mem.rank
         W, H, K, L, S = lay.world_size, lay.hidden, lay.topk, lay.local_experts, lay.combine_slots
         rows, pool = int(plan["totals"][me]), int(plan["pool_rows"][me])
-        rx = self._region("recv_x", dtype, (lay.recv_rows, H))[:pool]
-        ri = self._region("recv_idx", torch.int32, (lay.recv_rows, K))[:pool].long()
-        rw = self._region("recv_w", torch.float32, (lay.recv_rows, K))[:pool]
-        rs = self._region("recv_src", torch.int32, (lay.recv_rows,))[:pool].long()
+        rx = self._region("recv_x", dtype, (lay.pool_rows, H))[:pool]
+        ri = self._region("recv_idx", torch.int32, (lay.pool_rows, K))[:pool].long()
+        rw = self._region("recv_w", torch.float32, (lay.pool_rows, K))[:pool]
+        rs = self._region("recv_src", torch.int32, (lay.pool_rows,))[:pool].long()
         pool_rank = torch.repeat_interleave(torch.arange(W, dtype=torch.int32), counts[:, 1 + me].long())
         if output_layout == "rank":
             out_x, out_idx, out_w = rx.clone(), ri, rw.clone()

@@ -159,7 +159,7 @@ class NvshmemPush(Protocol):
         # has (under MPS, its active thread percentage of them), or the ranks deadlock.
         self.channels = max(1, min(k.num_channels, layout.num_channels, k.num_sms // 2,
                                    usable_sms(mem.device) // 2))
-        self.ring_rows = ring_rows(k.ring_rows, layout.recv_rows, W, self.channels)
+        self.ring_rows = ring_rows(k.ring_rows, layout.pool_rows, W, self.channels)
         # The combine's send kernel is alone on the GPU: one block (channel) per SM it holds,
         # all resident at once (each waits for its channel from the peers). The reduction
         # runs after it as its own grid: 16 blocks of 128 per SM.
@@ -368,8 +368,9 @@ class NvshmemPush(Protocol):
             src_w = src_w.float().contiguous()
         if self.stage_inputs and rows:
             # A num_worst_tokens handle may cover more rows than the pool; past the received
-            # ones (at most the pool) its sources are -1 and the kernel reads nothing there.
-            n = min(rows, lay.recv_rows)
+            # ones (at most the pool: nvshmem's holds recv_rows) its sources are -1 and the
+            # kernel reads nothing there.
+            n = min(rows, lay.pool_rows)
             src = self._local("recv_x", y.dtype, (n, H))
             src.copy_(y[:n])
             if src_w is not None:
