@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import socket
 import threading
 from typing import Any
 
@@ -23,6 +24,15 @@ import torch.distributed as dist
 from ..config import Config
 from ..errors import BackendUnavailable, StallError
 from ..memory import SymmetricMemory
+
+
+def _spans_hosts(group: dist.ProcessGroup | None, world_size: int) -> bool:
+    """Whether the group's ranks run on more than one host (collective)."""
+    if world_size == 1:
+        return False
+    names: list[Any] = [None] * world_size
+    dist.all_gather_object(names, socket.gethostname(), group=group)
+    return len(set(names)) > 1
 
 
 def _import_nvshmem() -> Any:
@@ -160,7 +170,13 @@ class NvshmemMemory(SymmetricMemory):
         self._layout_args: list[int] | None = None
         self._flags_offset = 0
         self._err: torch.Tensor | None = None
-        self.runtime = _Runtime.get(group, nbytes)
+        self._extra: list[torch.Tensor] = []  # more symmetric tensors (staging), freed before the segment
+        # The heap also holds combine's staging when some peer is on another host (puts only).
+        stage = 0
+        if _spans_hosts(group, self.world_size) or os.environ.get("SYMMOE_NVSHMEM_STAGE") == "1":
+            from ..protocol.nvshmem import stage_bytes
+            stage = stage_bytes(config.layout(self.world_size))
+        self.runtime = _Runtime.get(group, nbytes + stage)
         nvshmem = _import_nvshmem()
         try:
             self._tensor = nvshmem.core.interop.torch.bytetensor((nbytes,), dtype=torch.uint8, except_on_del=False)
@@ -202,6 +218,18 @@ class NvshmemMemory(SymmetricMemory):
         nvshmem = _import_nvshmem()
         return nvshmem.core.interop.torch.get_peer_tensor(self.local, rank)
 
+    def symmetric_bytes(self, nbytes: int) -> torch.Tensor:
+        """Another symmetric allocation of ``nbytes`` beside the segment, freed with it
+        (collective: every rank allocates the same size, in the same order)."""
+        nvshmem = _import_nvshmem()
+        try:
+            t = nvshmem.core.interop.torch.bytetensor((nbytes,), dtype=torch.uint8, except_on_del=False)
+        except Exception as e:  # noqa: BLE001
+            raise BackendUnavailable(f"nvshmem: cannot allocate {nbytes} more bytes of symmetric memory on rank "
+                                     f"{self.rank}: {e} (raise NVSHMEM_SYMMETRIC_SIZE?)") from None
+        self._extra.append(t)
+        return t
+
     def error_word(self) -> torch.Tensor:
         """Host-mapped [stage, peer, epoch, detail] int64 record the kernels write on a timeout."""
         if self._err is None:
@@ -242,6 +270,7 @@ class NvshmemMemory(SymmetricMemory):
 
     def _release(self) -> None:
         t, self._tensor = self._tensor, None
+        extra, self._extra = self._extra, []
         self._bases = None
         if t is None:
             return
@@ -252,6 +281,8 @@ class NvshmemMemory(SymmetricMemory):
         try:
             torch.cuda.synchronize(t.device)
             nvshmem = _import_nvshmem()
+            for e in reversed(extra):
+                nvshmem.core.interop.torch.free_tensor(e)
             nvshmem.core.interop.torch.free_tensor(t)
         except Exception as e:  # noqa: BLE001
             raise BackendUnavailable(f"nvshmem: freeing the symmetric segment failed on rank {self.rank}: {e}") \

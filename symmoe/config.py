@@ -56,8 +56,8 @@ class KernelConfig:
     # receiver blocks of the streamed push (its senders are the rest of its blocks); 0 = half
     stream_receivers: int = 0
     # nvshmem: rows of each (source, channel) ring of the receive pool; a sender reuses a slot
-    # once the receiver's head counter passed it. 0 = the pool split evenly (never wraps when
-    # the pool holds the worst case)
+    # once the receiver's head counter passed it. 0 = the pool split evenly (never wraps unless
+    # buffer.recv_capacity shrinks the pool)
     ring_rows: int = 0
 
 
@@ -113,13 +113,13 @@ class Config:
     def pool_limit(self, world_size: int) -> int:
         """Rows the receive pool needs at most (``BufferLayout.pool_limit``): the push protocols
         hold one row per (source, token), W * T, whatever the output layout (a receiver fans them
-        out into its outputs); the CUDA pull reads the sources' input regions and needs none;
-        nvshmem's put path stages the combine's input, up to recv_rows rows, in its pool (-1)."""
-        if self.backend == "nvshmem":
-            return -1
+        out into its outputs); the CUDA pull reads the sources' input regions and needs none.
+        nvshmem's W * C rings get one more row per channel: split evenly, a ring then holds
+        ceil(T / C) rows, a channel's longest share of a source's rows, and never wraps."""
         if self.backend != "host" and self.effective_protocol == "pull":
             return 0
-        return world_size * self.buffer.max_tokens_per_rank
+        slack = self.kernel.num_channels if self.backend == "nvshmem" else 0
+        return world_size * (self.buffer.max_tokens_per_rank + slack)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)

@@ -19,8 +19,8 @@ holds the same fields, in the same order, as a struct the kernels take by value
              row in the expert-major output, and the weight (-1 / 0 for slots of other ranks):
              receivers copy a row once per slot of theirs. P = ``pool_rows``: W * T for push
              (one row per source token at most), none for the CUDA pull (receivers read the
-             sources' input regions), R = ``recv_rows`` for nvshmem (its put path stages the
-             combine's input, expert-major rows, there)
+             sources' input regions); never more than ``recv_rows``, the most rows a receiver
+             may get (its outputs, plain tensors outside this buffer)
     combine  x [T * S, H] | topk_weights f32 [T * S, K], S = max(W, K): one slot per
              (token, destination rank) for rank-major, per (token, k) for expert-major
 

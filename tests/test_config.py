@@ -121,7 +121,7 @@ def test_nvshmem_rings_must_fit_in_the_receive_pool():
     ("torch", "push", 8 * 4096),      # one row per (source, token)
     ("nccl", "push", 8 * 4096),
     ("host", "pull", 8 * 4096),       # the host pull copies into its own pool
-    ("nvshmem", "push", 8 * 4096 * 8),  # its put path stages expert-major combine inputs there
+    ("nvshmem", "push", 8 * (4096 + 8)),  # rings of them, a row more per channel (8 in the defaults)
 ])
 def test_receive_pool_holds_what_the_protocol_writes_not_the_expert_major_worst_case(backend, protocol, pool):
     cfg = from_dict({"backend": backend, "protocol": protocol,
@@ -131,6 +131,15 @@ def test_receive_pool_holds_what_the_protocol_writes_not_the_expert_major_worst_
     assert lay.pool_rows == pool
     row = 7168 * 2 + 2 * 4 * 8 + 4
     assert pool * row <= lay.regions["recv"].nbytes < pool * row + 4 * 1024 + 1024  # alignment of 4 sub-arrays
+
+
+def test_nvshmem_rings_split_evenly_hold_a_channel_s_longest_share():
+    from symmoe.protocol.nvshmem import ring_rows
+    for T, C in [(4096, 64), (1000, 7), (5, 8)]:
+        cfg = from_dict({"backend": "nvshmem", "kernel": {"num_channels": C}, "buffer": {"max_tokens_per_rank": T}})
+        lay = cfg.layout(4)
+        for channels in range(1, C + 1):  # the protocol may run fewer (the SMs it holds)
+            assert ring_rows(0, lay.pool_rows, 4, channels) >= -(-T // channels)
 
 
 def test_pool_never_exceeds_recv_capacity():

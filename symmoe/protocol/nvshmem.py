@@ -43,8 +43,10 @@ No host wait follows a kernel: a wait that timed out is raised by the next call 
 must be resident at once (dispatch receivers and combine senders wait for the peers' senders),
 so C is capped by the SMs this process holds (``usable_sms``).
 
-Each receiver's pool is cut into W * C rings of ``kernel.ring_rows`` rows (0: the pool split
-evenly, which never wraps when the pool holds the worst case), one per (source, channel), as
+Each receiver's pool (W * T rows, one per (source, token) at most; fewer with a smaller
+``buffer.recv_capacity``) is cut into W * C rings of ``kernel.ring_rows`` rows (0: the pool
+split evenly, which wraps only when a channel's share of a source's rows is longer than T / C),
+one per (source, channel), as
 DeepEP V1's channel buffers: ``tail[c][s]`` at the receiver counts rows delivered, and
 ``ack[c][d]`` at the sender counts rows receiver d copied out (the ring's head), signalled only
 for shares longer than the ring, the only ones whose sender waits. ``head`` marks a channel
@@ -58,6 +60,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 from .. import build
 from ..errors import ConfigError, InputError, StallError
@@ -124,6 +127,21 @@ def usable_sms(device: torch.device) -> int:
     return sms
 
 
+def stage_bytes(layout: Any) -> int:
+    """Symmetric bytes where combine stages its input when some peer is reached only by puts
+    (IBGDA needs registered sources): recv_rows rows of x and of K weights."""
+    return layout.recv_rows * (layout.hidden * layout.elem_size + 4 * layout.topk)
+
+
+def _any_rank(mem: Any, flag: bool) -> bool:
+    """``flag`` of any rank of ``mem``'s group (collective)."""
+    if mem.world_size == 1:
+        return flag
+    every: list[Any] = [None] * mem.world_size
+    dist.all_gather_object(every, bool(flag), group=mem.group)
+    return any(every)
+
+
 def ring_rows(requested: int, pool_rows: int, world_size: int, channels: int) -> int:
     """Rows of each (source, channel) ring of the receive pool: ``kernel.ring_rows``, or with
     0 the pool split evenly. Every one of the W * C rings must fit in the pool."""
@@ -134,7 +152,7 @@ def ring_rows(requested: int, pool_rows: int, world_size: int, channels: int) ->
             "kernel.ring_rows", requested,
             f"{world_size} sources x {channels} channels of rings of {rows} rows need "
             f"{world_size * channels * rows} rows, the receive pool holds {pool_rows} (allowed: 1..{even}, or 0 "
-            f"for {even}; the pool follows buffer.recv_capacity)")
+            f"for {even}; the pool holds W * max_tokens_per_rank rows, or buffer.recv_capacity when less)")
     return rows
 
 
@@ -193,6 +211,14 @@ class NvshmemPush(Protocol):
         forced = os.environ.get("SYMMOE_NVSHMEM_STAGE") == "1"
         self.direct = int(not forced)
         self.stage_inputs = (not mem.all_peers_mapped) or forced
+        self._stage_x = self._stage_w = None
+        if _any_rank(mem, self.stage_inputs):  # collective allocation: on every rank or none
+            # The combine's input (up to recv_rows expert-major rows, more than the pool holds)
+            # is staged in symmetric memory of its own.
+            R, row = layout.recv_rows, layout.hidden * layout.elem_size
+            stage = mem.symmetric_bytes(stage_bytes(layout))
+            self._stage_x = stage[:R * row].view(R, row)
+            self._stage_w = stage[R * row:].view(torch.float32).view(R, layout.topk)
 
     # -- helpers ---------------------------------------------------------------------------
     def _raise_if_failed(self, stage: str) -> None:
@@ -203,9 +229,6 @@ class NvshmemPush(Protocol):
             self._deferred[0] = 0
             raise error
         raise_if_failed(self.mem, stage)
-
-    def _local(self, name: str, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
-        return self.mem.view(self.offs[name], dtype, shape)
 
     def host_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """The last exact-size dispatch's counts matrix and its summary as the plan kernel left
@@ -367,14 +390,13 @@ class NvshmemPush(Protocol):
         if src_w is not None:
             src_w = src_w.float().contiguous()
         if self.stage_inputs and rows:
-            # A num_worst_tokens handle may cover more rows than the pool; past the received
-            # ones (at most the pool: nvshmem's holds recv_rows) its sources are -1 and the
-            # kernel reads nothing there.
-            n = min(rows, lay.pool_rows)
-            src = self._local("recv_x", y.dtype, (n, H))
+            # A num_worst_tokens handle may cover more rows than recv_rows; past the received
+            # ones (at most recv_rows) its sources are -1 and the kernel reads nothing there.
+            n = min(rows, lay.recv_rows)
+            src = self._stage_x[:n].view(y.dtype)
             src.copy_(y[:n])
             if src_w is not None:
-                src_w = self._local("recv_w", torch.float32, (n, K))
+                src_w = self._stage_w[:n]
                 src_w.copy_(recv_topk_weights[:n])
         out_x = torch.empty((T, H), dtype=y.dtype, device=dev)
         out_w = torch.empty((T, K), dtype=torch.float32, device=dev) if recv_topk_weights is not None else None
