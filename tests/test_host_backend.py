@@ -15,6 +15,26 @@ def test_dispatch_and_combine_match_reference_bitwise(world_size, protocol, seed
     assert checked == [len(CHECK_ROUTINGS) * 2] * world_size
 
 
+@pytest.mark.parametrize("protocol", ["push", "pull"])
+@pytest.mark.parametrize("layout", ["rank", "expert"])
+def test_a_receive_pool_as_small_as_the_rows_received_is_enough(layout, protocol, seed):
+    """buffer.recv_capacity set to exactly the most rows any rank receives: the pool (one row per
+    (source, token), so at most that many) shrinks with it, rank-major is filled up to its last
+    row, and the results stay bitwise equal to the reference."""
+    from symmoe import reference
+    from symmoe.testing import _case_inputs
+
+    W, routing = 4, CHECK_ROUTINGS[4]  # one expert: rank 0 receives every source's tokens
+    cfg = small_config(protocol=protocol)
+    inputs = _case_inputs(routing, W, cfg, seed)
+    want = reference.dispatch([i.x for i in inputs], [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
+                              cfg.buffer.num_experts, layout, cfg.buffer.expert_alignment)
+    most = max(r.x.shape[0] for r in want.recv)
+    tight = small_config(protocol=protocol, **{"buffer.recv_capacity": most})
+    assert tight.layout(W).pool_rows == most < W * cfg.buffer.max_tokens_per_rank
+    assert spawn(check_dispatch_combine, W, args=(tight.to_dict(), seed, (routing,), (layout,))) == [1] * W
+
+
 def test_bfloat16_float16_and_float32_payloads_round_trip(seed):
     for dtype in ["bfloat16", "float16", "float32"]:
         cfg = small_config(**{"buffer.dtype": dtype})
