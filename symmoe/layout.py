@@ -18,9 +18,10 @@ holds the same fields, in the same order, as a struct the kernels take by value
              (source, channel)); per slot the local expert id (rank-major output) or the slot's
              row in the expert-major output, and the weight (-1 / 0 for slots of other ranks):
              receivers copy a row once per slot of theirs. P = ``pool_rows``: W * T for push
-             (one row per source token at most), none for the CUDA pull (receivers read the
-             sources' input regions); never more than ``recv_rows``, the most rows a receiver
-             may get (its outputs, plain tensors outside this buffer)
+             (one row per source token at most; nvshmem W * (T + C), whole rings), none for
+             the CUDA pull (receivers read the sources' input regions); never more than
+             ``recv_rows``, the most rows a receiver may get (its outputs, plain tensors
+             outside this buffer)
     combine  x [T * S, H] | topk_weights f32 [T * S, K], S = max(W, K): one slot per
              (token, destination rank) for rank-major, per (token, k) for expert-major
 

@@ -43,10 +43,10 @@ No host wait follows a kernel: a wait that timed out is raised by the next call 
 must be resident at once (dispatch receivers and combine senders wait for the peers' senders),
 so C is capped by the SMs this process holds (``usable_sms``).
 
-Each receiver's pool (W * T rows, one per (source, token) at most; fewer with a smaller
-``buffer.recv_capacity``) is cut into W * C rings of ``kernel.ring_rows`` rows (0: the pool
-split evenly, which wraps only when a channel's share of a source's rows is longer than T / C),
-one per (source, channel), as
+Each receiver's pool (W * (T + C) rows: a source sends it each token once at most; fewer with a
+smaller ``buffer.recv_capacity``) is cut into W * C rings of ``kernel.ring_rows`` rows (0: the
+pool split evenly, ceil(T / C) rows or more, a channel's longest share of a source's rows, so
+no ring wraps unless recv_capacity shrank the pool), one per (source, channel), as
 DeepEP V1's channel buffers: ``tail[c][s]`` at the receiver counts rows delivered, and
 ``ack[c][d]`` at the sender counts rows receiver d copied out (the ring's head), signalled only
 for shares longer than the ring, the only ones whose sender waits. ``head`` marks a channel
