@@ -225,8 +225,10 @@ class NvshmemMemory(SymmetricMemory):
         try:
             t = nvshmem.core.interop.torch.bytetensor((nbytes,), dtype=torch.uint8, except_on_del=False)
         except Exception as e:  # noqa: BLE001
-            raise BackendUnavailable(f"nvshmem: cannot allocate {nbytes} more bytes of symmetric memory on rank "
-                                     f"{self.rank}: {e} (raise NVSHMEM_SYMMETRIC_SIZE?)") from None
+            raise BackendUnavailable(
+                f"nvshmem: cannot allocate {nbytes} more bytes of symmetric memory on rank {self.rank}: {e} "
+                f"(NVSHMEM_SYMMETRIC_SIZE must hold them beside the {self.local.numel()}-byte segment; the heap is "
+                "sized for them only when the ranks span hosts)") from None
         self._extra.append(t)
         return t
 

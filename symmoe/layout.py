@@ -20,8 +20,8 @@ holds the same fields, in the same order, as a struct the kernels take by value
              receivers copy a row once per slot of theirs. P = ``pool_rows``: W * T for push
              (one row per source token at most; nvshmem W * (T + C), whole rings), none for
              the CUDA pull (receivers read the sources' input regions); never more than
-             ``recv_rows``, the most rows a receiver may get (its outputs, plain tensors
-             outside this buffer)
+             ``buffer.recv_capacity`` when set, the most rows a receiver may get (its
+             outputs, plain tensors outside this buffer)
     combine  x [T * S, H] | topk_weights f32 [T * S, K], S = max(W, K): one slot per
              (token, destination rank) for rank-major, per (token, k) for expert-major
 
@@ -73,8 +73,8 @@ class BufferLayout:
     alignment: int = 1  # expert-major group padding
     num_channels: int = 1
     recv_capacity: int = 0  # most rows a receiver may get (its outputs); 0: the worst case for either layout
-    # Rows of the receive pool (``recv`` region): at most this many, at most recv_rows; -1:
-    # recv_rows (Config.layout sets it per protocol, ``pool_limit``).
+    # Rows of the receive pool (``recv`` region): this many, or recv_capacity when that is set
+    # and less; -1: recv_rows (Config.layout sets it per protocol, ``pool_limit``).
     pool_limit: int = -1
     regions: dict[str, Region] = field(init=False, repr=False, compare=False)
 
@@ -112,7 +112,9 @@ class BufferLayout:
 
     @property
     def pool_rows(self) -> int:
-        return self.recv_rows if self.pool_limit < 0 else min(self.pool_limit, self.recv_rows)
+        if self.pool_limit < 0:
+            return self.recv_rows
+        return min(self.pool_limit, self.recv_capacity) if self.recv_capacity else self.pool_limit
 
     def worst_case_rows(self, output_layout: str) -> int:
         W, T = self.world_size, self.max_tokens

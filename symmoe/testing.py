@@ -45,8 +45,11 @@ def assert_bitwise(name: str, got: torch.Tensor, want: torch.Tensor, ctx: str) -
         raise AssertionError(f"{ctx}: {name} differs from the reference: {diff}")
 
 
-def _tokens_per_rank(world_size: int, max_tokens: int, seed: int) -> list[int]:
-    """Different token counts per rank (one rank with none when there are several)."""
+def _tokens_per_rank(world_size: int, max_tokens: int, seed: int, full: bool = False) -> list[int]:
+    """Different token counts per rank (one rank with none when there are several); ``full``:
+    max_tokens on every rank."""
+    if full:
+        return [max_tokens] * world_size
     g = torch.Generator().manual_seed(seed)
     counts = torch.randint(max_tokens // 2, max_tokens + 1, (world_size,), generator=g).tolist()
     if world_size > 2:
@@ -56,11 +59,13 @@ def _tokens_per_rank(world_size: int, max_tokens: int, seed: int) -> list[int]:
 
 def check_dispatch_combine(rank: int, world_size: int, config: dict[str, Any], seed: int,
                            routings: tuple[Routing, ...] = CHECK_ROUTINGS, layouts: tuple[str, ...] = ("rank", "expert"),
-                           device: str = "cpu", repeats: int = 1, combines: int = 1, x_in_buffer: bool = False) -> int:
+                           device: str = "cpu", repeats: int = 1, combines: int = 1, x_in_buffer: bool = False,
+                           full_ranks: bool = False) -> int:
     """Run dispatch + combine for each routing and layout; raise on any bitwise difference.
     ``combines`` > 1: that many combines in a row on one handle, each with other expert
     outputs (a backward pass reuses a handle). ``x_in_buffer``: x is built in
-    ``Buffer.input_view`` and dispatched from there. Returns the number of (routing, layout) cases."""
+    ``Buffer.input_view`` and dispatched from there. ``full_ranks``: every rank dispatches
+    max_tokens tokens. Returns the number of (routing, layout) cases."""
     cfg: Config = from_dict(config)
     dev = torch.device(device)
     checked = 0
@@ -69,7 +74,7 @@ def check_dispatch_combine(rank: int, world_size: int, config: dict[str, Any], s
             for layout in layouts:
                 for rep in range(repeats):
                     case_seed = seed + 7919 * i + 31 * rep
-                    inputs = _case_inputs(routing, world_size, cfg, case_seed)
+                    inputs = _case_inputs(routing, world_size, cfg, case_seed, full_ranks)
                     ctx = (f"rank {rank}/{world_size} {cfg.backend}/{buf.protocol} routing={routing.kind} "
                            f"layout={layout} seed={case_seed}")
                     _check_one(buf, inputs, rank, world_size, cfg, layout, dev, ctx, case_seed, combines, x_in_buffer)
@@ -77,10 +82,11 @@ def check_dispatch_combine(rank: int, world_size: int, config: dict[str, Any], s
     return checked
 
 
-def _case_inputs(routing: Routing, world_size: int, cfg: Config, case_seed: int):
-    """Every rank's inputs of one case (different token counts per rank, one rank with none)."""
+def _case_inputs(routing: Routing, world_size: int, cfg: Config, case_seed: int, full: bool = False):
+    """Every rank's inputs of one case (different token counts per rank, one rank with none;
+    ``full``: max_tokens each)."""
     b = cfg.buffer
-    counts = _tokens_per_rank(world_size, b.max_tokens_per_rank, case_seed)
+    counts = _tokens_per_rank(world_size, b.max_tokens_per_rank, case_seed, full)
     return make_inputs(routing, num_tokens=counts, hidden=b.hidden, topk=b.topk, num_experts=b.num_experts,
                        world_size=world_size, dtype=DTYPES[b.dtype], seed=case_seed)
 

@@ -88,7 +88,7 @@ def check_dispatch(x: object, topk_idx: object, topk_weights: object, lay: Buffe
         raise InputError(f"expert_alignment={alignment!r}; allowed: an integer >= 1")
     if output_layout == "expert" and lay.recv_capacity == 0 and alignment > lay.alignment:
         raise InputError(f"expert_alignment={alignment} exceeds buffer.expert_alignment={lay.alignment} that the "
-                         "receive pool was sized for")
+                         "outputs' worst case (recv_rows) was sized for")
 
 
 def _check_x(x: object, lay: BufferLayout, dtype: torch.dtype, device: torch.device) -> torch.Tensor:

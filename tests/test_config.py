@@ -135,8 +135,10 @@ def test_receive_pool_holds_what_the_protocol_writes_not_the_expert_major_worst_
 
 def test_nvshmem_rings_split_evenly_hold_a_channel_s_longest_share():
     from symmoe.protocol.nvshmem import ring_rows
-    for T, C in [(4096, 64), (1000, 7), (5, 8)]:
-        cfg = from_dict({"backend": "nvshmem", "kernel": {"num_channels": C}, "buffer": {"max_tokens_per_rank": T}})
+    # top-1: what one rank may receive (W * T) is less than the pool; the pool is not cut to it
+    for T, C, K in [(4096, 64, 8), (1000, 7, 8), (5, 8, 8), (4095, 8, 1), (5, 8, 1)]:
+        cfg = from_dict({"backend": "nvshmem", "kernel": {"num_channels": C},
+                         "buffer": {"max_tokens_per_rank": T, "topk": K}})
         lay = cfg.layout(4)
         for channels in range(1, C + 1):  # the protocol may run fewer (the SMs it holds)
             assert ring_rows(0, lay.pool_rows, 4, channels) >= -(-T // channels)

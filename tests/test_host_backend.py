@@ -17,14 +17,28 @@ def test_dispatch_and_combine_match_reference_bitwise(world_size, protocol, seed
 
 @pytest.mark.parametrize("protocol", ["push", "pull"])
 @pytest.mark.parametrize("layout", ["rank", "expert"])
+def test_the_receive_pool_holds_one_row_per_source_token_and_fills_to_its_last_row(layout, protocol, seed):
+    """With the default recv_capacity the pool is W * T rows, fewer than the expert-major worst
+    case a rank may receive; every rank sending all of its max_tokens tokens to one expert fills
+    rank 0's pool to its last row, and the results stay bitwise equal to the reference."""
+    W, routing = 4, CHECK_ROUTINGS[4]  # one expert: rank 0 receives every source's tokens
+    cfg = small_config(protocol=protocol)
+    lay = cfg.layout(W)
+    assert lay.pool_rows == W * cfg.buffer.max_tokens_per_rank < lay.recv_rows
+    full_ranks = True
+    assert spawn(check_dispatch_combine, W, args=(cfg.to_dict(), seed, (routing,), (layout,), "cpu", 1, 1, False,
+                                                  full_ranks)) == [1] * W
+
+
+@pytest.mark.parametrize("protocol", ["push", "pull"])
+@pytest.mark.parametrize("layout", ["rank", "expert"])
 def test_a_receive_pool_as_small_as_the_rows_received_is_enough(layout, protocol, seed):
-    """buffer.recv_capacity set to exactly the most rows any rank receives: the pool (one row per
-    (source, token), so at most that many) shrinks with it, rank-major is filled up to its last
-    row, and the results stay bitwise equal to the reference."""
+    """buffer.recv_capacity set to exactly the most rows any rank receives: the pool shrinks
+    with it (below W * T) and the results stay bitwise equal to the reference."""
     from symmoe import reference
     from symmoe.testing import _case_inputs
 
-    W, routing = 4, CHECK_ROUTINGS[4]  # one expert: rank 0 receives every source's tokens
+    W, routing = 4, CHECK_ROUTINGS[4]
     cfg = small_config(protocol=protocol)
     inputs = _case_inputs(routing, W, cfg, seed)
     want = reference.dispatch([i.x for i in inputs], [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],

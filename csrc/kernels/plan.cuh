@@ -15,9 +15,11 @@ __device__ __forceinline__ int32_t count_at(const int32_t* counts, const Layout&
 
 // A rank whose expert ids failed the routing checks publishes tokens = -1: then nobody moves
 // data (every rank still runs its barriers, so the buffer stays usable) and every host raises.
+// More tokens than max_tokens never come from a validated call; refusing them keeps every
+// receive pool (one row per source token, W * max_tokens at most) in bounds on the device too.
 __device__ __forceinline__ bool counts_valid(const int32_t* counts, const Layout& L) {
   for (int s = 0; s < int(L.world_size); ++s)
-    if (count_at(counts, L, s, 0) < 0) return false;
+    if (count_at(counts, L, s, 0) < 0 || count_at(counts, L, s, 0) > L.max_tokens) return false;
   return true;
 }
 

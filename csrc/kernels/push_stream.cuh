@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32) push_stream_kernel(Transp
   rp.carve(smem_raw + up16(SendPlan::bytes(W, Le)), W, Le);
   StreamState st;
   st.carve(smem_raw + up16(SendPlan::bytes(W, Le)) + up16(RecvPlan::bytes(W, Le)), N);
-  // `run` only reads what every rank has alike (the counts matrix and the pool size), so a
+  // `run` only reads what every rank has alike (the counts matrix and recv_rows), so a
   // receiver waits exactly when its peers' senders send.
   bool run = !dead && counts_valid(counts, L);
   if (run) {

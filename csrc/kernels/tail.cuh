@@ -32,7 +32,7 @@ struct TailOutputs {  // a dispatch's output tensors (at least `worst` rows each
 // Host-mapped; the first error of a dispatch that did not wait (kind stays once set, until
 // the host clears it).
 struct DeferredError {
-  int64_t kind;   // 0 none, 1 a receiver over num_worst_tokens or the receive pool, 2 bad expert ids
+  int64_t kind;   // 0 none, 1 a receiver over num_worst_tokens or recv_rows, 2 bad expert ids
   int64_t epoch;  // the dispatch's epoch
   int64_t rank;   // the receiver over the limit, or the first rank whose ids were rejected
   int64_t rows;   // that receiver's rows

@@ -319,8 +319,8 @@ def check_sizes(src: str, workload: Workload, variants: tuple[Variant, ...] | li
         b = v.config.buffer
         if workload.output_layout == "expert" and b.recv_capacity == 0 and b.expert_alignment < workload.expert_alignment:
             raise _err(src, f"variants[{i}] ('{v.name}', config {v.origin}) buffer.expert_alignment", b.expert_alignment,
-                       f"must be >= workload.expert_alignment = {workload.expert_alignment} (the receive pool is "
-                       f"sized for the buffer's alignment; or set buffer.recv_capacity)")
+                       f"must be >= workload.expert_alignment = {workload.expert_alignment} (the outputs' worst case "
+                       f"is sized for the buffer's alignment; or set buffer.recv_capacity)")
         if v.config.buffer.max_tokens_per_rank < workload.tokens_per_rank:
             raise _err(src, f"variants[{i}] ('{v.name}', config {v.origin}) buffer.max_tokens_per_rank",
                        v.config.buffer.max_tokens_per_rank,

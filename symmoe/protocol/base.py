@@ -77,8 +77,8 @@ class Protocol(ABC):
         """Collective. Returns (combined_x [T, H], combined_topk_weights [T, K] or None)."""
 
     def _capacity(self, output_layout: str) -> int:
-        """Rows of a GPU dispatch's worst-case outputs: the receive pool, or fewer when the
-        layout cannot produce that many."""
+        """Rows of a GPU dispatch's worst-case outputs: ``recv_rows`` (buffer.recv_capacity),
+        or fewer when the layout cannot produce that many."""
         return min(self.layout.recv_rows, self.layout.worst_case_rows(output_layout))
 
     def _outputs(self, cap: int, output_layout: str, dtype: torch.dtype) -> dict[str, torch.Tensor | None]:

@@ -361,7 +361,7 @@ class _CudaProtocol(Protocol):
         if counted:
             _, rows, per_expert = cached_rows(lay, handle, self.rank, worst)  # raises before any launch
         else:
-            # what the kernels may write (the received rows are fewer), never past the pool
+            # what the kernels may write (the received rows are fewer), never past recv_rows
             rows = min(handle.num_recv_rows, self._capacity(handle.output_layout))
         self._publish_x(x)
         out = self._outputs(max(rows, 1, worst), handle.output_layout, x.dtype)

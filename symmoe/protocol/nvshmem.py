@@ -152,7 +152,8 @@ def ring_rows(requested: int, pool_rows: int, world_size: int, channels: int) ->
             "kernel.ring_rows", requested,
             f"{world_size} sources x {channels} channels of rings of {rows} rows need "
             f"{world_size * channels * rows} rows, the receive pool holds {pool_rows} (allowed: 1..{even}, or 0 "
-            f"for {even}; the pool holds W * max_tokens_per_rank rows, or buffer.recv_capacity when less)")
+            f"for {even}; the pool holds W * (max_tokens_per_rank + num_channels) rows, or buffer.recv_capacity when "
+            "that is set and less)")
     return rows
 
 

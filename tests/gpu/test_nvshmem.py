@@ -156,7 +156,7 @@ def test_bad_expert_id_with_num_worst_tokens_raises_by_synchronize_on_every_rank
 
 
 def test_receiver_over_capacity_raises_on_every_rank():
-    """Every token to expert 0 with a pool of 40 rows: the kernels move nothing and every rank
+    """Every token to expert 0 with buffer.recv_capacity 40: the kernels move nothing and every rank
     raises CapacityError (decided from the same counts matrix everywhere)."""
     from symmoe.testing_faults import overflow
     _usable()

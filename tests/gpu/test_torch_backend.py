@@ -231,7 +231,7 @@ def test_bad_expert_id_with_num_worst_tokens_raises_by_synchronize_on_every_rank
 
 @pytest.mark.parametrize("protocol", ["pull", "push"])
 def test_receiver_over_capacity_raises_on_every_rank(protocol):
-    """Every token to expert 0 with a pool of 40 rows (rank 0 would receive 2 x 96): every
+    """Every token to expert 0 with buffer.recv_capacity 40 (rank 0 would receive 2 x 96): every
     rank raises CapacityError naming rank 0's rows and buffer.recv_capacity, decided from the
     same counts matrix everywhere."""
     from symmoe.testing_faults import overflow
