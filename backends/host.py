@@ -51,10 +51,7 @@ class HostMemory(SymmetricMemory):
             raise BackendUnavailable(f"host: cannot size {path} to {nbytes} bytes: {e}") from None
         own_map = mmap.mmap(fd, nbytes)
         os.close(fd)
-        names = [own]
-        if self.world_size > 1:
-            names = [None] * self.world_size
-            dist.all_gather_object(names, own, group=group)
+        names = self.all_gather(own)
         try:
             for r, name in enumerate(names):
                 if r == self.rank:

@@ -26,15 +26,6 @@ from ..errors import BackendUnavailable, StallError
 from ..memory import SymmetricMemory
 
 
-def _spans_hosts(group: dist.ProcessGroup | None, world_size: int) -> bool:
-    """Whether the group's ranks run on more than one host (collective)."""
-    if world_size == 1:
-        return False
-    names: list[Any] = [None] * world_size
-    dist.all_gather_object(names, socket.gethostname(), group=group)
-    return len(set(names)) > 1
-
-
 def _import_nvshmem() -> Any:
     import nvshmem.core  # noqa: F401  (nvshmem4py)
     import nvshmem.core.interop.torch  # noqa: F401
@@ -173,7 +164,8 @@ class NvshmemMemory(SymmetricMemory):
         self._extra: list[torch.Tensor] = []  # more symmetric tensors (staging), freed before the segment
         # The heap also holds combine's staging when some peer is on another host (puts only).
         stage = 0
-        if _spans_hosts(group, self.world_size) or os.environ.get("SYMMOE_NVSHMEM_STAGE") == "1":
+        spans_hosts = len(set(self.all_gather(socket.gethostname()))) > 1
+        if spans_hosts or os.environ.get("SYMMOE_NVSHMEM_STAGE") == "1":
             from ..protocol.nvshmem import stage_bytes
             stage = stage_bytes(config.layout(self.world_size))
         self.runtime = _Runtime.get(group, nbytes + stage)

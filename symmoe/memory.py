@@ -12,7 +12,7 @@ every rank, and says how peers can reach it:
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -75,6 +75,14 @@ class SymmetricMemory(ABC):
     @property
     def device(self) -> torch.device:
         return self.local.device
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """``obj`` of every rank of the group, by rank (collective; alone: ``[obj]``)."""
+        if self.world_size == 1:
+            return [obj]
+        every: list[Any] = [None] * self.world_size
+        dist.all_gather_object(every, obj, group=self.group)
+        return every
 
     # -- lifetime ------------------------------------------------------------------------
     def close(self) -> None:

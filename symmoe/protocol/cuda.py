@@ -52,7 +52,6 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from .. import build
 from ..config import Config
@@ -111,8 +110,7 @@ def _gpu_sharing(mem: SymmetricMemory) -> tuple[int, int]:
     """(most ranks of the group on one GPU, fewest SMs of their GPUs): the same on every rank;
     collective."""
     props = torch.cuda.get_device_properties(mem.device)
-    every: list[Any] = [None] * mem.world_size
-    dist.all_gather_object(every, (str(props.uuid), props.multi_processor_count), group=mem.group)
+    every = mem.all_gather((str(props.uuid), props.multi_processor_count))
     gpus = [u for u, _ in every]
     return max(gpus.count(u) for u in gpus), min(n for _, n in every)
 

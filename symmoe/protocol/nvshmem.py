@@ -60,7 +60,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from .. import build
 from ..errors import ConfigError, InputError, StallError
@@ -131,15 +130,6 @@ def stage_bytes(layout: Any) -> int:
     """Symmetric bytes where combine stages its input when some peer is reached only by puts
     (IBGDA needs registered sources): recv_rows rows of x and of K weights."""
     return layout.recv_rows * (layout.hidden * layout.elem_size + 4 * layout.topk)
-
-
-def _any_rank(mem: Any, flag: bool) -> bool:
-    """``flag`` of any rank of ``mem``'s group (collective)."""
-    if mem.world_size == 1:
-        return flag
-    every: list[Any] = [None] * mem.world_size
-    dist.all_gather_object(every, bool(flag), group=mem.group)
-    return any(every)
 
 
 def ring_rows(requested: int, pool_rows: int, world_size: int, channels: int) -> int:
@@ -213,7 +203,7 @@ class NvshmemPush(Protocol):
         self.direct = int(not forced)
         self.stage_inputs = (not mem.all_peers_mapped) or forced
         self._stage_x = self._stage_w = None
-        if _any_rank(mem, self.stage_inputs):  # collective allocation: on every rank or none
+        if any(mem.all_gather(self.stage_inputs)):  # a collective allocation: on every rank or none
             # The combine's input (up to recv_rows expert-major rows, more than the pool holds)
             # is staged in symmetric memory of its own.
             R, row = layout.recv_rows, layout.hidden * layout.elem_size
