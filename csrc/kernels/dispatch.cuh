@@ -186,6 +186,17 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
   const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
+  // Warp w's first item is piece 0 of visit w / P (RecvPlan::visit: token v / W of source v % W
+  // whatever the counts say): its routing is in flight while the plan is built. The input
+  // regions hold max_tokens rows; a token past the source's count is read but never used.
+  const int64_t P = expert_major ? 1 : (rb + mc.slot_bytes - 1) / mc.slot_bytes;
+  const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
+  const int s0 = int((gw / P) % W);
+  const int64_t t0 = gw / P / W;
+  const TokenRoute first = TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s0, L.in_idx)),
+                                            reinterpret_cast<const float*>(tp.map(s0, L.in_w)),
+                                            reinterpret_cast<const int32_t*>(tp.map(s0, L.in_pos)), t0, K, PC, lane,
+                                            !dead && t0 < L.max_tokens);
   RecvPlan pl;
   pl.carve(smem_raw, W, Le);
   int64_t rows = 0;
@@ -202,7 +213,6 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   // visit it / P (RecvPlan::visit: the sources round-robin). A token's routing is read across
   // the lanes in one round (TokenRoute, as push reads it), one item ahead of the copy: with
   // peers it is a round trip over the link, and no copy waits on it.
-  const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
   auto it_route = [&](int64_t it, int64_t items, int64_t P) {
     int s;
     int64_t t;
@@ -215,9 +225,8 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   if (run && !expert_major) {
     // Rank-major: one output row per token, moved in P pieces (pieces spread the tail over
     // more warps).
-    const int64_t P = (rb + mc.slot_bytes - 1) / mc.slot_bytes;
     const int64_t items = pl.visits(W) * P;
-    TokenRoute next = it_route(gw, items, P);
+    TokenRoute next = first;
     for (int64_t it = gw; it < items; it += nwt) {
       const TokenRoute cur = next;
       next = it_route(it + nwt, items, P);
@@ -252,7 +261,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   if (run && expert_major) {
     // One item per visit; its routing is read one visit ahead, as in the rank-major path.
     const int64_t items = pl.visits(W);
-    TokenRoute next = it_route(gw, items, 1);
+    TokenRoute next = first;
     for (int64_t v = gw; v < items; v += nwt) {
       const TokenRoute cur = next;
       next = it_route(v + nwt, items, 1);
