@@ -245,7 +245,7 @@ void launch_combine(int64_t base, const std::vector<int64_t>& lay, int me, int c
     combine_send_kernel<<<a.C, kThreads, 0, s>>>(a);
     cuda_check(cudaGetLastError(), "combine_send_kernel launch");
   }
-  const int blocks = reduce_blocks(num_tokens, reduce_sms, expert_major != 0);
+  const int blocks = reduce_blocks(num_tokens, reduce_sms);
   float* out_w = ptr<float>(p[10]);
   switch (elem_kind) {
     case 0: combine_reduce_kernel<<<blocks, kReduceThreads, 0, s>>>(cs, ptr<__nv_bfloat16>(p[9]), out_w); break;

@@ -14,7 +14,7 @@
 //           policy), warp rows with plain / no-L1-allocate / streaming (.cs) stores; cudaMemset
 //           of the written rows is the write-only reference
 //   reduce  csrc/common/reduce.cuh: rank-major (one slot per token) and expert-major (8
-//           weighted slots per token), U vectors per thread, NT threads per block
+//           weighted slots per token), a warp per token, U vectors per lane in flight
 //
 // Every variant's output is compared with the first variant of its group (bitwise); a
 // mismatch prints MISMATCH. Build and run: scripts/gpu_check.sh micro.
@@ -237,21 +237,9 @@ __global__ void warprow_fanout(const int4* src, int4* dst, const int* out_row, i
 }
 
 // -- reduce variants ---------------------------------------------------------------------
-// What combine_reduce_kernel runs (the layout picks block or warp reduction).
+template <int U>
 __global__ void __launch_bounds__(kReduceThreads) reduce_kernel(CombineSources cs, __nv_bfloat16* out, float* out_w) {
-  reduce_tokens<__nv_bfloat16>(cs, out, out_w);
-}
-// One block per token.
-template <int U, int NT>
-__global__ void __launch_bounds__(NT) reduce_block_kernel(CombineSources cs, __nv_bfloat16* out, float* out_w) {
-  __shared__ SlotList sl;
-  reduce_tokens_block<__nv_bfloat16, U, NT>(cs, sl, out, out_w);
-}
-// One warp per token.
-template <int U, int NT>
-__global__ void __launch_bounds__(NT) reduce_warp_kernel(CombineSources cs, __nv_bfloat16* out, float* out_w) {
-  __shared__ SlotList sl[NT / 32];
-  reduce_tokens_warp<__nv_bfloat16, U>(cs, sl[threadIdx.x >> 5], out, out_w);
+  reduce_tokens<__nv_bfloat16, U>(cs, out, out_w);
 }
 
 // -- timing --------------------------------------------------------------------------------
@@ -543,7 +531,7 @@ int main(int argc, char** argv) {
                       N, R, 1, K, K, 256, 0, bool(em)};
     const double bytes = double(N) * R * (em ? K + 1 : 2);
     std::printf("-- reduce, %s (%d slot%s per token)\n", em ? "expert-major" : "rank-major", em ? K : 1, em ? "s" : "");
-    // blocks: per SM, capped at what holds one token per block (tokens_per_block a block)
+    // blocks: per SM, capped at what holds one token per warp (tokens_per_block a block)
     auto red = [&](auto kern, const char* name, int NT, int blocks_per_sm, int tokens_per_block, bool is_ref) {
       const int blocks = int(std::min<int64_t>((N + tokens_per_block - 1) / tokens_per_block, int64_t(sms) * blocks_per_sm));
       uint8_t* o = is_ref ? out_ref : dst;
@@ -553,19 +541,11 @@ int main(int argc, char** argv) {
       std::snprintf(full, sizeof full, "%s (%d blocks x %d)", name, blocks, NT);
       report(full, us, bytes, is_ref ? 0 : check(dst, out_ref, N * R));
     };
-    red(reduce_block_kernel<2, 128>, "block U=2 NT=128 [before]", 128, 16, 1, true);
-    red(reduce_kernel, em ? "combine_reduce_kernel [current: block U=2]" : "combine_reduce_kernel [current: warp U=4]",
-        kReduceThreads, 16, em ? 1 : kReduceThreads / 32, false);
-    red(reduce_block_kernel<7, 128>, "block U=7 NT=128", 128, 16, 1, false);
-    red(reduce_block_kernel<4, 256>, "block U=4 NT=256", 256, 8, 1, false);
-    red(reduce_block_kernel<2, 128>, "block U=2 NT=128", 128, 32, 1, false);
-    red(reduce_block_kernel<7, 64>, "block U=7 NT=64", 64, 32, 1, false);
-    red(reduce_warp_kernel<2, 128>, "warp U=2 NT=128", 128, 16, 4, false);
-    red(reduce_warp_kernel<4, 128>, "warp U=4 NT=128", 128, 16, 4, false);
-    red(reduce_warp_kernel<7, 128>, "warp U=7 NT=128", 128, 16, 4, false);
-    red(reduce_warp_kernel<4, 256>, "warp U=4 NT=256", 256, 8, 8, false);
-    red(reduce_warp_kernel<7, 256>, "warp U=7 NT=256", 256, 8, 8, false);
-    red(reduce_warp_kernel<4, 128>, "warp U=4 NT=128, 4 tokens a warp", 128, 2, 4, false);
+    const int tpb = kReduceThreads / 32;  // a warp per token
+    red(reduce_kernel<2>, "warp U=2 [current]", kReduceThreads, 16, tpb, true);
+    red(reduce_kernel<4>, "warp U=4", kReduceThreads, 16, tpb, false);
+    red(reduce_kernel<7>, "warp U=7", kReduceThreads, 16, tpb, false);
+    red(reduce_kernel<2>, "warp U=2, 4 tokens a warp", kReduceThreads, 2, tpb, false);
   }
   std::printf("done\n");
   return 0;
