@@ -1,7 +1,7 @@
 // The combine reduction every protocol shares: a token's contributions gathered in the fixed
 // order -- rank order for rank-major, k order for expert-major -- added in fp32 (w * y rounded
-// before the add, no FMA) and cast once. One warp reduces one token at a time, in blocks of
-// kReduceThreads; the caller's kernel decides when the slots are ready.
+// before the add, no FMA) and cast once. One block of kReduceThreads reduces one token at a
+// time; the caller's kernel decides when the slots are ready.
 #pragma once
 #include <cstdint>
 
@@ -87,28 +87,28 @@ __device__ __forceinline__ void collect_slots(const CombineSources& cs, int64_t 
   if (lane == 0) sl.n = n;
 }
 
-// One warp: out row t = sum of the slots in order; out_w row t likewise when asked. U vectors
-// per lane in flight, one slot at a time (scripts/microbench/row_copy.cu times the choices).
-template <typename T, int U>
+// The block (NT threads): out row t = sum of the slots in order; out_w row t likewise when
+// asked. U vectors per thread in flight (scripts/microbench/row_copy.cu times the choices).
+template <typename T, int U = 2, int NT = kReduceThreads>
 __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const SlotList& sl, int64_t t, T* out,
-                                             float* out_w, int lane) {
+                                             float* out_w) {
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte vector
-  const int n = sl.n;
+  const int tid = threadIdx.x, n = sl.n;
   const int64_t nvec = cs.row_bytes / 16;
   const bool em = cs.expert_major;
-  for (int64_t v0 = lane; v0 < nvec; v0 += 32 * U) {
+  for (int64_t v0 = tid; v0 < nvec; v0 += int64_t(NT) * U) {
     float acc[U][V];
 #pragma unroll
     for (int u = 0; u < U; ++u)
 #pragma unroll
       for (int i = 0; i < V; ++i) acc[u][i] = 0.f;
-#pragma unroll 1
-    for (int j = 0; j < n; ++j) {
+#pragma unroll 4
+    for (int j = 0; j < n; ++j) {  // unrolled: loads of several slots in flight, adds stay in order
       const int4* src = reinterpret_cast<const int4*>(sl.src[j]);
       int4 raw[U];
 #pragma unroll
       for (int u = 0; u < U; ++u) {
-        const int64_t v = v0 + int64_t(u) * 32;
+        const int64_t v = v0 + int64_t(u) * NT;
         raw[u] = v < nvec ? src[v] : make_int4(0, 0, 0, 0);
       }
       const float wj = sl.wt[j];
@@ -122,43 +122,31 @@ __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const Slo
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const int64_t v = v0 + int64_t(u) * 32;
+      const int64_t v = v0 + int64_t(u) * NT;
       if (v < nvec) reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(out) + t * cs.row_bytes)[v] = Vec<T>::store(acc[u]);
     }
   }
-  if (out_w != nullptr && lane < cs.topk) {
+  if (out_w != nullptr && tid < cs.topk) {
     float a = 0.f;
-    for (int j = 0; j < n; ++j) a = __fadd_rn(a, sl.wsrc[j][lane]);
-    out_w[t * cs.topk + lane] = a;
+    for (int j = 0; j < n; ++j) a = __fadd_rn(a, sl.wsrc[j][tid]);
+    out_w[t * cs.topk + tid] = a;
   }
 }
 
-// Warp w of the grid reduces tokens w, w + (the grid's warps), ...: one token per warp at the
-// grid reduce_blocks gives. One block per token (U = 2 vectors per thread) took 36.4 / 137.8 µs
-// at one / eight slots per token where this takes 36.0 / 130.7 (session 19, microbenchmark,
-// DeepSeek shape): no block-wide sync per token, no partial round (896 vectors over 256).
-template <typename T, int U = 2>
+// The block reduces tokens blockIdx.x, blockIdx.x + gridDim.x, ...
+template <typename T, int U = 2, int NT = kReduceThreads>
 __device__ __forceinline__ void reduce_tokens(const CombineSources& cs, T* out, float* out_w) {
-  __shared__ SlotList lists[kReduceThreads / 32];
-  SlotList& sl = lists[threadIdx.x >> 5];
-  const int lane = threadIdx.x & 31, wpb = int(blockDim.x >> 5);
-  const int64_t gw = int64_t(blockIdx.x) * wpb + (threadIdx.x >> 5), nwt = int64_t(gridDim.x) * wpb;
-  SlotRoute next = SlotRoute::load(cs, gw, lane);
-  for (int64_t t = gw; t < cs.tokens; t += nwt) {
-    collect_slots(cs, t, next, sl, lane);
-    __syncwarp();
+  __shared__ SlotList sl;
+  const bool collector = threadIdx.x < 32;
+  SlotRoute next = collector ? SlotRoute::load(cs, blockIdx.x, threadIdx.x) : SlotRoute{-1, 0.f, 0};
+  for (int64_t t = blockIdx.x; t < cs.tokens; t += gridDim.x) {
+    if (collector) collect_slots(cs, t, next, sl, threadIdx.x);
+    __syncthreads();
     // The next token's slots are in flight while this one is reduced.
-    next = SlotRoute::load(cs, t + nwt, lane);
-    reduce_slots<T, U>(cs, sl, t, out, out_w, lane);
-    __syncwarp();  // sl is rewritten for the next token
+    if (collector) next = SlotRoute::load(cs, t + gridDim.x, threadIdx.x);
+    reduce_slots<T, U, NT>(cs, sl, t, out, out_w);
+    __syncthreads();
   }
-}
-
-// Blocks of kReduceThreads for T tokens on `sms` SMs: a warp per token, at most 16 blocks per SM
-// (the warps stride over the rest).
-inline __host__ __device__ int reduce_blocks(int64_t T, int sms) {
-  const int64_t want = (T + kReduceThreads / 32 - 1) / (kReduceThreads / 32), cap = int64_t(sms) * 16;
-  return int(want < 1 ? 1 : (want < cap ? want : cap));
 }
 
 }  // namespace symmoe

@@ -215,7 +215,7 @@ void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int 
 
 // ptrs: y, rw, src_rank, src_tok, src_slot, selfmap, in_rank, topk_idx, topk_w, out_x, out_w, err
 void launch_combine(int64_t base, const std::vector<int64_t>& lay, int me, int channels, int expert_major,
-                    int direct, int num_tokens, int64_t rows, int elem_kind, int reduce_sms, int64_t epoch, uint64_t timeout_ns,
+                    int direct, int num_tokens, int64_t rows, int elem_kind, int reduce_blocks, int64_t epoch, uint64_t timeout_ns,
                     const std::vector<int64_t>& p, int64_t stream) {
   if (p.size() != 12) throw std::runtime_error("combine: expected 12 pointers");
   CombineArgs a{};
@@ -245,7 +245,7 @@ void launch_combine(int64_t base, const std::vector<int64_t>& lay, int me, int c
     combine_send_kernel<<<a.C, kThreads, 0, s>>>(a);
     cuda_check(cudaGetLastError(), "combine_send_kernel launch");
   }
-  const int blocks = reduce_blocks(num_tokens, reduce_sms);
+  const int blocks = std::max(1, std::min(num_tokens, reduce_blocks));
   float* out_w = ptr<float>(p[10]);
   switch (elem_kind) {
     case 0: combine_reduce_kernel<<<blocks, kReduceThreads, 0, s>>>(cs, ptr<__nv_bfloat16>(p[9]), out_w); break;

@@ -14,7 +14,7 @@
 //           policy), warp rows with plain / no-L1-allocate / streaming (.cs) stores; cudaMemset
 //           of the written rows is the write-only reference
 //   reduce  csrc/common/reduce.cuh: rank-major (one slot per token) and expert-major (8
-//           weighted slots per token), a warp per token, U vectors per lane in flight
+//           weighted slots per token), U vectors per thread, NT threads per block
 //
 // Every variant's output is compared with the first variant of its group (bitwise); a
 // mismatch prints MISMATCH. Build and run: scripts/gpu_check.sh micro.
@@ -237,9 +237,9 @@ __global__ void warprow_fanout(const int4* src, int4* dst, const int* out_row, i
 }
 
 // -- reduce variants ---------------------------------------------------------------------
-template <int U>
-__global__ void __launch_bounds__(kReduceThreads) reduce_kernel(CombineSources cs, __nv_bfloat16* out, float* out_w) {
-  reduce_tokens<__nv_bfloat16, U>(cs, out, out_w);
+template <int U, int NT>
+__global__ void __launch_bounds__(NT) reduce_kernel(CombineSources cs, __nv_bfloat16* out, float* out_w) {
+  reduce_tokens<__nv_bfloat16, U, NT>(cs, out, out_w);
 }
 
 // -- timing --------------------------------------------------------------------------------
@@ -531,21 +531,24 @@ int main(int argc, char** argv) {
                       N, R, 1, K, K, 256, 0, bool(em)};
     const double bytes = double(N) * R * (em ? K + 1 : 2);
     std::printf("-- reduce, %s (%d slot%s per token)\n", em ? "expert-major" : "rank-major", em ? K : 1, em ? "s" : "");
-    // blocks: per SM, capped at what holds one token per warp (tokens_per_block a block)
-    auto red = [&](auto kern, const char* name, int NT, int blocks_per_sm, int tokens_per_block, bool is_ref) {
-      const int blocks = int(std::min<int64_t>((N + tokens_per_block - 1) / tokens_per_block, int64_t(sms) * blocks_per_sm));
+    auto red = [&](auto kern, const char* name, int NT, int blocks_per_sm, bool is_ref) {
+      const int blocks = int(std::min<int64_t>(N, int64_t(sms) * blocks_per_sm));
       uint8_t* o = is_ref ? out_ref : dst;
       CK(cudaMemset(o, 0, N * R));
       const float us = time_us([&] { kern<<<blocks, NT>>>(cs, reinterpret_cast<__nv_bfloat16*>(o), nullptr); }, reps);
       char full[64];
-      std::snprintf(full, sizeof full, "%s (%d blocks x %d)", name, blocks, NT);
+      std::snprintf(full, sizeof full, "%s (%dx%d)", name, blocks_per_sm, NT);
       report(full, us, bytes, is_ref ? 0 : check(dst, out_ref, N * R));
     };
-    const int tpb = kReduceThreads / 32;  // a warp per token
-    red(reduce_kernel<2>, "warp U=2 [current]", kReduceThreads, 16, tpb, true);
-    red(reduce_kernel<4>, "warp U=4", kReduceThreads, 16, tpb, false);
-    red(reduce_kernel<7>, "warp U=7", kReduceThreads, 16, tpb, false);
-    red(reduce_kernel<2>, "warp U=2, 4 tokens a warp", kReduceThreads, 2, tpb, false);
+    red(reduce_kernel<2, 128>, "reduce U=2 NT=128 [current]", 128, 16, true);
+    red(reduce_kernel<4, 128>, "reduce U=4 NT=128", 128, 16, false);
+    red(reduce_kernel<7, 128>, "reduce U=7 NT=128", 128, 16, false);
+    red(reduce_kernel<2, 256>, "reduce U=2 NT=256", 256, 8, false);
+    red(reduce_kernel<4, 256>, "reduce U=4 NT=256", 256, 8, false);
+    red(reduce_kernel<2, 128>, "reduce U=2 NT=128", 128, 32, false);
+    red(reduce_kernel<4, 64>, "reduce U=4 NT=64", 64, 32, false);
+    red(reduce_kernel<7, 64>, "reduce U=7 NT=64", 64, 32, false);
+    red(reduce_kernel<14, 64>, "reduce U=14 NT=64", 64, 32, false);
   }
   std::printf("done\n");
   return 0;
