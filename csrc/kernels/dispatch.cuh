@@ -186,9 +186,9 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
   const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
-  // Warp w's first item is piece 0 of visit w / P (RecvPlan::visit: token v / W of source v % W
-  // whatever the counts say): its routing is in flight while the plan is built. The input
-  // regions hold max_tokens rows; a token past the source's count is read but never used.
+  // Warp w's first item belongs to visit w / P (RecvPlan::visit: token v / W of source v % W,
+  // whatever the counts say): its routing is in flight while the plan is built, as push does.
+  // The input regions hold max_tokens rows; a token past the source's count is read, not used.
   const int64_t P = expert_major ? 1 : (rb + mc.slot_bytes - 1) / mc.slot_bytes;
   const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
   const int s0 = int((gw / P) % W);
