@@ -165,8 +165,8 @@ class NvshmemMemory(SymmetricMemory):
         # The heap also holds combine's staging when some peer is on another host (puts only).
         stage = 0
         spans_hosts = len(set(self.all_gather(socket.gethostname()))) > 1
-        if spans_hosts or os.environ.get("SYMMOE_NVSHMEM_STAGE") == "1":
-            from ..protocol.nvshmem import stage_bytes
+        from ..protocol.nvshmem import puts_forced, stage_bytes
+        if spans_hosts or puts_forced():
             stage = stage_bytes(config.layout(self.world_size))
         self.runtime = _Runtime.get(group, nbytes + stage)
         nvshmem = _import_nvshmem()

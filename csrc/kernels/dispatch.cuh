@@ -213,7 +213,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   // visit it / P (RecvPlan::visit: the sources round-robin). A token's routing is read across
   // the lanes in one round (TokenRoute, as push reads it), one item ahead of the copy: with
   // peers it is a round trip over the link, and no copy waits on it.
-  auto it_route = [&](int64_t it, int64_t items, int64_t P) {
+  auto it_route = [&](int64_t it, int64_t items) {
     int s;
     int64_t t;
     if (it >= items || !pl.visit(it / P, W, s, t)) return TokenRoute{-1, 0.f, 0};
@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
     TokenRoute next = first;
     for (int64_t it = gw; it < items; it += nwt) {
       const TokenRoute cur = next;
-      next = it_route(it + nwt, items, P);
+      next = it_route(it + nwt, items);
       int s;
       int64_t t;
       if (!pl.visit(it / P, W, s, t)) continue;  // warp-uniform
@@ -264,7 +264,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
     TokenRoute next = first;
     for (int64_t v = gw; v < items; v += nwt) {
       const TokenRoute cur = next;
-      next = it_route(v + nwt, items, 1);
+      next = it_route(v + nwt, items);
       int s;
       int64_t t;
       if (!pl.visit(v, W, s, t)) continue;  // warp-uniform

@@ -126,6 +126,12 @@ def usable_sms(device: torch.device) -> int:
     return sms
 
 
+def puts_forced() -> bool:
+    """``SYMMOE_NVSHMEM_STAGE=1``: the put path, combine's staging included, for every peer (the
+    path of a multi-node job, on one node; the heap is then sized for the staging too)."""
+    return os.environ.get("SYMMOE_NVSHMEM_STAGE") == "1"
+
+
 def stage_bytes(layout: Any) -> int:
     """Symmetric bytes where combine stages its input when some peer is reached only by puts
     (IBGDA needs registered sources): recv_rows rows of x and of K weights."""
@@ -197,9 +203,8 @@ class NvshmemPush(Protocol):
         # DeferredError of a dispatch without the host wait (num_worst_tokens; kernels/tail.cuh)
         self._deferred = torch.zeros(8, dtype=torch.int64, pin_memory=True)
         # Peers reachable by load/store get plain stores; the others puts, which read their
-        # source from symmetric memory (IBGDA needs registered memory). SYMMOE_NVSHMEM_STAGE=1
-        # takes the put path for every peer (tests: the path of a multi-node job).
-        forced = os.environ.get("SYMMOE_NVSHMEM_STAGE") == "1"
+        # source from symmetric memory (IBGDA needs registered memory).
+        forced = puts_forced()
         self.direct = int(not forced)
         self.stage_inputs = (not mem.all_peers_mapped) or forced
         self._stage_x = self._stage_w = None
