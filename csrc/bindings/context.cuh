@@ -249,24 +249,17 @@ struct Ctx {
                    P<int64_t>(g("expert_offsets")), P<int32_t>(g("selfmap")), o["capacity"].cast<int64_t>()};
   }
 
-  // x_rows: rows of x (self_x), the bound of the loads a kernel issues before its plan exists.
-  void pull(uintptr_t self_x, int64_t x_rows, const py::dict& out, bool expert_major, int alignment, int64_t epoch,
-            uintptr_t stream) {
-    if (x_rows < 0 || x_rows > L.max_tokens)
-      throw std::invalid_argument("pull: x_rows=" + std::to_string(x_rows) + " outside 0.." + std::to_string(L.max_tokens));
+  void pull(uintptr_t self_x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
     const MoveCfg m = move_cfg(RecvPlan::bytes(int(L.world_size), int(L.local_experts())), expert_major);
-    pull_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(
-        tp, L, P<const uint8_t>(self_x), x_rows, outputs(out), expert_major, alignment, m, sync(epoch, 1));
+    pull_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(self_x), outputs(out),
+                                                                         expert_major, alignment, m, sync(epoch, 1));
     check(cudaGetLastError(), "pull_kernel launch");
   }
 
-  void push(uintptr_t x, int64_t x_rows, const py::dict& out, bool expert_major, int alignment, int64_t epoch,
-            uintptr_t stream) {
-    if (x_rows < 0 || x_rows > L.max_tokens)
-      throw std::invalid_argument("push: x_rows=" + std::to_string(x_rows) + " outside 0.." + std::to_string(L.max_tokens));
+  void push(uintptr_t x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
     const MoveCfg m = move_cfg(SendPlan::bytes(int(L.world_size), int(L.local_experts())), expert_major);
-    push_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(
-        tp, L, P<const uint8_t>(x), x_rows, outputs(out), expert_major, alignment, m, sync(epoch, 2));
+    push_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(x), outputs(out),
+                                                                         expert_major, alignment, m, sync(epoch, 2));
     check(cudaGetLastError(), "push_kernel launch");
   }
 
@@ -403,9 +396,9 @@ void bind_context(py::module_& m, Init init) {
       .def("layout", &C::layout, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"), py::arg("scratch"),
            py::arg("in_rank"), py::arg("per_rank"), py::arg("per_expert"), py::arg("publish"), py::arg("epoch"),
            py::arg("stream"))
-      .def("pull", &C::pull, py::arg("self_x"), py::arg("x_rows"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
+      .def("pull", &C::pull, py::arg("self_x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("epoch"), py::arg("stream"))
-      .def("push", &C::push, py::arg("x"), py::arg("x_rows"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
+      .def("push", &C::push, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("epoch"), py::arg("stream"))
       .def("push_stream", &C::push_stream, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("senders"), py::arg("receivers"), py::arg("epoch"), py::arg("stream"))

@@ -6,10 +6,6 @@
 // Usage (all lanes of the warp, uniformly):
 //   uint8_t** d = mv.next_dsts(); lanes write d[0..n); __syncwarp(); mv.push(src, n, bytes);
 //   ... mv.flush();   // all stores complete and ordered before later fences
-// A kernel may preload() its first depth - 1 pieces before it knows where they go (while its
-// plan is built: a warp moves ~10 rows at W=1, so its first loads waiting two memory round
-// trips behind the plan is a visible part of the kernel). Its next pushes then only name the
-// destinations of those pieces, in the same order; an item the kernel drops calls skip().
 // Lane 0 issues the copies; the bookkeeping is replicated in every lane so it stays uniform.
 //
 // Waits are bounded like every other device wait: a load that has not landed after the
@@ -72,7 +68,6 @@ struct WarpMover {
   int cur;            // slot of the next item
   int oldest;         // slot of the oldest item loaded and not yet stored
   int inflight;       // items loaded and not yet stored
-  int pending;        // preloaded items whose destinations no push() has named yet
   bool failed;        // a load timed out: issue nothing more (uniform across the warp)
   MoverWatch watch;
 
@@ -88,7 +83,7 @@ struct WarpMover {
     dsts = reinterpret_cast<uint8_t**>(bar + depth);
     meta = reinterpret_cast<uint32_t*>(dsts + int64_t(depth) * kMaxDst);
     phase = 0;
-    cur = oldest = inflight = pending = 0;
+    cur = oldest = inflight = 0;
     if ((threadIdx.x & 31) == 0) {
       for (int s = 0; s < depth; ++s) mbar_init(&bar[s], 1);
       mbar_init_fence();
@@ -96,9 +91,7 @@ struct WarpMover {
     __syncwarp();
   }
 
-  // The slot of the next item push() names: the oldest preloaded one still unnamed, else a new one.
-  __device__ __forceinline__ int next_slot() const { return pending ? (cur - pending + depth) % depth : cur; }
-  __device__ __forceinline__ uint8_t** next_dsts() const { return dsts + next_slot() * kMaxDst; }
+  __device__ __forceinline__ uint8_t** next_dsts() const { return dsts + cur * kMaxDst; }
 
   // The oldest item: wait for its load, store it to its destinations (one bulk group).
   __device__ __forceinline__ void drain() {
@@ -120,33 +113,8 @@ struct WarpMover {
     --inflight;
   }
 
-  // Load a piece whose destinations are not known yet (before the first push, at most
-  // depth - 1 of them): it is stored nowhere unless a push() names its destinations.
-  __device__ void preload(const void* src, uint32_t bytes) {
-    if ((threadIdx.x & 31) == 0) {
-      meta[2 * cur] = 0;
-      meta[2 * cur + 1] = bytes;
-      mbar_arrive_expect_tx(&bar[cur], bytes);
-      bulk_load(slots + int64_t(cur) * slot_bytes, src, bytes, &bar[cur]);
-    }
-    cur = cur + 1 == depth ? 0 : cur + 1;
-    ++inflight;
-    ++pending;
-    __syncwarp();
-  }
-
-  // The next preloaded item goes nowhere (the kernel found it has no destination); k items.
-  __device__ __forceinline__ void skip(int k = 1) { pending = max(pending - k, 0); }
-
   // src: global address of the piece; n destinations already in next_dsts(); bytes % 16 == 0.
-  // For a preloaded item src and bytes are those preload() was given.
   __device__ void push(const void* src, int n, uint32_t bytes) {
-    if (pending) {  // loaded already: name its destinations (lanes wrote them before the sync)
-      if ((threadIdx.x & 31) == 0) meta[2 * next_slot()] = uint32_t(n);
-      --pending;
-      __syncwarp();
-      return;
-    }
     if (failed) return;  // a load never landed: this slot may still be written, leave it
     if ((threadIdx.x & 31) == 0) {
       // The slot's previous stores (depth items back, the latest committed group) must have
@@ -163,8 +131,8 @@ struct WarpMover {
   }
 
   __device__ void flush() {
-    while (inflight > 0 && !failed) drain();  // preloads never named: loaded, stored nowhere
-    inflight = pending = 0;
+    while (inflight > 0 && !failed) drain();
+    inflight = 0;
     if ((threadIdx.x & 31) == 0) {
       bulk_wait_all();
       fence_proxy_async_global();  // order the async-proxy writes before generic fences/flags

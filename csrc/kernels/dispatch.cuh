@@ -175,39 +175,22 @@ struct MoveCfg {
 
 // ---------------------------------------------------------------------------------------
 template <class Transport>
-__global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, const uint8_t* self_x, int64_t self_rows,
-                                                    Outputs o, bool expert_major, int alignment, MoveCfg mc, Sync sy) {
+__global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, const uint8_t* self_x, Outputs o,
+                                                    bool expert_major, int alignment, MoveCfg mc, Sync sy) {
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), r = sy.rank;
   const int PC = int(L.pos_cols()), S = int(L.combine_slots);
   const int64_t rb = L.row_bytes();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // Items: rank-major one piece of visit it / P; expert-major visit v, all np pieces of its row.
-  const int64_t P = expert_major ? 1 : (rb + mc.slot_bytes - 1) / mc.slot_bytes;
-  const int np = expert_major ? int((rb + mc.slot_bytes - 1) / mc.slot_bytes) : 1;
-  const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
-  WarpMover mv;
-  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
-          mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
-  // The warp's first pieces are loaded before the plan says where they go: which token an item
-  // is does not depend on the counts (RecvPlan::visit), only whether it exists. Reads stay in
-  // bounds: x holds self_rows rows, a peer's input region max_tokens.
-  for (int64_t u = gw, left = mc.depth - 1; left > 0; u += nwt) {
-    const int64_t v = u / P, t = v / W;
-    const int s = int(v % W);
-    if (t >= (s == r ? self_rows : L.max_tokens)) break;
-    const uint8_t* src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb + (u % P) * mc.slot_bytes;
-    for (int j = 0; j < np && left > 0; ++j, --left) {
-      const int64_t off = (u % P + j) * mc.slot_bytes;
-      mv.preload(src + int64_t(j) * mc.slot_bytes, uint32_t(min(int64_t(mc.slot_bytes), rb - off)));
-    }
-  }
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
   const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
-  // Warp w's first item belongs to visit w / P: its routing is in flight while the plan is
-  // built, as push does. A token past the source's count is read, not used.
+  // Warp w's first item belongs to visit w / P (RecvPlan::visit: token v / W of source v % W,
+  // whatever the counts say): its routing is in flight while the plan is built, as push does.
+  // The input regions hold max_tokens rows; a token past the source's count is read, not used.
+  const int64_t P = expert_major ? 1 : (rb + mc.slot_bytes - 1) / mc.slot_bytes;
+  const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
   const int s0 = int((gw / P) % W);
   const int64_t t0 = gw / P / W;
   const TokenRoute first = TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s0, L.in_idx)),
@@ -221,6 +204,10 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   const bool run = !dead && rows <= o.capacity && counts_valid(counts, L);
 
   if (run && expert_major) fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, Le, o, rb);
+
+  WarpMover mv;
+  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
+          mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
 
   // Warp w owns items w, w + nwt, ...; item it of `items` (P per visit) is piece it % P of
   // visit it / P (RecvPlan::visit: the sources round-robin). A token's routing is read across
@@ -245,20 +232,14 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
       next = it_route(it + nwt, items);
       int s;
       int64_t t;
-      if (!pl.visit(it / P, W, s, t)) {  // warp-uniform
-        mv.skip();
-        continue;
-      }
+      if (!pl.visit(it / P, W, s, t)) continue;  // warp-uniform
       const int64_t off = (it % P) * mc.slot_bytes;
       const bool own = cur.e >= 0 && cur.e / Le == r;  // lanes < K: this slot's expert is here
       const bool mine = __ballot_sync(0xffffffffu, own) != 0;
       const int p = cur.pos_of(reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), t, PC, r);
       int64_t row = mine ? pl.rbase[s] + p : -1;
       if (row >= rows) row = -1;  // only with corrupt inputs; never write out of bounds
-      if (row < 0) {              // warp-uniform
-        mv.skip();
-        continue;
-      }
+      if (row < 0) continue;      // warp-uniform
       if (off == 0) {
         if (lane < K) {
           o.idx[row * K + lane] = own ? int64_t(cur.e - r * Le) : -1;
@@ -286,13 +267,11 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
       next = it_route(v + nwt, items);
       int s;
       int64_t t;
+      if (!pl.visit(v, W, s, t)) continue;  // warp-uniform
       const int e = cur.e;  // -1 on lanes >= K
       const bool mine = e >= 0 && e / Le == r;
       const uint32_t bal = __ballot_sync(0xffffffffu, mine);
-      if (!pl.visit(v, W, s, t) || bal == 0) {  // warp-uniform
-        mv.skip(np);
-        continue;
-      }
+      if (bal == 0) continue;
       const int slot_pos = cur.pos_of(reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), t, PC, W + lane);
       int64_t my_row = -1;  // lane k: destination row of slot k
       if (mine) {
@@ -310,10 +289,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
       }
       int n;
       my_row = compact_lanes(my_row >= 0, my_row, lane, n);
-      if (n == 0) {
-        mv.skip(np);
-        continue;
-      }
+      if (n == 0) continue;
       const uint8_t* src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb;
       for (int64_t off = 0; off < rb; off += mc.slot_bytes) {
         const uint32_t bytes = uint32_t(min(int64_t(mc.slot_bytes), rb - off));
@@ -444,22 +420,13 @@ __device__ __forceinline__ void push_row(WarpMover& mv, const uint8_t* src, cons
 // int32 / f32 entries: rank-major the local expert ids and weights of the row's slots (-1 / 0
 // for other ranks' slots); expert-major each slot's row in the output (-1: not this rank's).
 template <class Transport>
-__global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, const uint8_t* x, int64_t x_rows, Outputs o,
+__global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, const uint8_t* x, Outputs o,
                                                     bool expert_major, int alignment, MoveCfg mc, Sync sy) {
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), me = sy.rank;
   const int PC = int(L.pos_cols());
   const int64_t rb = L.row_bytes();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int np = int((rb + mc.slot_bytes - 1) / mc.slot_bytes);  // pieces of a row (push_row)
-  const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
-  WarpMover mv;
-  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
-          mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
-  // The warp's first tokens' pieces are loaded before the plan says where they go (as pull).
-  for (int64_t t = gw, left = mc.depth - 1; left > 0 && t < x_rows; t += nwt)
-    for (int j = 0; j < np && left > 0; ++j, --left)
-      mv.preload(x + t * rb + int64_t(j) * mc.slot_bytes, uint32_t(min(int64_t(mc.slot_bytes), rb - j * mc.slot_bytes)));
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
@@ -467,6 +434,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
   const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.in_idx);
   const float* pw = reinterpret_cast<const float*>(tp.local + L.in_w);
   const int32_t* ppos = reinterpret_cast<const int32_t*>(tp.local + L.in_pos);
+  const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
   // The first token's routing is in flight while the plan is built (the input region holds
   // max_tokens rows; a row past this dispatch's tokens is never used).
   TokenRoute next = TokenRoute::load(pidx, pw, ppos, gw, K, PC, lane, !dead && gw < L.max_tokens);
@@ -481,6 +449,9 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
   // padding rows of the expert-major output are written here.
   if (run && expert_major && W == 1)
     fill_padding(pl.goff, [&](int j) { return count_at(counts, L, 0, 2 + j); }, Le, o, rb);
+  WarpMover mv;
+  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
+          mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
 
   if (run) {
     const int64_t T = counts[int64_t(me) * L.counts_cols()];
@@ -488,10 +459,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
       const TokenRoute cur = next;
       next = TokenRoute::load(pidx, pw, ppos, t + nwt, K, PC, lane, t + nwt < T);
       const PushDsts d = push_token(tp, L, pl, counts, ppos, o, cur, t, expert_major, me, true, lane);
-      if (d.n)
-        push_row(mv, x + t * rb, d, rb, mc.slot_bytes, lane);
-      else
-        mv.skip(np);
+      if (d.n) push_row(mv, x + t * rb, d, rb, mc.slot_bytes, lane);
     }
   }
   mv.flush();

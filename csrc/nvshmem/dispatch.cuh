@@ -87,8 +87,6 @@ struct Geometry {
 };
 
 // ---- dispatch --------------------------------------------------------------------------
-constexpr int kOwnPiece = 32 * 7 * 16;  // one step of warp_copy_row: 7 vectors per lane
-
 struct DispatchArgs {
   uint8_t* base;
   Layout lay;
@@ -139,17 +137,13 @@ __device__ __forceinline__ Meta row_meta(const DispatchArgs& a, const Geometry& 
 
 // One row reaches this rank's outputs (from x for its own rows, else from the pool): rank-major
 // to row `rank_row`, expert-major to the row of every slot that names a local expert.
-// Rank-major may move one piece of the row, bytes [off, off + len) (len -1: to the end); the
-// piece at 0 writes the metadata.
 template <bool kImmutable>
 __device__ __forceinline__ void deliver_row(const DispatchArgs& a, const Geometry& geo, const uint8_t* src,
-                                            int64_t rank_row, int src_rank, int ent, Meta m, int lane,
-                                            int64_t off = 0, int64_t len = -1) {
+                                            int64_t rank_row, int src_rank, int ent, Meta m, int lane) {
   const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots);
   const int64_t rb = a.lay.row_bytes();
   if (!a.expert_major) {
-    warp_copy_row<kImmutable>(a.out_x + rank_row * rb + off, src + off, len < 0 ? rb - off : len, lane);
-    if (off > 0) return;
+    warp_copy_row<kImmutable>(a.out_x + rank_row * rb, src, rb, lane);
     if (lane < K) {
       a.out_idx[rank_row * K + lane] = m.idx;
       a.out_w[rank_row * K + lane] = m.w;
@@ -234,15 +228,9 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
       step = kWarps - put_warps;
       if (warp < put_warps) hi = lo;
     }
-    // Rank-major the warps take pieces of rows, not rows: a block's share is ~32 rows on 24
-    // warps at W=1, and whole rows left a third of the warps a second row and the rest idle.
-    const int64_t npc = em ? 1 : (rb + kOwnPiece - 1) / kOwnPiece;
-    for (int64_t k = lo * npc + first; k < hi * npc; k += step) {
-      const int64_t i = k / npc, off = (k % npc) * kOwnPiece;
+    for (int64_t i = lo + first; i < hi; i += step) {
       const int ent = a.send_ent[send_off[me] + i], t = ent / S;
-      const Meta m = off == 0 ? row_meta(a, geo, t, me, lane) : Meta{-1, 0.f};
-      deliver_row<true>(a, geo, a.x + int64_t(t) * rb, recv_base[me] + i, me, ent, m, lane, off,
-                        em ? -1 : min(int64_t(kOwnPiece), rb - off));
+      deliver_row<true>(a, geo, a.x + int64_t(t) * rb, recv_base[me] + i, me, ent, row_meta(a, geo, t, me, lane), lane);
     }
   }
 
