@@ -134,19 +134,14 @@ __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const Slo
 }
 
 // The block reduces tokens blockIdx.x, blockIdx.x + gridDim.x, ...
-// `dead` (shared, may be nullptr): a flag the caller's thread 0 sets before the call, read
-// after the first barrier, so the kernel's error-word load travels with the first slot loads
-// instead of ahead of them; set, nothing is written.
 template <typename T, int U = 2, int NT = kReduceThreads>
-__device__ __forceinline__ void reduce_tokens(const CombineSources& cs, T* out, float* out_w,
-                                              const bool* dead = nullptr) {
+__device__ __forceinline__ void reduce_tokens(const CombineSources& cs, T* out, float* out_w) {
   __shared__ SlotList sl;
   const bool collector = threadIdx.x < 32;
   SlotRoute next = collector ? SlotRoute::load(cs, blockIdx.x, threadIdx.x) : SlotRoute{-1, 0.f, 0};
   for (int64_t t = blockIdx.x; t < cs.tokens; t += gridDim.x) {
     if (collector) collect_slots(cs, t, next, sl, threadIdx.x);
     __syncthreads();
-    if (dead != nullptr && *dead) return;  // block-uniform: read after the barrier
     // The next token's slots are in flight while this one is reduced.
     if (collector) next = SlotRoute::load(cs, t + gridDim.x, threadIdx.x);
     reduce_slots<T, U, NT>(cs, sl, t, out, out_w);

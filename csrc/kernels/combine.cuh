@@ -75,9 +75,9 @@ template <class Transport, typename T>
 __global__ void __launch_bounds__(kReduceThreads) combine_reduce_kernel(Transport tp, Layout L, CombineSources cs,
                                                                         T* out, float* out_w, Sync sy) {
   __shared__ bool dead;
-  if (threadIdx.x == 0) dead = error_set(sy.err);  // in flight with the first slot loads
-  reduce_tokens<T>(cs, out, out_w, &dead);
-  __syncthreads();  // a block without tokens has not passed a barrier since `dead` was written
+  if (threadIdx.x == 0) dead = error_set(sy.err);
+  __syncthreads();
+  if (!dead) reduce_tokens<T>(cs, out, out_w);
   grid_barrier(tp, L, sy, dead, kStageCombineDone);
 }
 

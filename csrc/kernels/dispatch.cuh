@@ -182,16 +182,13 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   const int PC = int(L.pos_cols()), S = int(L.combine_slots);
   const int64_t rb = L.row_bytes();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // The prologue's loads go out in one round: the error word, the first item's routing and
-  // the counts the plan reads (a round trip each, in series, before the first copy; a warp
-  // moves ~10 rows at W=1). Their values are used only once the plan's barrier has published
-  // `dead`; every read stays inside its region whatever the values.
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
+  __syncthreads();
   const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
   // Warp w's first item belongs to visit w / P (RecvPlan::visit: token v / W of source v % W,
-  // whatever the counts say). The input regions hold max_tokens rows; a token past the
-  // source's count is read, not used.
+  // whatever the counts say): its routing is in flight while the plan is built, as push does.
+  // The input regions hold max_tokens rows; a token past the source's count is read, not used.
   const int64_t P = expert_major ? 1 : (rb + mc.slot_bytes - 1) / mc.slot_bytes;
   const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
   const int s0 = int((gw / P) % W);
@@ -199,10 +196,11 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   const TokenRoute first = TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s0, L.in_idx)),
                                             reinterpret_cast<const float*>(tp.map(s0, L.in_w)),
                                             reinterpret_cast<const int32_t*>(tp.map(s0, L.in_pos)), t0, K, PC, lane,
-                                            t0 < L.max_tokens);
+                                            !dead && t0 < L.max_tokens);
   RecvPlan pl;
   pl.carve(smem_raw, W, Le);
-  const int64_t rows = pl.build(counts, L, r, expert_major, alignment);
+  int64_t rows = 0;
+  if (!dead) rows = pl.build(counts, L, r, expert_major, alignment);
   const bool run = !dead && rows <= o.capacity && counts_valid(counts, L);
 
   if (run && expert_major) fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, Le, o, rb);
@@ -429,9 +427,9 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
   const int PC = int(L.pos_cols());
   const int64_t rb = L.row_bytes();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  // One round of prologue loads (error word, first routing, the plan's counts), as in pull.
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
+  __syncthreads();
   const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
   const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.in_idx);
   const float* pw = reinterpret_cast<const float*>(tp.local + L.in_w);
@@ -439,12 +437,14 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
   const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
   // The first token's routing is in flight while the plan is built (the input region holds
   // max_tokens rows; a row past this dispatch's tokens is never used).
-  TokenRoute next = TokenRoute::load(pidx, pw, ppos, gw, K, PC, lane, gw < L.max_tokens);
+  TokenRoute next = TokenRoute::load(pidx, pw, ppos, gw, K, PC, lane, !dead && gw < L.max_tokens);
   SendPlan pl;
   pl.carve(smem_raw, W, Le);
-  pl.build(counts, L, me, expert_major, alignment);  // its barrier publishes `dead`
   bool run = !dead && counts_valid(counts, L);
-  for (int q = 0; q < W; ++q) run = run && pl.rows[q] <= L.recv_rows && (q != me || pl.rows[q] <= o.capacity);
+  if (run) {
+    pl.build(counts, L, me, expert_major, alignment);
+    for (int q = 0; q < W; ++q) run = run && pl.rows[q] <= L.recv_rows && (q != me || pl.rows[q] <= o.capacity);
+  }
   // Alone, no unpack follows (nothing was pushed to a pool): the group starts and the
   // padding rows of the expert-major output are written here.
   if (run && expert_major && W == 1)

@@ -84,8 +84,9 @@ __global__ void __launch_bounds__(kThreads, 1) combine_send_kernel(CombineArgs a
 template <typename T>
 __global__ void __launch_bounds__(kReduceThreads, 8) combine_reduce_kernel(CombineSources cs, T* out, float* out_w) {
   __shared__ bool dead;
-  if (threadIdx.x == 0) dead = failed();  // in flight with the first slot loads
-  reduce_tokens<T>(cs, out, out_w, &dead);
+  if (threadIdx.x == 0) dead = failed();
+  __syncthreads();
+  if (!dead) reduce_tokens<T>(cs, out, out_w);
 }
 
 }  // namespace nv

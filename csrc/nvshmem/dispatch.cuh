@@ -183,9 +183,10 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
   const int64_t rb = a.lay.row_bytes();
   __shared__ Geometry geo;
   __shared__ bool dead;
-  if (threadIdx.x == 0) dead = failed();  // in flight with the counts loads; build's barriers publish it
+  if (threadIdx.x == 0) dead = failed();
+  __syncthreads();
+  if (dead) return;  // the counts exchange timed out: the snapshot is not this dispatch's
   geo.build(a.counts, a.lay, me, em, a.alignment, a.capacity);
-  if (dead) return;  // the counts exchange timed out: the snapshot (just read, unused) is not this dispatch's
   if (!geo.ok) return;  // bad ids or a receiver over capacity: every rank skips, every host raises
   const int32_t *send_off = geo.send_off, *send_cnt = geo.send_cnt, *recv_cnt = geo.recv_cnt,
                 *recv_base = geo.recv_base;
