@@ -321,16 +321,17 @@ struct Ctx {
                             P<const bool>(in_rank), P<const int64_t>(topk_idx), P<const float>(topk_w), T,
                             L.row_bytes(), int(L.world_size), int(L.topk), int(L.combine_slots),
                             int(L.local_experts()), rank, expert_major};
-    const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(T, int64_t(grid) * 16)));
     const Sync sy = sync(epoch, 4);
-    if (elem_size == 4)
-      combine_reduce_kernel<Transport, float><<<blocks, kReduceThreads, 0, S(stream)>>>(tp, L, cs, P<float>(out), P<float>(out_w), sy);
-    else if (is_bf16)
-      combine_reduce_kernel<Transport, __nv_bfloat16><<<blocks, kReduceThreads, 0, S(stream)>>>(
-          tp, L, cs, P<__nv_bfloat16>(out), P<float>(out_w), sy);
-    else
-      combine_reduce_kernel<Transport, __half><<<blocks, kReduceThreads, 0, S(stream)>>>(
-          tp, L, cs, P<__half>(out), P<float>(out_w), sy);
+    if (elem_size == 4) {
+      auto k = combine_reduce_kernel<Transport, float>;
+      k<<<reduce_grid(k, grid, T), kReduceThreads, 0, S(stream)>>>(tp, L, cs, P<float>(out), P<float>(out_w), sy);
+    } else if (is_bf16) {
+      auto k = combine_reduce_kernel<Transport, __nv_bfloat16>;
+      k<<<reduce_grid(k, grid, T), kReduceThreads, 0, S(stream)>>>(tp, L, cs, P<__nv_bfloat16>(out), P<float>(out_w), sy);
+    } else {
+      auto k = combine_reduce_kernel<Transport, __half>;
+      k<<<reduce_grid(k, grid, T), kReduceThreads, 0, S(stream)>>>(tp, L, cs, P<__half>(out), P<float>(out_w), sy);
+    }
     check(cudaGetLastError(), "combine_reduce_kernel launch");
   }
 
