@@ -215,7 +215,7 @@ void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int 
 
 // ptrs: y, rw, src_rank, src_tok, src_slot, selfmap, in_rank, topk_idx, topk_w, out_x, out_w, err
 void launch_combine(int64_t base, const std::vector<int64_t>& lay, int me, int channels, int expert_major,
-                    int direct, int num_tokens, int64_t rows, int elem_kind, int reduce_sms, int64_t epoch, uint64_t timeout_ns,
+                    int direct, int num_tokens, int64_t rows, int elem_kind, int reduce_blocks, int64_t epoch, uint64_t timeout_ns,
                     const std::vector<int64_t>& p, int64_t stream) {
   if (p.size() != 12) throw std::runtime_error("combine: expected 12 pointers");
   CombineArgs a{};
@@ -245,14 +245,12 @@ void launch_combine(int64_t base, const std::vector<int64_t>& lay, int me, int c
     combine_send_kernel<<<a.C, kThreads, 0, s>>>(a);
     cuda_check(cudaGetLastError(), "combine_send_kernel launch");
   }
+  const int blocks = std::max(1, std::min(num_tokens, reduce_blocks));
   float* out_w = ptr<float>(p[10]);
-  auto k16 = combine_reduce_kernel<__nv_bfloat16>;
-  auto kh = combine_reduce_kernel<__half>;
-  auto k32 = combine_reduce_kernel<float>;
   switch (elem_kind) {
-    case 0: k16<<<reduce_grid(k16, reduce_sms, num_tokens), kReduceThreads, 0, s>>>(cs, ptr<__nv_bfloat16>(p[9]), out_w); break;
-    case 1: kh<<<reduce_grid(kh, reduce_sms, num_tokens), kReduceThreads, 0, s>>>(cs, ptr<__half>(p[9]), out_w); break;
-    case 2: k32<<<reduce_grid(k32, reduce_sms, num_tokens), kReduceThreads, 0, s>>>(cs, ptr<float>(p[9]), out_w); break;
+    case 0: combine_reduce_kernel<<<blocks, kReduceThreads, 0, s>>>(cs, ptr<__nv_bfloat16>(p[9]), out_w); break;
+    case 1: combine_reduce_kernel<<<blocks, kReduceThreads, 0, s>>>(cs, ptr<__half>(p[9]), out_w); break;
+    case 2: combine_reduce_kernel<<<blocks, kReduceThreads, 0, s>>>(cs, ptr<float>(p[9]), out_w); break;
     default: throw std::runtime_error("combine: elem_kind must be 0 (bf16), 1 (fp16) or 2 (fp32)");
   }
   cuda_check(cudaGetLastError(), "combine_reduce_kernel launch");

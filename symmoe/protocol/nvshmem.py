@@ -177,10 +177,10 @@ class NvshmemPush(Protocol):
         self.ring_rows = ring_rows(k.ring_rows, layout.pool_rows, W, self.channels)
         # The combine's send kernel is alone on the GPU: one block (channel) per SM it holds,
         # all resident at once (each waits for its channel from the peers). The reduction
-        # runs after it as its own grid, as many blocks as these SMs hold at once (reduce_grid).
+        # runs after it as its own grid: 16 blocks of 128 per SM.
         sms = min(k.num_sms, usable_sms(mem.device))
         self.combine_channels = max(1, min(layout.num_channels, sms))
-        self.reduce_sms = sms
+        self.reduce_blocks = 16 * sms
         self.timeout_ns = int(k.timeout_s * 1e9)
         self.err = mem.error_word()
         self.me, self.W = mem.rank, W
@@ -409,7 +409,7 @@ class NvshmemPush(Protocol):
                 out_x.data_ptr(), out_w.data_ptr() if out_w is not None else 0, self.err.data_ptr()]
         self.ext.combine(self.mem.local.data_ptr(), self.args, me, self.combine_channels,
                          int(handle.output_layout == "expert"), self.direct, T, rows, _ELEM_KIND[y.dtype],
-                         self.reduce_sms, self._combines, self.timeout_ns, ptrs, stream.cuda_stream)
+                         self.reduce_blocks, self._combines, self.timeout_ns, ptrs, stream.cuda_stream)
         return out_x, out_w
 
 
