@@ -3,7 +3,8 @@ same-size copy timed four ways (median µs, events unless said):
   sleep     the bench's way: sleep kernel, start event, the call, end event
   after     sleep, one untimed call, start event, the call, end event (the timed kernel follows
             one of its own: same shared-memory carveout, launch queued behind it)
-  stream    20 calls back to back between two events, per call
+  stream    20 calls back to back between two events, per call (host-bound wherever the
+            host takes longer to enqueue a call than the GPU to run it: 45-125 us here)
   kernel    the profiler's kernel time (bench.kernel_breakdown)
 python scripts/timing_probe.py --backends torch,nvshmem --protocols push,pull \
     --variant kernel.copy_bytes=7168,kernel.copy_depth=4   (torch push again with these values)
