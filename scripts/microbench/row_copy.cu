@@ -3,6 +3,10 @@
 //
 //   copy    rows gathered through a permutation, as the rank-major dispatch moves them:
 //           mover    csrc/common/mover.cuh as the dispatch kernels use it (depth slots per warp)
+//           mover+meta  the same with the dispatch's per-row work around each copy: the row's
+//                    routing read one row ahead (K ids, K weights, 1 + K positions), its metadata
+//                    stored (K int64 ids, K weights, source rank / token / slot): what the data
+//                    kernels do besides copying, without their plan and prologue
 //           ring<S>  one lane per warp keeps S-1 bulk loads in flight (S slots), stores from
 //                    shared as each lands
 //           ldst<U>  16-byte loads/stores, U in flight per thread (nc: non-coherent loads and
@@ -95,6 +99,53 @@ __global__ void mover_move(const uint8_t* src, uint8_t* dst, const int* idx, int
     }
     __syncwarp();
     mv.push(src + int64_t(kFan ? row : idx[row]) * R + off, kFan ? K : 1, bytes);
+  }
+  mv.flush();
+}
+
+// mover_move<false> with the rank-major dispatch's per-row work (push_kernel's pattern).
+struct RowMeta {
+  const int* idx;    // [N, K] routing ids
+  const float* w;    // [N, K]
+  const int* pos;    // [N, 1 + K]
+  int64_t* out_idx;  // [N, K]
+  float* out_w;      // [N, K]
+  int* out_src;      // [3, N]: rank, token, slot
+};
+__global__ void mover_meta_move(const uint8_t* src, uint8_t* dst, const int* perm, int64_t N, int K, int64_t R,
+                                uint32_t slot, int warps, int depth, RowMeta m) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  WarpMover mv;
+  mv.init(dyn_smem() + int64_t(warp) * WarpMoverSmem::per_warp_bytes(slot, depth), slot, depth);
+  const int64_t gw = int64_t(blockIdx.x) * warps + warp, nwt = int64_t(gridDim.x) * warps;
+  auto load = [&](int64_t t, int& e, float& wt, int& ps) {
+    e = -1, wt = 0.f, ps = 0;
+    if (t >= N) return;
+    if (lane < K) e = m.idx[t * K + lane], wt = m.w[t * K + lane];
+    if (lane <= K) ps = m.pos[t * (1 + K) + lane];
+  };
+  int e, ps;
+  float wt;
+  load(gw, e, wt, ps);
+  for (int64_t row = gw; row < N; row += nwt) {
+    const int ce = e, cps = ps;
+    const float cw = wt;
+    load(row + nwt, e, wt, ps);
+    const bool own = ce >= 0;
+    const int64_t out = __shfl_sync(0xffffffffu, cps, 0);  // the output row comes from the routing, as in the kernels
+    if (__ballot_sync(0xffffffffu, own) == 0 || out < 0 || out >= N) continue;
+    if (lane < K) {
+      m.out_idx[out * K + lane] = own ? int64_t(ce) : -1;
+      m.out_w[out * K + lane] = own ? cw : 0.f;
+    }
+    if (lane == 0) {
+      m.out_src[out] = 0;
+      m.out_src[N + out] = int(row);
+      m.out_src[2 * N + out] = 0;
+    }
+    if (lane == 0) mv.next_dsts()[0] = dst + out * R;
+    __syncwarp();
+    mv.push(src + int64_t(perm[row]) * R, 1, uint32_t(R));
   }
   mv.flush();
 }
@@ -350,6 +401,42 @@ int main(int argc, char** argv) {
       char name[64];
       std::snprintf(name, sizeof name, "mover slot %u depth %d (%d warps)", slot, depth, w);
       report(name, us, copy_bytes, check(dst, ref, N * R));
+    }
+    {  // the dispatch's default shape: whole rows, depth 4 (3 warps); plain and with the per-row work
+      const int64_t per = WarpMoverSmem::per_warp_bytes(uint32_t(R), 4);
+      const int w = int(std::min<int64_t>(16, (optin - 1024) / per));
+      const size_t smem = size_t(w * per);
+      CK(cudaFuncSetAttribute(mover_move<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CK(cudaFuncSetAttribute(mover_meta_move, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CK(cudaMemset(dst, 0, N * R));
+      float us = time_us([&] { mover_move<false><<<sms, w * 32, smem>>>(src, dst, perm, N, 1, R, uint32_t(R), w, 4); }, reps);
+      char name[64];
+      std::snprintf(name, sizeof name, "mover slot %lld depth 4 (%d warps)", (long long)R, w);
+      report(name, us, copy_bytes, check(dst, ref, N * R));
+      RowMeta m{};
+      std::vector<int> hidx(N * K), hpos(N * (1 + K));
+      std::vector<float> hw(N * K);
+      for (int64_t i = 0; i < N * K; ++i) hidx[i] = int(i % 256), hw[i] = 0.125f;
+      for (int64_t i = 0; i < N * (1 + K); ++i) hpos[i] = int(i / (1 + K));
+      CK(cudaMalloc(&m.idx, N * K * 4));
+      CK(cudaMalloc(&m.w, N * K * 4));
+      CK(cudaMalloc(&m.pos, N * (1 + K) * 4));
+      CK(cudaMalloc(&m.out_idx, N * K * 8));
+      CK(cudaMalloc(&m.out_w, N * K * 4));
+      CK(cudaMalloc(&m.out_src, 3 * N * 4));
+      CK(cudaMemcpy(const_cast<int*>(m.idx), hidx.data(), N * K * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(const_cast<float*>(m.w), hw.data(), N * K * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemcpy(const_cast<int*>(m.pos), hpos.data(), N * (1 + K) * 4, cudaMemcpyHostToDevice));
+      CK(cudaMemset(dst, 0, N * R));
+      us = time_us([&] { mover_meta_move<<<sms, w * 32, smem>>>(src, dst, perm, N, K, R, uint32_t(R), w, 4, m); }, reps);
+      std::snprintf(name, sizeof name, "mover+meta slot %lld depth 4 (%d warps)", (long long)R, w);
+      report(name, us, copy_bytes, check(dst, ref, N * R));
+      CK(cudaFree(const_cast<int*>(m.idx)));
+      CK(cudaFree(const_cast<float*>(m.w)));
+      CK(cudaFree(const_cast<int*>(m.pos)));
+      CK(cudaFree(m.out_idx));
+      CK(cudaFree(m.out_w));
+      CK(cudaFree(m.out_src));
     }
     auto ring = [&](auto S_, uint32_t slot, int blocks_per_sm) {
       constexpr int S = decltype(S_)::value;
