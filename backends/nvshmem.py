@@ -125,6 +125,12 @@ def _finalize_at_exit() -> None:
         pass
 
 
+def puts_forced() -> bool:
+    """``SYMMOE_NVSHMEM_STAGE=1``: the put path, combine's staging included, for every peer (the
+    path of a multi-node job, on one node; the heap is then sized for the staging too)."""
+    return os.environ.get("SYMMOE_NVSHMEM_STAGE") == "1"
+
+
 class NvshmemMemory(SymmetricMemory):
     name = "nvshmem"
     load_store_peers = True
@@ -165,9 +171,8 @@ class NvshmemMemory(SymmetricMemory):
         # The heap also holds combine's staging when some peer is on another host (puts only).
         stage = 0
         spans_hosts = len(set(self.all_gather(socket.gethostname()))) > 1
-        from ..protocol.nvshmem import puts_forced, stage_bytes
         if spans_hosts or puts_forced():
-            stage = stage_bytes(config.layout(self.world_size))
+            stage = config.layout(self.world_size).stage_bytes
         self.runtime = _Runtime.get(group, nbytes + stage)
         nvshmem = _import_nvshmem()
         try:

@@ -62,8 +62,7 @@ def cmd_size(args: argparse.Namespace) -> int:
     print(f"# recv: a pool of {lay.pool_rows} rows ({cfg.backend}/{cfg.effective_protocol}); a rank receives at most "
           f"{lay.recv_rows} rows (buffer.recv_capacity, 0: the worst case), in tensors outside this buffer")
     if cfg.backend == "nvshmem":
-        from .protocol.nvshmem import stage_bytes
-        stage = stage_bytes(lay)
+        stage = lay.stage_bytes
         print(f"# nvshmem with a peer reached only by puts (another node): another {stage} bytes "
               f"({stage / 2**20:.2f} MiB) of symmetric memory, where combine stages its input")
     return 0

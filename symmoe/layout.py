@@ -111,6 +111,13 @@ class BufferLayout:
         return self.worst_case_rows("expert")
 
     @property
+    def stage_bytes(self) -> int:
+        """Bytes of a copy of ``recv_rows`` rows of x and of their K fp32 weights: where
+        nvshmem's combine stages its input for peers reached only by puts (IBGDA reads
+        registered sources), in symmetric memory outside this layout."""
+        return self.recv_rows * (self.hidden * self.elem_size + 4 * self.topk)
+
+    @property
     def pool_rows(self) -> int:
         if self.pool_limit < 0:
             return self.recv_rows

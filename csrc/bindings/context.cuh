@@ -322,16 +322,15 @@ struct Ctx {
                             L.row_bytes(), int(L.world_size), int(L.topk), int(L.combine_slots),
                             int(L.local_experts()), rank, expert_major};
     const Sync sy = sync(epoch, 4);
-    if (elem_size == 4) {
-      auto k = combine_reduce_kernel<Transport, float>;
-      k<<<reduce_grid(k, grid, T), kReduceThreads, 0, S(stream)>>>(tp, L, cs, P<float>(out), P<float>(out_w), sy);
-    } else if (is_bf16) {
-      auto k = combine_reduce_kernel<Transport, __nv_bfloat16>;
-      k<<<reduce_grid(k, grid, T), kReduceThreads, 0, S(stream)>>>(tp, L, cs, P<__nv_bfloat16>(out), P<float>(out_w), sy);
-    } else {
-      auto k = combine_reduce_kernel<Transport, __half>;
-      k<<<reduce_grid(k, grid, T), kReduceThreads, 0, S(stream)>>>(tp, L, cs, P<__half>(out), P<float>(out_w), sy);
-    }
+    auto launch = [&](auto kernel, auto* o) {
+      kernel<<<reduce_grid(kernel, grid, T), kReduceThreads, 0, S(stream)>>>(tp, L, cs, o, P<float>(out_w), sy);
+    };
+    if (elem_size == 4)
+      launch(combine_reduce_kernel<Transport, float>, P<float>(out));
+    else if (is_bf16)
+      launch(combine_reduce_kernel<Transport, __nv_bfloat16>, P<__nv_bfloat16>(out));
+    else
+      launch(combine_reduce_kernel<Transport, __half>, P<__half>(out));
     check(cudaGetLastError(), "combine_reduce_kernel launch");
   }
 

@@ -22,6 +22,9 @@ struct Layout {
 };
 
 constexpr int kLayoutArgs = 10 + 16;
+// combine_slots = max(world_size, topk) <= kMaxSlots (checked on the host, protocol/base.py's
+// MAX_SLOTS): per-token slot lists and per-rank tables in shared memory are sized by it.
+constexpr int kMaxSlots = 64;
 static_assert(sizeof(Layout) == kLayoutArgs * sizeof(int64_t), "Layout must be a flat int64 array");
 
 // Stages named in errors; the Python side maps the code back to the name (symmoe/protocol/cuda.py).

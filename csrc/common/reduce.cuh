@@ -9,12 +9,12 @@
 #include <cstdint>
 
 #include "elem.cuh"
+#include "layout.cuh"
 #include "ptx.cuh"
 
 namespace symmoe {
 
 constexpr int kReduceThreads = 128;
-constexpr int kMaxSlots = 64;  // S = max(W, K) <= 64 (checked on the host)
 // A block's item is one part of a token's row, kReduceParts parts a row: 4096 whole tokens
 // over the 1188 blocks resident on an H200 (9 a SM) left the last round of each block 45 %
 // full; 8192 halves over them leave it 90 % full (W=1, session 20: expert combine kernel
@@ -103,9 +103,8 @@ __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const Slo
                                              float* out_w, int64_t vb, int64_t ve) {
   constexpr int V = 16 / sizeof(T);  // elements per 16-byte vector
   const int tid = threadIdx.x, n = sl.n;
-  const int64_t nvec = ve;
   const bool em = cs.expert_major;
-  for (int64_t v0 = vb + tid; v0 < nvec; v0 += int64_t(NT) * U) {
+  for (int64_t v0 = vb + tid; v0 < ve; v0 += int64_t(NT) * U) {
     float acc[U][V];
 #pragma unroll
     for (int u = 0; u < U; ++u)
@@ -118,7 +117,7 @@ __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const Slo
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t v = v0 + int64_t(u) * NT;
-        raw[u] = v < nvec ? src[v] : make_int4(0, 0, 0, 0);
+        raw[u] = v < ve ? src[v] : make_int4(0, 0, 0, 0);
       }
       const float wj = sl.wt[j];
 #pragma unroll
@@ -132,7 +131,7 @@ __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const Slo
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t v = v0 + int64_t(u) * NT;
-      if (v < nvec) reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(out) + t * cs.row_bytes)[v] = Vec<T>::store(acc[u]);
+      if (v < ve) reinterpret_cast<int4*>(reinterpret_cast<uint8_t*>(out) + t * cs.row_bytes)[v] = Vec<T>::store(acc[u]);
     }
   }
   if (out_w != nullptr && tid < cs.topk) {
@@ -161,8 +160,9 @@ __device__ __forceinline__ void reduce_tokens(const CombineSources& cs, T* out, 
   }
 }
 
-// Blocks of a reduction over `tokens` tokens on `sms` SMs: as many as are resident at once
-// (a persistent grid), so the items divide evenly over blocks that all start together.
+// Blocks of a reduction (reduce_tokens in kReduceParts parts) over `tokens` tokens on `sms`
+// SMs: as many as are resident at once (a persistent grid), so the items divide evenly over
+// blocks that all start together.
 template <class Kernel>
 inline int reduce_grid(Kernel kernel, int sms, int64_t tokens) {
   static const int per_sm = [&] {

@@ -26,13 +26,12 @@ struct CountsSummary {
   int alignment = 1;
 };
 
-// Whole block, the matrix m ([W][1 + W + E]) complete, W <= kMaxSummaryRanks. Thread i takes
+// Whole block, the matrix m ([W][1 + W + E]) complete, W <= kMaxSlots. Thread i takes
 // expert columns i, i + blockDim, ... (each summed over the sources, then padded into its
 // receiver's total) and receiver i's rank-major rows: at W = 1 one warp walking the 256 experts
 // took a load round trip per 32 of them.
-constexpr int kMaxSummaryRanks = 64;  // max(W, K) <= 64 combine slots (reduce.cuh's kMaxSlots)
 __device__ __forceinline__ void summarize_counts(const int32_t* m, int W, int E, const CountsSummary& s) {
-  __shared__ int32_t rank_rows[kMaxSummaryRanks], expert_rows[kMaxSummaryRanks];
+  __shared__ int32_t rank_rows[kMaxSlots], expert_rows[kMaxSlots];
   const int L = E / W;
   const int64_t row = 1 + W + E;
   for (int d = threadIdx.x; d < W; d += blockDim.x) expert_rows[d] = 0;

@@ -126,18 +126,6 @@ def usable_sms(device: torch.device) -> int:
     return sms
 
 
-def puts_forced() -> bool:
-    """``SYMMOE_NVSHMEM_STAGE=1``: the put path, combine's staging included, for every peer (the
-    path of a multi-node job, on one node; the heap is then sized for the staging too)."""
-    return os.environ.get("SYMMOE_NVSHMEM_STAGE") == "1"
-
-
-def stage_bytes(layout: Any) -> int:
-    """Symmetric bytes where combine stages its input when some peer is reached only by puts
-    (IBGDA needs registered sources): recv_rows rows of x and of K weights."""
-    return layout.recv_rows * (layout.hidden * layout.elem_size + 4 * layout.topk)
-
-
 def ring_rows(requested: int, pool_rows: int, world_size: int, channels: int) -> int:
     """Rows of each (source, channel) ring of the receive pool: ``kernel.ring_rows``, or with
     0 the pool split evenly. Every one of the W * C rings must fit in the pool."""
@@ -204,6 +192,7 @@ class NvshmemPush(Protocol):
         self._deferred = torch.zeros(8, dtype=torch.int64, pin_memory=True)
         # Peers reachable by load/store get plain stores; the others puts, which read their
         # source from symmetric memory (IBGDA needs registered memory).
+        from ..backends.nvshmem import puts_forced
         forced = puts_forced()
         self.direct = int(not forced)
         self.stage_inputs = (not mem.all_peers_mapped) or forced
@@ -212,7 +201,7 @@ class NvshmemPush(Protocol):
             # The combine's input (up to recv_rows expert-major rows, more than the pool holds)
             # is staged in symmetric memory of its own.
             R, row = layout.recv_rows, layout.hidden * layout.elem_size
-            stage = mem.symmetric_bytes(stage_bytes(layout))
+            stage = mem.symmetric_bytes(layout.stage_bytes)
             self._stage_x = stage[:R * row].view(R, row)
             self._stage_w = stage[R * row:].view(torch.float32).view(R, layout.topk)
 
