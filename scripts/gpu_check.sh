@@ -3,9 +3,9 @@
 # the kernels, run the GPU tests, benchmarks and A/B runs; a short table is printed last.
 #
 #   scripts/gpu_check.sh [section ...]      default: build test bench
-#   sections: build | test | test-quick | bench | bench-quick | nccl | nvshmem | ab | micro | host
+#   sections: build | test | test-quick | bench | bench-quick | nccl | nvshmem | ab | micro | host | timeline
 #   (setup and MPS always run; micro: scripts/microbench/row_copy.cu, copy and reduce strategies;
-#   host: scripts/host_profile.py, cProfile of each call's host time)
+#   host: scripts/host_profile.py, cProfile of each call's host time; timeline: scripts/timeline_probe.py)
 # Every log and JSON goes to $LOG (default /tmp/symmoe-gpu); at the end $OUT receives at
 # most 9 files: summary.txt, logs.tar.gz and the JSONs of the sections that ran (the device
 # tool brings back 8: a call that runs every section uses a separate OUT per run).
@@ -120,6 +120,10 @@ for s in "${SECTIONS[@]}"; do
         python3 scripts/microbench/to_json.py "$LOG/micro.txt" --commit "${SYMMOE_COMMIT:-unknown}" \
           --command "scripts/gpu_check.sh micro" || status=1
       else note "microbench build FAILED"; tail -20 "$LOG/micro_build.log"; status=1; fi ;;
+    timeline)  # W=1 cached dispatch, warp by warp: launch skew, prologue, copy loop, drain (TIMELINE_BACKENDS)
+      python3 scripts/timeline_probe.py --backends "${TIMELINE_BACKENDS:-torch,nccl}" --protocols "${BENCH_PROTOCOLS:-push,pull}" \
+        --layouts "${TIMELINE_LAYOUTS:-rank,expert}" --json "$LOG/timeline.json" 2>&1 | tee "$LOG/timeline.txt"
+      rc=${PIPESTATUS[0]}; note "timeline probe exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     host)  # where each call's host time goes (cProfile, world size 1; BENCH_BACKENDS / BENCH_PROTOCOLS)
       python3 scripts/host_profile.py --backends "${BENCH_BACKENDS:-torch,nccl}" --protocols "${BENCH_PROTOCOLS:-push}" \
         2>&1 | tee "$LOG/host_profile.txt"
@@ -128,5 +132,5 @@ for s in "${SECTIONS[@]}"; do
   esac
 done
 
-finish_run bench.json targets_one_gpu.md nccl_bench.json ab_mega/results.json ab_pushpull/results.json micro.json host_profile.txt
+finish_run bench.json targets_one_gpu.md nccl_bench.json ab_mega/results.json ab_pushpull/results.json micro.json host_profile.txt timeline.json
 exit $status

@@ -60,6 +60,7 @@ struct Ctx {
   int64_t* counts_ready = nullptr;
   CountsSummary summary;  // what the host reads after its wait (summary.host nullptr: none)
   BadInput bad{nullptr, nullptr};  // in-kernel expert-id checks of dispatch (set_input_check)
+  uint64_t* stamps = nullptr;      // the dispatch data kernels' timeline (set_stamps; stamps.cuh)
 
   Ctx(const std::vector<int64_t>& layout, int rank_, Transport tp_, uintptr_t err_dev, uintptr_t err_host_dev,
       double timeout_s, int num_sms, uintptr_t counters)
@@ -228,6 +229,10 @@ struct Ctx {
     summary = CountsSummary{P<int32_t>(summary_host), rank, alignment};
   }
 
+  // Device memory of STAMP_WORDS words per block of `grid` for the next pull/push launches'
+  // timeline (scripts/timeline_probe.py); 0 turns it off.
+  void set_stamps(uintptr_t s) { stamps = P<uint64_t>(s); }
+
   // flag: device int32 (zero); info: device-side address of host-mapped int64[4].
   void set_input_check(uintptr_t flag, uintptr_t info) { bad = BadInput{P<int32_t>(flag), P<int64_t>(info)}; }
 
@@ -250,14 +255,16 @@ struct Ctx {
   }
 
   void pull(uintptr_t self_x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
-    const MoveCfg m = move_cfg(RecvPlan::bytes(int(L.world_size), int(L.local_experts())), expert_major);
+    MoveCfg m = move_cfg(RecvPlan::bytes(int(L.world_size), int(L.local_experts())), expert_major);
+    m.stamps = stamps;
     pull_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(self_x), outputs(out),
                                                                          expert_major, alignment, m, sync(epoch, 1));
     check(cudaGetLastError(), "pull_kernel launch");
   }
 
   void push(uintptr_t x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
-    const MoveCfg m = move_cfg(SendPlan::bytes(int(L.world_size), int(L.local_experts())), expert_major);
+    MoveCfg m = move_cfg(SendPlan::bytes(int(L.world_size), int(L.local_experts())), expert_major);
+    m.stamps = stamps;
     push_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(x), outputs(out),
                                                                          expert_major, alignment, m, sync(epoch, 2));
     check(cudaGetLastError(), "push_kernel launch");
@@ -359,6 +366,8 @@ void bind_context(py::module_& m, Init init) {
   using C = Ctx<Transport>;
   m.attr("LAYOUT_ARGS") = kLayoutArgs;
   m.attr("SUMMARY_HEAD") = kSummaryHead;
+  m.attr("STAMP_WORDS") = kStampWarps * kStampMarks * 2;  // per block: [warp][mark][ns, clock]
+  m.attr("STAMP_MARKS") = py::make_tuple("enter", "planned", "first_push", "loop_end", "flushed");
   m.attr("STAGES") = py::dict(py::arg("dispatch.counts") = int(kStageDispatchCounts),
                               py::arg("dispatch.data") = int(kStageDispatchData),
                               py::arg("dispatch.done") = int(kStageDispatchDone),
@@ -391,6 +400,7 @@ void bind_context(py::module_& m, Init init) {
       .def("set_copy_bytes", &C::set_copy_bytes, py::arg("max_piece"))
       .def("set_copy_depth", &C::set_copy_depth, py::arg("depth"))
       .def("set_input_check", &C::set_input_check, py::arg("flag"), py::arg("info"))
+      .def("set_stamps", &C::set_stamps, py::arg("stamps"))
       .def("set_routing_outputs", &C::set_routing_outputs, py::arg("host"), py::arg("snap"), py::arg("copy"),
            py::arg("ready"), py::arg("summary") = 0, py::arg("alignment") = 1)
       .def("layout", &C::layout, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"), py::arg("scratch"),

@@ -23,10 +23,13 @@
 #include "../common/fanout.cuh"
 #include "../common/layout.cuh"
 #include "../common/mover.cuh"
+#include "../common/stamps.cuh"
 #include "plan.cuh"
 #include "route.cuh"
 
 namespace symmoe {
+
+static_assert(kStampWarps >= kMaxMoverWarps, "a timeline holds every warp of a data kernel");
 
 struct Sync {  // what every kernel that ends with a cross-rank barrier needs
   int rank;
@@ -171,6 +174,7 @@ struct MoveCfg {
   int warps;            // warps per block (each with `depth` slots)
   int64_t plan_bytes;   // shared bytes before the warps' areas
   int depth;            // the mover's slots per warp (WarpMover)
+  uint64_t* stamps = nullptr;  // timeline of the call (stamps.cuh); nullptr: none
 };
 
 // ---------------------------------------------------------------------------------------
@@ -182,6 +186,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   const int PC = int(L.pos_cols()), S = int(L.combine_slots);
   const int64_t rb = L.row_bytes();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  stamp(mc.stamps, kStampEnter);
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
@@ -208,6 +213,8 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   WarpMover mv;
   mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
           mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
+  stamp(mc.stamps, kStampPlanned);
+  bool pushed = false;  // the timeline's first push (stamps only)
 
   // Warp w owns items w, w + nwt, ...; item it of `items` (P per visit) is piece it % P of
   // visit it / P (RecvPlan::visit: the sources round-robin). A token's routing is read across
@@ -256,6 +263,10 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
       if (lane == 0) mv.next_dsts()[0] = o.x + row * rb + off;
       __syncwarp();
       mv.push(src, 1, uint32_t(min(int64_t(mc.slot_bytes), rb - off)));
+      if (!pushed) {
+        stamp(mc.stamps, kStampFirstPush);
+        pushed = true;
+      }
     }
   }
   if (run && expert_major) {
@@ -297,9 +308,15 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
         __syncwarp();
         mv.push(src + off, n, bytes);
       }
+      if (!pushed) {
+        stamp(mc.stamps, kStampFirstPush);
+        pushed = true;
+      }
     }
   }
+  stamp(mc.stamps, kStampLoopEnd);
   mv.flush();
+  stamp(mc.stamps, kStampFlushed);
   grid_barrier(tp, L, sy, dead, kStageDispatchDone);
 }
 
@@ -427,6 +444,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
   const int PC = int(L.pos_cols());
   const int64_t rb = L.row_bytes();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  stamp(mc.stamps, kStampEnter);
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
@@ -452,6 +470,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
   WarpMover mv;
   mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
           mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
+  stamp(mc.stamps, kStampPlanned);
 
   if (run) {
     const int64_t T = counts[int64_t(me) * L.counts_cols()];
@@ -460,9 +479,12 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
       next = TokenRoute::load(pidx, pw, ppos, t + nwt, K, PC, lane, t + nwt < T);
       const PushDsts d = push_token(tp, L, pl, counts, ppos, o, cur, t, expert_major, me, true, lane);
       if (d.n) push_row(mv, x + t * rb, d, rb, mc.slot_bytes, lane);
+      if (t == gw) stamp(mc.stamps, kStampFirstPush);
     }
   }
+  stamp(mc.stamps, kStampLoopEnd);
   mv.flush();
+  stamp(mc.stamps, kStampFlushed);
   grid_barrier(tp, L, sy, dead, kStageDispatchData);
 }
 

@@ -1,0 +1,23 @@
+// Optional timeline of the data kernels (scripts/timeline_probe.py): lane 0 of every warp
+// writes (%globaltimer, clock64) at a few fixed marks, so a probe can split a kernel's time
+// into launch skew, prologue, the copy loop and the drain. Off (nullptr) in every normal call:
+// one predicated store per mark and warp, never one per row.
+#pragma once
+#include <cstdint>
+
+#include "ptx.cuh"
+
+namespace symmoe {
+
+enum StampMark : int { kStampEnter, kStampPlanned, kStampFirstPush, kStampLoopEnd, kStampFlushed, kStampMarks };
+constexpr int kStampWarps = 16;  // warps per block a timeline holds room for (kMaxMoverWarps)
+
+// s: [blocks][kStampWarps][kStampMarks][2] uint64 (globaltimer ns, clock64).
+__device__ __forceinline__ void stamp(uint64_t* s, int mark) {
+  if (s == nullptr || (threadIdx.x & 31) != 0) return;
+  uint64_t* p = s + ((int64_t(blockIdx.x) * kStampWarps + (threadIdx.x >> 5)) * kStampMarks + mark) * 2;
+  p[0] = global_timer_ns();
+  p[1] = uint64_t(clock64());
+}
+
+}  // namespace symmoe

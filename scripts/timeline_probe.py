@@ -1,0 +1,96 @@
+"""Where a W=1 cached dispatch's kernel time goes, warp by warp (symmoe/timeline.py): the
+launch skew, the prologue, the copy loop and the drain of the pull and push kernels, next to
+the call's event time and a same-size copy's. The bench's shape (DeepSeek-V3, 4096 tokens).
+    python scripts/timeline_probe.py --backends torch,nccl --protocols push,pull --json out.json
+nvshmem's dispatch kernel has no stamps: it is not probed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+from datetime import datetime, timezone
+
+import torch
+
+from symmoe import timeline
+from symmoe.bench import DEEPSEEK_V3, _inputs, bench_config
+from symmoe.config import PROTOCOLS
+
+
+def timed(fn, sleep_cycles: int) -> float:
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(sleep_cycles)
+    a.record()
+    fn()
+    b.record()
+    b.synchronize()
+    return a.elapsed_time(b) * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--backends", default="torch")
+    p.add_argument("--protocols", default="push,pull")
+    p.add_argument("--layouts", default="rank")
+    p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--json", default=None)
+    a = p.parse_args()
+    os.environ.setdefault("TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES", "1")
+    from symmoe.buffer import Buffer
+
+    sleep = int(1000e-6 * 1.98e9)
+    T, H = DEEPSEEK_V3["buffer.max_tokens_per_rank"], DEEPSEEK_V3["buffer.hidden"]
+    x, idx, w = _inputs(T, H, 8, 256, 1, 0, 0, torch.device("cuda", 0))
+    src = torch.empty(T * H * 2, dtype=torch.uint8, device="cuda").random_(0, 255)
+    dst = torch.empty_like(src)
+    for _ in range(5):
+        dst.copy_(src)
+    copy_us = statistics.median(timed(lambda: dst.copy_(src), sleep) for _ in range(a.repeats))
+    out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+           "commit": os.environ.get("SYMMOE_COMMIT", "unknown"), "device": torch.cuda.get_device_name(0),
+           "command": "python scripts/timeline_probe.py " + " ".join(
+               f"--{k} {v}" for k, v in vars(a).items() if k != "json"),
+           "copy_us": copy_us, "kernels": {}}
+    lines = [f"copy of the rank-major bytes (dst.copy_): {copy_us:.1f} us (event)"]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for backend in a.backends.split(","):
+        for proto in a.protocols.split(","):
+            if proto not in PROTOCOLS[backend] or backend == "nvshmem":
+                continue
+            for layout in a.layouts.split(","):
+                with Buffer(None, bench_config(proto, sms, backend=backend)) as buf:
+                    pr = buf._protocol
+                    mod, ctx = pr.mod, pr.ctx
+                    _, handle = pr.dispatch(x, idx, w, layout, 1)
+                    call = lambda: pr.dispatch_cached(x, handle)  # noqa: E731
+                    for _ in range(5):
+                        call()
+                    stamps = torch.zeros(ctx.grid * mod.STAMP_WORDS, dtype=torch.int64, device="cuda")
+                    ctx.set_stamps(stamps.data_ptr())
+                    runs, event = [], []
+                    try:
+                        for _ in range(a.repeats):
+                            stamps.zero_()
+                            event.append(timed(call, sleep))
+                            runs.append(timeline.phases(stamps, mod.STAMP_WORDS // (2 * len(mod.STAMP_MARKS)),
+                                                        mod.STAMP_MARKS))
+                    finally:
+                        ctx.set_stamps(0)
+                    # the run whose span is the median one, whole (its numbers belong together)
+                    mid = sorted(runs, key=lambda r: r["span"])[len(runs) // 2]
+                    name = f"{backend}/{proto} {layout} cached dispatch"
+                    ev = statistics.median(event)
+                    out["kernels"][name] = {"event_us": ev, "median_run": mid,
+                                            "spans_us": [r["span"] for r in runs]}
+                    lines += [""] + timeline.table(name, mid)
+                    lines.append(f"  event {ev:.1f} us; ratio to the copy {copy_us / ev:.3f}")
+    print("\n".join(lines))
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

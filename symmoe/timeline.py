@@ -1,0 +1,64 @@
+"""A data kernel's timeline, read from the stamps its warps write (csrc/common/stamps.cuh):
+where one call's time goes between the launch, the prologue (plan tables, mover set-up), the
+copy loop and the final drain of the bulk stores. ``scripts/timeline_probe.py`` collects them.
+
+Each warp stamps (globaltimer ns, clock64) at the marks ``MARKS``. The globaltimer is common
+to all SMs, so it places warps against each other (launch skew, the last warp's end); clock64
+counts the SM's cycles, finer than the globaltimer's steps, and measures the phases inside
+one warp (converted to ns at the clock rate the kernel ran at, taken from the two together).
+"""
+from __future__ import annotations
+
+import statistics
+from typing import Sequence
+
+import torch
+
+MARKS = ("enter", "planned", "first_push", "loop_end", "flushed")
+# (name, from mark, to mark): one warp's phases
+PHASES = (("prologue", "enter", "planned"), ("first push", "planned", "first_push"),
+          ("loop", "first_push", "loop_end"), ("drain", "loop_end", "flushed"), ("warp", "enter", "flushed"))
+
+
+def _pct(xs: Sequence[float]) -> dict[str, float]:
+    s = sorted(xs)
+    return {"min": s[0], "median": statistics.median(s), "max": s[-1]}
+
+
+def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS) -> dict:
+    """stamps: the kernel's int64 words, [blocks][warp_slots][len(marks)][2] flattened; a warp
+    that never ran (all zero) is left out. Returns µs: per phase the min / median / max over
+    warps; ``start`` and ``end`` (each warp's enter and flushed against the first warp's enter,
+    globaltimer); ``span`` (first enter to last flushed); ``clock_ghz``; ``warps``."""
+    m = len(marks)
+    if stamps.numel() % (warp_slots * m * 2):
+        raise ValueError(f"stamps: {stamps.numel()} words is not a whole number of blocks of "
+                         f"{warp_slots} warps x {m} marks x 2")
+    t = stamps.detach().to("cpu", torch.int64).view(-1, warp_slots, m, 2).reshape(-1, m, 2)
+    t = t[(t != 0).all(dim=2).all(dim=1)]  # warps that stamped every mark
+    if t.shape[0] == 0:
+        raise ValueError("stamps: no warp stamped every mark (was the timeline set before the call?)")
+    ix = {k: i for i, k in enumerate(marks)}
+    ns, clk = t[:, :, 0].double(), t[:, :, 1].double()
+    enter, flushed = ix["enter"], ix["flushed"]
+    wall = ns[:, flushed] - ns[:, enter]
+    cyc = clk[:, flushed] - clk[:, enter]
+    ghz = statistics.median((cyc[wall > 0] / wall[wall > 0]).tolist()) if bool((wall > 0).any()) else float("nan")
+    out: dict = {"warps": int(t.shape[0]), "clock_ghz": ghz}
+    for name, a, b in PHASES:
+        d = (clk[:, ix[b]] - clk[:, ix[a]]) / ghz / 1e3
+        out[name] = _pct(d.tolist())
+    t0 = float(ns[:, enter].min())
+    out["start"] = _pct(((ns[:, enter] - t0) / 1e3).tolist())
+    out["end"] = _pct(((ns[:, flushed] - t0) / 1e3).tolist())
+    out["span"] = float(ns[:, flushed].max() - t0) / 1e3
+    return out
+
+
+def table(name: str, p: dict) -> list[str]:
+    """A few lines for one kernel's phases (µs: min / median / max over warps)."""
+    lines = [f"{name}: {p['warps']} warps, span {p['span']:.1f} us, clock {p['clock_ghz']:.2f} GHz"]
+    for k in ("start", *[ph[0] for ph in PHASES], "end"):
+        v = p[k]
+        lines.append(f"  {k:<11} {v['min']:7.2f} {v['median']:7.2f} {v['max']:7.2f}")
+    return lines

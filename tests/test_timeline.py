@@ -1,0 +1,57 @@
+"""symmoe.timeline reads the data kernels' stamps (csrc/common/stamps.cuh) into phases."""
+import pytest
+import torch
+
+from symmoe.timeline import MARKS, phases, table
+
+SLOTS = 4  # warp slots per block in these synthetic timelines
+
+
+def timeline(warps: dict[tuple[int, int], list[tuple[int, int]]], blocks: int = 2) -> torch.Tensor:
+    """(block, warp) -> one (ns, clock) pair per mark; other slots stay zero (warps that never ran)."""
+    t = torch.zeros(blocks, SLOTS, len(MARKS), 2, dtype=torch.int64)
+    for (b, w), marks in warps.items():
+        t[b, w] = torch.tensor(marks)
+    return t.flatten()
+
+
+def marks_at(start_ns: int, offsets_ns: list[int], ghz: float = 2.0, clock0: int = 10_000) -> list[tuple[int, int]]:
+    return [(start_ns + o, clock0 + int(o * ghz)) for o in offsets_ns]
+
+
+def test_phases_split_each_warp_and_place_warps_by_the_globaltimer():
+    # warp A starts first; warp B 1 µs later and ends last.
+    a = marks_at(1_000_000, [0, 2_000, 2_500, 30_000, 31_000])
+    b = marks_at(1_001_000, [0, 3_000, 3_500, 32_000, 34_000])
+    p = phases(timeline({(0, 0): a, (1, 2): b}), SLOTS)
+    assert p["warps"] == 2
+    assert p["clock_ghz"] == pytest.approx(2.0)
+    assert p["prologue"] == pytest.approx({"min": 2.0, "median": 2.5, "max": 3.0})
+    assert p["loop"]["max"] == pytest.approx(28.5)
+    assert p["drain"] == pytest.approx({"min": 1.0, "median": 1.5, "max": 2.0})
+    assert p["start"] == pytest.approx({"min": 0.0, "median": 0.5, "max": 1.0})
+    assert p["end"]["max"] == pytest.approx(35.0)
+    assert p["span"] == pytest.approx(35.0)
+
+
+def test_phases_leave_out_warps_that_missed_a_mark():
+    full = marks_at(5_000, [0, 1_000, 1_200, 9_000, 9_500])
+    partial = marks_at(5_000, [0, 1_000, 0, 0, 0])
+    partial = [m if i < 2 else (0, 0) for i, m in enumerate(partial)]
+    p = phases(timeline({(0, 1): full, (1, 0): partial}), SLOTS)
+    assert p["warps"] == 1
+    assert p["span"] == pytest.approx(9.5)
+
+
+def test_phases_refuse_a_buffer_of_the_wrong_size_or_without_stamps():
+    with pytest.raises(ValueError, match="whole number of blocks"):
+        phases(torch.zeros(SLOTS * len(MARKS) * 2 + 1, dtype=torch.int64), SLOTS)
+    with pytest.raises(ValueError, match="no warp stamped every mark"):
+        phases(torch.zeros(SLOTS * len(MARKS) * 2, dtype=torch.int64), SLOTS)
+
+
+def test_table_names_every_phase():
+    p = phases(timeline({(0, 0): marks_at(0 + 1, [0, 1_000, 1_100, 8_000, 9_000])}), SLOTS)
+    text = "\n".join(table("torch/push rank cached dispatch", p))
+    for name in ("start", "prologue", "first push", "loop", "drain", "warp", "end", "span"):
+        assert name in text
