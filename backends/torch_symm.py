@@ -118,7 +118,7 @@ class TorchSymmMemory(SymmetricMemory):
 
             self._module = build.load("symmoe_cuda")
             self._err = self._module.host_alloc_mapped(64)
-            self._counters = torch.zeros(self._module.COUNTER_WORDS, dtype=torch.int32, device=self.device)
+            self._counters = torch.zeros(8, dtype=torch.int32, device=self.device)
             self._err_dev = torch.zeros(8, dtype=torch.int64, device=self.device)
             from ..config import Config as _C  # layout-independent context: only barrier() is used
 

@@ -35,9 +35,6 @@ T* P(uintptr_t v) {
 inline cudaStream_t S(uintptr_t v) { return reinterpret_cast<cudaStream_t>(v); }
 
 constexpr uint32_t kMaxSlotBytes = 16384;
-// The context's counters, one zeroed int32 array from the caller: grid completion counters,
-// then the data kernels' item counters.
-constexpr int kDoneCounters = 8, kWorkCounters = 4;
 // Default piece of the expert-major fan-out (one load, up to top-k bulk stores): smaller pieces
 // let 16 warps per block keep stores in flight. Row-copy microbenchmark, 4096 rows of 14336 B
 // to 8 rows each: 147 µs at 3584-byte pieces against 155 µs at whole rows (session 11).
@@ -53,9 +50,7 @@ struct Ctx {
   uint64_t timeout_ns;
   int grid;      // blocks of the persistent kernels (config kernel.num_sms, clamped to the device)
   int max_smem;  // opt-in shared memory per block
-  unsigned int* done;  // [kDoneCounters] grid completion counters (one per kernel kind: 0-6 used)
-  unsigned int* work;  // [kWorkCounters] the pull and push kernels' item counters (two each: WorkQueue)
-  uint32_t launches[2] = {0, 0};  // pull, push launches so far: which of the kernel's two counters is next
+  unsigned int* done;  // [8] grid completion counters, zeroed by the caller (one per kernel kind: 0-6 used)
   MoveCfg move;        // data kernels' bulk piece size and warps per block (for plan_bytes = 0)
   MoveCfg move_fan;    // the same for the expert-major dispatch (a piece goes to several rows)
   bool depth_auto = true;  // kernel.copy_depth 0: kRowDepth where two warps still fit, else 2
@@ -70,7 +65,7 @@ struct Ctx {
   Ctx(const std::vector<int64_t>& layout, int rank_, Transport tp_, uintptr_t err_dev, uintptr_t err_host_dev,
       double timeout_s, int num_sms, uintptr_t counters)
       : rank(rank_), tp(tp_), err(P<ErrorWord>(err_dev)), err_host(P<ErrorWord>(err_host_dev)),
-        done(P<unsigned int>(counters)), work(done + kDoneCounters) {
+        done(P<unsigned int>(counters)) {
     if (layout.size() != size_t(kLayoutArgs))
       throw std::invalid_argument("layout: expected " + std::to_string(kLayoutArgs) + " values (BufferLayout.kernel_args()), got " +
                                   std::to_string(layout.size()));
@@ -172,12 +167,6 @@ struct Ctx {
   }
 
   Sync sync(int64_t epoch, int which) const { return Sync{rank, epoch, timeout_ns, err, err_host, done + which}; }
-  // Kernel k's counters for its next launch; launched() moves on to the other pair member
-  // only once the launch went out (a launch that never ran zeroes nothing).
-  WorkQueue work_queue(int k) const {
-    const uint32_t par = launches[k] & 1u;
-    return WorkQueue{work + 2 * k + par, work + 2 * k + (par ^ 1u)};
-  }
 
   // Routing: one chunk of tokens per block, at least 128 tokens a chunk (fewer chunks: the
   // serial sums over chunks stay short). When the columns'
@@ -269,20 +258,16 @@ struct Ctx {
     MoveCfg m = move_cfg(RecvPlan::bytes(int(L.world_size), int(L.local_experts())), expert_major);
     m.stamps = stamps;
     pull_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(self_x), outputs(out),
-                                                                         expert_major, alignment, m, sync(epoch, 1),
-                                                                         work_queue(0));
+                                                                         expert_major, alignment, m, sync(epoch, 1));
     check(cudaGetLastError(), "pull_kernel launch");
-    ++launches[0];
   }
 
   void push(uintptr_t x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
     MoveCfg m = move_cfg(SendPlan::bytes(int(L.world_size), int(L.local_experts())), expert_major);
     m.stamps = stamps;
     push_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(x), outputs(out),
-                                                                         expert_major, alignment, m, sync(epoch, 2),
-                                                                         work_queue(1));
+                                                                         expert_major, alignment, m, sync(epoch, 2));
     check(cudaGetLastError(), "push_kernel launch");
-    ++launches[1];
   }
 
   // Push with peers in one kernel of `senders` sender blocks (the channels) and `receivers`
@@ -381,7 +366,6 @@ void bind_context(py::module_& m, Init init) {
   using C = Ctx<Transport>;
   m.attr("LAYOUT_ARGS") = kLayoutArgs;
   m.attr("SUMMARY_HEAD") = kSummaryHead;
-  m.attr("COUNTER_WORDS") = kDoneCounters + kWorkCounters;  // int32 words of the Context's `counters`
   m.attr("STAMP_WORDS") = kStampWarps * kStampMarks * 2;  // per block: [warp][mark][ns, clock]
   m.attr("STAMP_MARKS") = py::make_tuple("enter", "planned", "first_push", "loop_end", "flushed");
   m.attr("STAGES") = py::dict(py::arg("dispatch.counts") = int(kStageDispatchCounts),

@@ -20,7 +20,6 @@
 #include <cstdint>
 
 #include "../common/barrier.cuh"
-#include "../common/claim.cuh"
 #include "../common/fanout.cuh"
 #include "../common/layout.cuh"
 #include "../common/mover.cuh"
@@ -180,18 +179,14 @@ struct MoveCfg {
 
 // ---------------------------------------------------------------------------------------
 template <class Transport>
-__global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) pull_kernel(Transport tp, Layout L, const uint8_t* self_x, Outputs o,
-                                                    bool expert_major, int alignment, MoveCfg mc, Sync sy,
-                                                    WorkQueue wq) {
+__global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, const uint8_t* self_x, Outputs o,
+                                                    bool expert_major, int alignment, MoveCfg mc, Sync sy) {
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), r = sy.rank;
   const int PC = int(L.pos_cols()), S = int(L.combine_slots);
   const int64_t rb = L.row_bytes();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   stamp(mc.stamps, kStampEnter);
-  const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
-  ItemClaim cl;
-  cl.start(wq, nwt);
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
@@ -200,6 +195,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) pull_kernel(Transport 
   // whatever the counts say): its routing is in flight while the plan is built, as push does.
   // The input regions hold max_tokens rows; a token past the source's count is read, not used.
   const int64_t P = expert_major ? 1 : (rb + mc.slot_bytes - 1) / mc.slot_bytes;
+  const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
   const int s0 = int((gw / P) % W);
   const int64_t t0 = gw / P / W;
   const TokenRoute first = TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s0, L.in_idx)),
@@ -220,8 +216,8 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) pull_kernel(Transport 
   stamp(mc.stamps, kStampPlanned);
   bool pushed = false;  // the timeline's first push (stamps only)
 
-  // Warp w's first item is w, the rest are claimed (ItemClaim); item it of `items` (P per
-  // visit) is piece it % P of visit it / P (RecvPlan::visit: the sources round-robin). A token's routing is read across
+  // Warp w owns items w, w + nwt, ...; item it of `items` (P per visit) is piece it % P of
+  // visit it / P (RecvPlan::visit: the sources round-robin). A token's routing is read across
   // the lanes in one round (TokenRoute, as push reads it), one item ahead of the copy: with
   // peers it is a round trip over the link, and no copy waits on it.
   auto it_route = [&](int64_t it, int64_t items) {
@@ -238,11 +234,9 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) pull_kernel(Transport 
     // more warps).
     const int64_t items = pl.visits(W) * P;
     TokenRoute next = first;
-    int64_t it, ahead;
-    for (cl.first(gw, items, it, ahead); it < items; cl.advance(it, ahead)) {
+    for (int64_t it = gw; it < items; it += nwt) {
       const TokenRoute cur = next;
-      next = it_route(ahead, items);
-      cl.claim(ahead);
+      next = it_route(it + nwt, items);
       int s;
       int64_t t;
       if (!pl.visit(it / P, W, s, t)) continue;  // warp-uniform
@@ -279,11 +273,9 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) pull_kernel(Transport 
     // One item per visit; its routing is read one visit ahead, as in the rank-major path.
     const int64_t items = pl.visits(W);
     TokenRoute next = first;
-    int64_t v, ahead;
-    for (cl.first(gw, items, v, ahead); v < items; cl.advance(v, ahead)) {
+    for (int64_t v = gw; v < items; v += nwt) {
       const TokenRoute cur = next;
-      next = it_route(ahead, items);
-      cl.claim(ahead);
+      next = it_route(v + nwt, items);
       int s;
       int64_t t;
       if (!pl.visit(v, W, s, t)) continue;  // warp-uniform
@@ -445,18 +437,14 @@ __device__ __forceinline__ void push_row(WarpMover& mv, const uint8_t* src, cons
 // int32 / f32 entries: rank-major the local expert ids and weights of the row's slots (-1 / 0
 // for other ranks' slots); expert-major each slot's row in the output (-1: not this rank's).
 template <class Transport>
-__global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) push_kernel(Transport tp, Layout L, const uint8_t* x, Outputs o,
-                                                    bool expert_major, int alignment, MoveCfg mc, Sync sy,
-                                                    WorkQueue wq) {
+__global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, const uint8_t* x, Outputs o,
+                                                    bool expert_major, int alignment, MoveCfg mc, Sync sy) {
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), me = sy.rank;
   const int PC = int(L.pos_cols());
   const int64_t rb = L.row_bytes();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   stamp(mc.stamps, kStampEnter);
-  const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
-  ItemClaim cl;  // tokens: the warp's index first, then claimed
-  cl.start(wq, nwt);
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
@@ -464,6 +452,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) push_kernel(Transport 
   const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.in_idx);
   const float* pw = reinterpret_cast<const float*>(tp.local + L.in_w);
   const int32_t* ppos = reinterpret_cast<const int32_t*>(tp.local + L.in_pos);
+  const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
   // The first token's routing is in flight while the plan is built (the input region holds
   // max_tokens rows; a row past this dispatch's tokens is never used).
   TokenRoute next = TokenRoute::load(pidx, pw, ppos, gw, K, PC, lane, !dead && gw < L.max_tokens);
@@ -485,11 +474,9 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) push_kernel(Transport 
 
   if (run) {
     const int64_t T = counts[int64_t(me) * L.counts_cols()];
-    int64_t t, ahead;
-    for (cl.first(gw, T, t, ahead); t < T; cl.advance(t, ahead)) {
+    for (int64_t t = gw; t < T; t += nwt) {
       const TokenRoute cur = next;
-      next = TokenRoute::load(pidx, pw, ppos, ahead, K, PC, lane, ahead < T);
-      cl.claim(ahead);
+      next = TokenRoute::load(pidx, pw, ppos, t + nwt, K, PC, lane, t + nwt < T);
       const PushDsts d = push_token(tp, L, pl, counts, ppos, o, cur, t, expert_major, me, true, lane);
       if (d.n) push_row(mv, x + t * rb, d, rb, mc.slot_bytes, lane);
       if (t == gw) stamp(mc.stamps, kStampFirstPush);

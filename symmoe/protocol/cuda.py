@@ -141,7 +141,7 @@ class _CudaProtocol(Protocol):
         self._stage_names = {v: k for k, v in self.mod.STAGES.items()}
         self._err = self.mod.host_alloc_mapped(64)  # (host, device) pointers of the ErrorWord
         self._err_dev = torch.zeros(8, dtype=torch.int64, device=self.device)  # the copy kernels poll
-        self._counters = torch.zeros(self.mod.COUNTER_WORDS, dtype=torch.int32, device=self.device)
+        self._counters = torch.zeros(8, dtype=torch.int32, device=self.device)
         args = layout.kernel_args()
         make = getattr(mem, "kernel_context", None)
         if make is not None:  # backends with their own transport (nvshmem, nccl)
