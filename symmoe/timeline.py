@@ -14,9 +14,10 @@ from typing import Sequence
 
 import torch
 
-MARKS = ("enter", "planned", "first_push", "loop_end", "flushed")
-# (name, from mark, to mark): one warp's phases
-PHASES = (("prologue", "enter", "planned"), ("first push", "planned", "first_push"),
+MARKS = ("enter", "checked", "built", "planned", "first_push", "loop_end", "flushed")
+# (name, from mark, to mark): one warp's phases (those whose marks a kernel has)
+PHASES = (("error check", "enter", "checked"), ("plan", "checked", "built"), ("mover set-up", "built", "planned"),
+          ("prologue", "enter", "planned"), ("first push", "planned", "first_push"),
           ("loop", "first_push", "loop_end"), ("drain", "loop_end", "flushed"), ("warp", "enter", "flushed"))
 
 
@@ -46,6 +47,8 @@ def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS) 
     ghz = statistics.median((cyc[wall > 0] / wall[wall > 0]).tolist()) if bool((wall > 0).any()) else float("nan")
     out: dict = {"warps": int(t.shape[0]), "clock_ghz": ghz}
     for name, a, b in PHASES:
+        if a not in ix or b not in ix:
+            continue
         d = (clk[:, ix[b]] - clk[:, ix[a]]) / ghz / 1e3
         out[name] = _pct(d.tolist())
     t0 = float(ns[:, enter].min())
@@ -58,7 +61,7 @@ def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS) 
 def table(name: str, p: dict) -> list[str]:
     """A few lines for one kernel's phases (µs: min / median / max over warps)."""
     lines = [f"{name}: {p['warps']} warps, span {p['span']:.1f} us, clock {p['clock_ghz']:.2f} GHz"]
-    for k in ("start", *[ph[0] for ph in PHASES], "end"):
+    for k in ("start", *[ph[0] for ph in PHASES if ph[0] in p], "end"):
         v = p[k]
         lines.append(f"  {k:<11} {v['min']:7.2f} {v['median']:7.2f} {v['max']:7.2f}")
     return lines

@@ -21,11 +21,14 @@ def marks_at(start_ns: int, offsets_ns: list[int], ghz: float = 2.0, clock0: int
 
 def test_phases_split_each_warp_and_place_warps_by_the_globaltimer():
     # warp A starts first; warp B 1 µs later and ends last.
-    a = marks_at(1_000_000, [0, 2_000, 2_500, 30_000, 31_000])
-    b = marks_at(1_001_000, [0, 3_000, 3_500, 32_000, 34_000])
+    # marks: enter, checked, built, planned, first_push, loop_end, flushed
+    a = marks_at(1_000_000, [0, 400, 1_600, 2_000, 2_500, 30_000, 31_000])
+    b = marks_at(1_001_000, [0, 600, 2_400, 3_000, 3_500, 32_000, 34_000])
     p = phases(timeline({(0, 0): a, (1, 2): b}), SLOTS)
     assert p["warps"] == 2
     assert p["clock_ghz"] == pytest.approx(2.0)
+    assert p["error check"] == pytest.approx({"min": 0.4, "median": 0.5, "max": 0.6})
+    assert p["plan"] == pytest.approx({"min": 1.2, "median": 1.5, "max": 1.8})
     assert p["prologue"] == pytest.approx({"min": 2.0, "median": 2.5, "max": 3.0})
     assert p["loop"]["max"] == pytest.approx(28.5)
     assert p["drain"] == pytest.approx({"min": 1.0, "median": 1.5, "max": 2.0})
@@ -35,12 +38,19 @@ def test_phases_split_each_warp_and_place_warps_by_the_globaltimer():
 
 
 def test_phases_leave_out_warps_that_missed_a_mark():
-    full = marks_at(5_000, [0, 1_000, 1_200, 9_000, 9_500])
-    partial = marks_at(5_000, [0, 1_000, 0, 0, 0])
-    partial = [m if i < 2 else (0, 0) for i, m in enumerate(partial)]
+    full = marks_at(5_000, [0, 100, 500, 1_000, 1_200, 9_000, 9_500])
+    partial = [m if i < 2 else (0, 0) for i, m in enumerate(marks_at(5_000, [0, 100, 500, 1_000, 1_200, 9_000, 9_500]))]
     p = phases(timeline({(0, 1): full, (1, 0): partial}), SLOTS)
     assert p["warps"] == 1
     assert p["span"] == pytest.approx(9.5)
+
+
+def test_phases_of_a_kernel_with_fewer_marks_leave_out_the_phases_it_cannot_measure():
+    marks = ("enter", "planned", "first_push", "loop_end", "flushed")
+    t = torch.zeros(1, SLOTS, len(marks), 2, dtype=torch.int64)
+    t[0, 0] = torch.tensor(marks_at(7, [0, 1_000, 1_100, 8_000, 9_000]))
+    p = phases(t.flatten(), SLOTS, marks)
+    assert "plan" not in p and p["prologue"]["median"] == pytest.approx(1.0)
 
 
 def test_phases_refuse_a_buffer_of_the_wrong_size_or_without_stamps():
@@ -51,7 +61,8 @@ def test_phases_refuse_a_buffer_of_the_wrong_size_or_without_stamps():
 
 
 def test_table_names_every_phase():
-    p = phases(timeline({(0, 0): marks_at(0 + 1, [0, 1_000, 1_100, 8_000, 9_000])}), SLOTS)
+    p = phases(timeline({(0, 0): marks_at(1, [0, 100, 500, 1_000, 1_100, 8_000, 9_000])}), SLOTS)
     text = "\n".join(table("torch/push rank cached dispatch", p))
-    for name in ("start", "prologue", "first push", "loop", "drain", "warp", "end", "span"):
+    for name in ("start", "error check", "plan", "mover set-up", "prologue", "first push", "loop", "drain", "warp",
+                 "end", "span"):
         assert name in text

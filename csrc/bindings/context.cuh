@@ -367,7 +367,7 @@ void bind_context(py::module_& m, Init init) {
   m.attr("LAYOUT_ARGS") = kLayoutArgs;
   m.attr("SUMMARY_HEAD") = kSummaryHead;
   m.attr("STAMP_WORDS") = kStampWarps * kStampMarks * 2;  // per block: [warp][mark][ns, clock]
-  m.attr("STAMP_MARKS") = py::make_tuple("enter", "planned", "first_push", "loop_end", "flushed");
+  m.attr("STAMP_MARKS") = py::make_tuple("enter", "checked", "built", "planned", "first_push", "loop_end", "flushed");
   m.attr("STAGES") = py::dict(py::arg("dispatch.counts") = int(kStageDispatchCounts),
                               py::arg("dispatch.data") = int(kStageDispatchData),
                               py::arg("dispatch.done") = int(kStageDispatchDone),

@@ -9,7 +9,16 @@
 
 namespace symmoe {
 
-enum StampMark : int { kStampEnter, kStampPlanned, kStampFirstPush, kStampLoopEnd, kStampFlushed, kStampMarks };
+enum StampMark : int {
+  kStampEnter,      // kernel entry
+  kStampChecked,    // the error word read (block barrier)
+  kStampBuilt,      // plan tables built and checked
+  kStampPlanned,    // mover set up: the copies can start
+  kStampFirstPush,  // the warp's first bulk load issued
+  kStampLoopEnd,
+  kStampFlushed,    // the warp's stores complete
+  kStampMarks
+};
 constexpr int kStampWarps = 16;  // warps per block a timeline holds room for (kMaxMoverWarps)
 
 // s: [blocks][kStampWarps][kStampMarks][2] uint64 (globaltimer ns, clock64).

@@ -190,6 +190,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
+  stamp(mc.stamps, kStampChecked);
   const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
   // Warp w's first item belongs to visit w / P (RecvPlan::visit: token v / W of source v % W,
   // whatever the counts say): its routing is in flight while the plan is built, as push does.
@@ -207,6 +208,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   int64_t rows = 0;
   if (!dead) rows = pl.build(counts, L, r, expert_major, alignment);
   const bool run = !dead && rows <= o.capacity && counts_valid(counts, L);
+  stamp(mc.stamps, kStampBuilt);
 
   if (run && expert_major) fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, Le, o, rb);
 
@@ -448,6 +450,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
+  stamp(mc.stamps, kStampChecked);
   const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
   const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.in_idx);
   const float* pw = reinterpret_cast<const float*>(tp.local + L.in_w);
@@ -463,6 +466,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
     pl.build(counts, L, me, expert_major, alignment);
     for (int q = 0; q < W; ++q) run = run && pl.rows[q] <= L.recv_rows && (q != me || pl.rows[q] <= o.capacity);
   }
+  stamp(mc.stamps, kStampBuilt);
   // Alone, no unpack follows (nothing was pushed to a pool): the group starts and the
   // padding rows of the expert-major output are written here.
   if (run && expert_major && W == 1)
