@@ -199,13 +199,9 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
   const int s0 = int((gw / P) % W);
   const int64_t t0 = gw / P / W;
-  // This rank's own region without the peer-base lookup: a map() is a load, and the routing
-  // loads behind it would hold the warp for its round trip before the plan's loads go out
-  // (the plan took 3.2 µs against push's 1.3 at W=1, scripts/timeline_probe.py).
-  auto region = [&](int s, int64_t off) { return s == r ? tp.local + off : tp.map(s, off); };
-  const TokenRoute first = TokenRoute::load(reinterpret_cast<const int32_t*>(region(s0, L.in_idx)),
-                                            reinterpret_cast<const float*>(region(s0, L.in_w)),
-                                            reinterpret_cast<const int32_t*>(region(s0, L.in_pos)), t0, K, PC, lane,
+  const TokenRoute first = TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s0, L.in_idx)),
+                                            reinterpret_cast<const float*>(tp.map(s0, L.in_w)),
+                                            reinterpret_cast<const int32_t*>(tp.map(s0, L.in_pos)), t0, K, PC, lane,
                                             !dead && t0 < L.max_tokens);
   RecvPlan pl;
   pl.carve(smem_raw, W, Le);
@@ -230,9 +226,9 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
     int s;
     int64_t t;
     if (it >= items || !pl.visit(it / P, W, s, t)) return TokenRoute{-1, 0.f, 0};
-    return TokenRoute::load(reinterpret_cast<const int32_t*>(region(s, L.in_idx)),
-                            reinterpret_cast<const float*>(region(s, L.in_w)),
-                            reinterpret_cast<const int32_t*>(region(s, L.in_pos)), t, K, PC, lane, true);
+    return TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s, L.in_idx)),
+                            reinterpret_cast<const float*>(tp.map(s, L.in_w)),
+                            reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), t, K, PC, lane, true);
   };
 
   if (run && !expert_major) {
@@ -249,7 +245,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
       const int64_t off = (it % P) * mc.slot_bytes;
       const bool own = cur.e >= 0 && cur.e / Le == r;  // lanes < K: this slot's expert is here
       const bool mine = __ballot_sync(0xffffffffu, own) != 0;
-      const int p = cur.pos_of(reinterpret_cast<const int32_t*>(region(s, L.in_pos)), t, PC, r);
+      const int p = cur.pos_of(reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), t, PC, r);
       int64_t row = mine ? pl.rbase[s] + p : -1;
       if (row >= rows) row = -1;  // only with corrupt inputs; never write out of bounds
       if (row < 0) continue;      // warp-uniform
@@ -289,7 +285,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
       const bool mine = e >= 0 && e / Le == r;
       const uint32_t bal = __ballot_sync(0xffffffffu, mine);
       if (bal == 0) continue;
-      const int slot_pos = cur.pos_of(reinterpret_cast<const int32_t*>(region(s, L.in_pos)), t, PC, W + lane);
+      const int slot_pos = cur.pos_of(reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), t, PC, W + lane);
       int64_t my_row = -1;  // lane k: destination row of slot k
       if (mine) {
         const int j = e - r * Le;
