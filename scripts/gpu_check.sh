@@ -120,9 +120,11 @@ for s in "${SECTIONS[@]}"; do
         python3 scripts/microbench/to_json.py "$LOG/micro.txt" --commit "${SYMMOE_COMMIT:-unknown}" \
           --command "scripts/gpu_check.sh micro" || status=1
       else note "microbench build FAILED"; tail -20 "$LOG/micro_build.log"; status=1; fi ;;
-    timeline)  # W=1 cached dispatch, warp by warp: launch skew, prologue, copy loop, drain (TIMELINE_BACKENDS)
+    timeline)  # W=1 cached dispatch, warp by warp: launch skew, prologue, copy loop, drain
+      # TIMELINE_BACKENDS, TIMELINE_LAYOUTS; TIMELINE_VARIANTS="kernel.copy_depth=3 kernel.copy_bytes=7168": each again
+      vargs=(); for v in ${TIMELINE_VARIANTS:-}; do vargs+=(--variant "$v"); done
       python3 scripts/timeline_probe.py --backends "${TIMELINE_BACKENDS:-torch,nccl}" --protocols "${BENCH_PROTOCOLS:-push,pull}" \
-        --layouts "${TIMELINE_LAYOUTS:-rank,expert}" --json "$LOG/timeline.json" 2>&1 | tee "$LOG/timeline.txt"
+        --layouts "${TIMELINE_LAYOUTS:-rank,expert}" "${vargs[@]}" --json "$LOG/timeline.json" 2>&1 | tee "$LOG/timeline.txt"
       rc=${PIPESTATUS[0]}; note "timeline probe exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     host)  # where each call's host time goes (cProfile, world size 1; BENCH_BACKENDS / BENCH_PROTOCOLS)
       python3 scripts/host_profile.py --backends "${BENCH_BACKENDS:-torch,nccl}" --protocols "${BENCH_PROTOCOLS:-push}" \

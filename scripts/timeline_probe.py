@@ -2,7 +2,10 @@
 launch skew, the prologue, the copy loop and the drain of the pull and push kernels, next to
 the call's event time and a same-size copy's. The bench's shape (DeepSeek-V3, 4096 tokens).
     python scripts/timeline_probe.py --backends torch,nccl --protocols push,pull --json out.json
-nvshmem's dispatch kernel has no stamps: it is not probed.
+    --variant kernel.copy_depth=3,kernel.copy_bytes=7168   (every kernel again with these values)
+nvshmem's dispatch kernel has no stamps: it is not probed. The stamped kernels are a build of
+their own (kStamps, csrc/common/stamps.cuh): up to 16 warps per block let them keep their
+stamps in registers (push 80, pull 96, no spills), where the kernels of a normal call have 64.
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ def main() -> None:
     p.add_argument("--protocols", default="push,pull")
     p.add_argument("--layouts", default="rank")
     p.add_argument("--repeats", type=int, default=9)
+    p.add_argument("--variant", action="append", default=[], help="k=v,k=v: every kernel again with these")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     os.environ.setdefault("TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES", "1")
@@ -51,41 +55,41 @@ def main() -> None:
     out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "commit": os.environ.get("SYMMOE_COMMIT", "unknown"), "device": torch.cuda.get_device_name(0),
            "command": "python scripts/timeline_probe.py " + " ".join(
-               f"--{k} {v}" for k, v in vars(a).items() if k != "json"),
+               f"--{k} {v}" for k, v in vars(a).items() if k not in ("json", "variant"))
+           + "".join(f" --variant {v}" for v in a.variant),
            "copy_us": copy_us, "kernels": {}}
     lines = [f"copy of the rank-major bytes (dst.copy_): {copy_us:.1f} us (event)"]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    for backend in a.backends.split(","):
-        for proto in a.protocols.split(","):
-            if proto not in PROTOCOLS[backend] or backend == "nvshmem":
-                continue
-            for layout in a.layouts.split(","):
-                with Buffer(None, bench_config(proto, sms, backend=backend)) as buf:
-                    pr = buf._protocol
-                    mod, ctx = pr.mod, pr.ctx
-                    _, handle = pr.dispatch(x, idx, w, layout, 1)
-                    call = lambda: pr.dispatch_cached(x, handle)  # noqa: E731
-                    for _ in range(5):
-                        call()
-                    stamps = torch.zeros(ctx.grid * mod.STAMP_WORDS, dtype=torch.int64, device="cuda")
-                    ctx.set_stamps(stamps.data_ptr())
-                    runs, event = [], []
-                    try:
-                        for _ in range(a.repeats):
-                            stamps.zero_()
-                            event.append(timed(call, sleep))
-                            runs.append(timeline.phases(stamps, mod.STAMP_WORDS // (2 * len(mod.STAMP_MARKS)),
-                                                        mod.STAMP_MARKS))
-                    finally:
-                        ctx.set_stamps(0)
-                    # the run whose span is the median one, whole (its numbers belong together)
-                    mid = sorted(runs, key=lambda r: r["span"])[len(runs) // 2]
-                    name = f"{backend}/{proto} {layout} cached dispatch"
-                    ev = statistics.median(event)
-                    out["kernels"][name] = {"event_us": ev, "median_run": mid,
-                                            "spans_us": [r["span"] for r in runs]}
-                    lines += [""] + timeline.table(name, mid)
-                    lines.append(f"  event {ev:.1f} us; ratio to the copy {copy_us / ev:.3f}")
+    cases = [(b, p, lay, v) for v in ["", *a.variant] for b in a.backends.split(",") for p in a.protocols.split(",")
+             for lay in a.layouts.split(",") if p in PROTOCOLS[b] and b != "nvshmem"]
+    for backend, proto, layout, variant in cases:
+        over = {k: int(val) for k, val in (kv.split("=") for kv in variant.split(","))} if variant else {}
+        with Buffer(None, bench_config(proto, sms, backend=backend, **over)) as buf:
+            pr = buf._protocol
+            mod, ctx = pr.mod, pr.ctx
+            _, handle = pr.dispatch(x, idx, w, layout, 1)
+            call = lambda: pr.dispatch_cached(x, handle)  # noqa: E731
+            for _ in range(5):
+                call()
+            stamps = torch.zeros(ctx.grid * mod.STAMP_WORDS, dtype=torch.int64, device="cuda")
+            ctx.set_stamps(stamps.data_ptr())
+            runs, event = [], []
+            try:
+                for _ in range(a.repeats):
+                    stamps.zero_()
+                    event.append(timed(call, sleep))
+                    runs.append(timeline.phases(stamps, mod.STAMP_WORDS // (2 * len(mod.STAMP_MARKS)),
+                                                mod.STAMP_MARKS))
+            finally:
+                ctx.set_stamps(0)
+            # the run whose span is the median one, whole (its numbers belong together)
+            mid = sorted(runs, key=lambda r: r["span"])[len(runs) // 2]
+            name = f"{backend}/{proto} {layout} cached dispatch" + (f" [{variant}]" if variant else "")
+            ev = statistics.median(event)
+            out["kernels"][name] = {"event_us": ev, "median_run": mid,
+                                    "spans_us": [r["span"] for r in runs]}
+            lines += [""] + timeline.table(name, mid)
+            lines.append(f"  event {ev:.1f} us; ratio to the copy {copy_us / ev:.3f}")
     print("\n".join(lines))
     if a.json:
         with open(a.json, "w") as f:

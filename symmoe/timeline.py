@@ -14,10 +14,12 @@ from typing import Sequence
 
 import torch
 
-MARKS = ("enter", "checked", "built", "planned", "first_push", "loop_end", "flushed")
+MARKS = ("enter", "checked", "tables", "built", "planned", "routed", "first_push", "loop_end", "flushed")
 # (name, from mark, to mark): one warp's phases (those whose marks a kernel has)
-PHASES = (("error check", "enter", "checked"), ("plan", "checked", "built"), ("mover set-up", "built", "planned"),
-          ("prologue", "enter", "planned"), ("first push", "planned", "first_push"),
+PHASES = (("error check", "enter", "checked"), ("tables", "checked", "tables"), ("checks", "tables", "built"),
+          ("plan", "checked", "built"), ("mover set-up", "built", "planned"), ("prologue", "enter", "planned"),
+          ("first route", "planned", "routed"), ("first load", "routed", "first_push"),
+          ("first push", "planned", "first_push"),
           ("loop", "first_push", "loop_end"), ("drain", "loop_end", "flushed"), ("warp", "enter", "flushed"))
 
 

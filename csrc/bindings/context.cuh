@@ -125,6 +125,8 @@ struct Ctx {
     int st = 0;
     st = std::max(st, static_smem(pull_kernel<Transport>));
     st = std::max(st, static_smem(push_kernel<Transport>));
+    st = std::max(st, static_smem(pull_kernel<Transport, true>));
+    st = std::max(st, static_smem(push_kernel<Transport, true>));
     st = std::max(st, static_smem(push_stream_kernel<Transport>));
     st = std::max(st, static_smem(unpack_kernel<Transport>));
     st = std::max(st, static_smem(combine_send_kernel<Transport>));
@@ -135,6 +137,10 @@ struct Ctx {
     max_smem -= (st + 127) / 128 * 128;
     check(cudaFuncSetAttribute(pull_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "pull attr");
     check(cudaFuncSetAttribute(push_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "push attr");
+    check(cudaFuncSetAttribute(pull_kernel<Transport, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
+          "pull attr");
+    check(cudaFuncSetAttribute(push_kernel<Transport, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
+          "push attr");
     check(cudaFuncSetAttribute(push_stream_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
           "push_stream attr");
     check(cudaFuncSetAttribute(unpack_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "unpack attr");
@@ -229,8 +235,9 @@ struct Ctx {
     summary = CountsSummary{P<int32_t>(summary_host), rank, alignment};
   }
 
-  // Device memory of STAMP_WORDS words per block of `grid` for the next pull/push launches'
-  // timeline (scripts/timeline_probe.py); 0 turns it off.
+  // Device memory of STAMP_WORDS words per block of `grid`: the next pull/push launches are
+  // the kernels built with stamps and leave their timeline there (scripts/timeline_probe.py);
+  // 0: the normal kernels again.
   void set_stamps(uintptr_t s) { stamps = P<uint64_t>(s); }
 
   // flag: device int32 (zero); info: device-side address of host-mapped int64[4].
@@ -257,16 +264,22 @@ struct Ctx {
   void pull(uintptr_t self_x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
     MoveCfg m = move_cfg(RecvPlan::bytes(int(L.world_size), int(L.local_experts())), expert_major);
     m.stamps = stamps;
-    pull_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(self_x), outputs(out),
-                                                                         expert_major, alignment, m, sync(epoch, 1));
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(self_x), outputs(out), expert_major,
+                                                            alignment, m, sync(epoch, 1));
+    };
+    stamps ? launch(pull_kernel<Transport, true>) : launch(pull_kernel<Transport>);
     check(cudaGetLastError(), "pull_kernel launch");
   }
 
   void push(uintptr_t x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
     MoveCfg m = move_cfg(SendPlan::bytes(int(L.world_size), int(L.local_experts())), expert_major);
     m.stamps = stamps;
-    push_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(x), outputs(out),
-                                                                         expert_major, alignment, m, sync(epoch, 2));
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(x), outputs(out), expert_major,
+                                                            alignment, m, sync(epoch, 2));
+    };
+    stamps ? launch(push_kernel<Transport, true>) : launch(push_kernel<Transport>);
     check(cudaGetLastError(), "push_kernel launch");
   }
 
@@ -367,7 +380,8 @@ void bind_context(py::module_& m, Init init) {
   m.attr("LAYOUT_ARGS") = kLayoutArgs;
   m.attr("SUMMARY_HEAD") = kSummaryHead;
   m.attr("STAMP_WORDS") = kStampWarps * kStampMarks * 2;  // per block: [warp][mark][ns, clock]
-  m.attr("STAMP_MARKS") = py::make_tuple("enter", "checked", "built", "planned", "first_push", "loop_end", "flushed");
+  m.attr("STAMP_MARKS") = py::make_tuple("enter", "checked", "tables", "built", "planned", "routed", "first_push", "loop_end",
+                                         "flushed");
   m.attr("STAGES") = py::dict(py::arg("dispatch.counts") = int(kStageDispatchCounts),
                               py::arg("dispatch.data") = int(kStageDispatchData),
                               py::arg("dispatch.done") = int(kStageDispatchDone),

@@ -1,7 +1,8 @@
 // Optional timeline of the data kernels (scripts/timeline_probe.py): lane 0 of every warp
 // writes (%globaltimer, clock64) at a few fixed marks, so a probe can split a kernel's time
-// into launch skew, prologue, the copy loop and the drain. Off (nullptr) in every normal call:
-// one predicated store per mark and warp, never one per row.
+// into launch skew, prologue, the copy loop and the drain. A template switch: the kernels
+// every normal call runs have no stamps at all (even a predicated one cost pull 64 bytes of
+// register spills).
 #pragma once
 #include <cstdint>
 
@@ -12,9 +13,11 @@ namespace symmoe {
 enum StampMark : int {
   kStampEnter,      // kernel entry
   kStampChecked,    // the error word read (block barrier)
-  kStampBuilt,      // plan tables built and checked
+  kStampTables,     // plan tables built
+  kStampBuilt,      // ... and checked (counts, capacity)
   kStampPlanned,    // mover set up: the copies can start
-  kStampFirstPush,  // the warp's first bulk load issued
+  kStampRouted,     // the warp's first item: routing read, metadata stored, destinations known
+  kStampFirstPush,  // ... and its first bulk load issued
   kStampLoopEnd,
   kStampFlushed,    // the warp's stores complete
   kStampMarks
@@ -22,8 +25,10 @@ enum StampMark : int {
 constexpr int kStampWarps = 16;  // warps per block a timeline holds room for (kMaxMoverWarps)
 
 // s: [blocks][kStampWarps][kStampMarks][2] uint64 (globaltimer ns, clock64).
+template <bool kOn>
 __device__ __forceinline__ void stamp(uint64_t* s, int mark) {
-  if (s == nullptr || (threadIdx.x & 31) != 0) return;
+  if constexpr (!kOn) return;
+  if ((threadIdx.x & 31) != 0) return;
   uint64_t* p = s + ((int64_t(blockIdx.x) * kStampWarps + (threadIdx.x >> 5)) * kStampMarks + mark) * 2;
   p[0] = global_timer_ns();
   p[1] = uint64_t(clock64());

@@ -174,23 +174,23 @@ struct MoveCfg {
   int warps;            // warps per block (each with `depth` slots)
   int64_t plan_bytes;   // shared bytes before the warps' areas
   int depth;            // the mover's slots per warp (WarpMover)
-  uint64_t* stamps = nullptr;  // timeline of the call (stamps.cuh); nullptr: none
+  uint64_t* stamps = nullptr;  // timeline of the call (stamps.cuh): the kStamps kernels' only
 };
 
 // ---------------------------------------------------------------------------------------
-template <class Transport>
-__global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, const uint8_t* self_x, Outputs o,
+template <class Transport, bool kStamps = false>  // kStamps: the timeline build (stamps.cuh)
+__global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps ? 1 : 0) pull_kernel(Transport tp, Layout L, const uint8_t* self_x, Outputs o,
                                                     bool expert_major, int alignment, MoveCfg mc, Sync sy) {
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), r = sy.rank;
   const int PC = int(L.pos_cols()), S = int(L.combine_slots);
   const int64_t rb = L.row_bytes();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  stamp(mc.stamps, kStampEnter);
+  stamp<kStamps>(mc.stamps, kStampEnter);
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
-  stamp(mc.stamps, kStampChecked);
+  stamp<kStamps>(mc.stamps, kStampChecked);
   const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
   // Warp w's first item belongs to visit w / P (RecvPlan::visit: token v / W of source v % W,
   // whatever the counts say): its routing is in flight while the plan is built, as push does.
@@ -207,16 +207,17 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
   pl.carve(smem_raw, W, Le);
   int64_t rows = 0;
   if (!dead) rows = pl.build(counts, L, r, expert_major, alignment);
+  stamp<kStamps>(mc.stamps, kStampTables);
   const bool run = !dead && rows <= o.capacity && counts_valid(counts, L);
-  stamp(mc.stamps, kStampBuilt);
+  stamp<kStamps>(mc.stamps, kStampBuilt);
 
   if (run && expert_major) fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, Le, o, rb);
 
   WarpMover mv;
   mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
           mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
-  stamp(mc.stamps, kStampPlanned);
-  bool pushed = false;  // the timeline's first push (stamps only)
+  stamp<kStamps>(mc.stamps, kStampPlanned);
+  bool pushed = false;  // the timeline's first push (kStamps only)
 
   // Warp w owns items w, w + nwt, ...; item it of `items` (P per visit) is piece it % P of
   // visit it / P (RecvPlan::visit: the sources round-robin). A token's routing is read across
@@ -262,11 +263,12 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
         }
       }
       const uint8_t* src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb + off;
+      if (!pushed) stamp<kStamps>(mc.stamps, kStampRouted);
       if (lane == 0) mv.next_dsts()[0] = o.x + row * rb + off;
       __syncwarp();
       mv.push(src, 1, uint32_t(min(int64_t(mc.slot_bytes), rb - off)));
       if (!pushed) {
-        stamp(mc.stamps, kStampFirstPush);
+        stamp<kStamps>(mc.stamps, kStampFirstPush);
         pushed = true;
       }
     }
@@ -304,6 +306,7 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
       my_row = compact_lanes(my_row >= 0, my_row, lane, n);
       if (n == 0) continue;
       const uint8_t* src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb;
+      if (!pushed) stamp<kStamps>(mc.stamps, kStampRouted);
       for (int64_t off = 0; off < rb; off += mc.slot_bytes) {
         const uint32_t bytes = uint32_t(min(int64_t(mc.slot_bytes), rb - off));
         if (lane < n) mv.next_dsts()[lane] = o.x + my_row * rb + off;
@@ -311,14 +314,14 @@ __global__ void __launch_bounds__(1024) pull_kernel(Transport tp, Layout L, cons
         mv.push(src + off, n, bytes);
       }
       if (!pushed) {
-        stamp(mc.stamps, kStampFirstPush);
+        stamp<kStamps>(mc.stamps, kStampFirstPush);
         pushed = true;
       }
     }
   }
-  stamp(mc.stamps, kStampLoopEnd);
+  stamp<kStamps>(mc.stamps, kStampLoopEnd);
   mv.flush();
-  stamp(mc.stamps, kStampFlushed);
+  stamp<kStamps>(mc.stamps, kStampFlushed);
   grid_barrier(tp, L, sy, dead, kStageDispatchDone);
 }
 
@@ -438,19 +441,19 @@ __device__ __forceinline__ void push_row(WarpMover& mv, const uint8_t* src, cons
 // block at its rank-major offset. Per row: recv_src = t * S (+ this rank, rank-major) and K
 // int32 / f32 entries: rank-major the local expert ids and weights of the row's slots (-1 / 0
 // for other ranks' slots); expert-major each slot's row in the output (-1: not this rank's).
-template <class Transport>
-__global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, const uint8_t* x, Outputs o,
+template <class Transport, bool kStamps = false>  // kStamps: the timeline build (stamps.cuh)
+__global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps ? 1 : 0) push_kernel(Transport tp, Layout L, const uint8_t* x, Outputs o,
                                                     bool expert_major, int alignment, MoveCfg mc, Sync sy) {
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), me = sy.rank;
   const int PC = int(L.pos_cols());
   const int64_t rb = L.row_bytes();
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  stamp(mc.stamps, kStampEnter);
+  stamp<kStamps>(mc.stamps, kStampEnter);
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
-  stamp(mc.stamps, kStampChecked);
+  stamp<kStamps>(mc.stamps, kStampChecked);
   const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
   const int32_t* pidx = reinterpret_cast<const int32_t*>(tp.local + L.in_idx);
   const float* pw = reinterpret_cast<const float*>(tp.local + L.in_w);
@@ -464,9 +467,10 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
   bool run = !dead && counts_valid(counts, L);
   if (run) {
     pl.build(counts, L, me, expert_major, alignment);
+    stamp<kStamps>(mc.stamps, kStampTables);
     for (int q = 0; q < W; ++q) run = run && pl.rows[q] <= L.recv_rows && (q != me || pl.rows[q] <= o.capacity);
   }
-  stamp(mc.stamps, kStampBuilt);
+  stamp<kStamps>(mc.stamps, kStampBuilt);
   // Alone, no unpack follows (nothing was pushed to a pool): the group starts and the
   // padding rows of the expert-major output are written here.
   if (run && expert_major && W == 1)
@@ -474,7 +478,7 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
   WarpMover mv;
   mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
           mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
-  stamp(mc.stamps, kStampPlanned);
+  stamp<kStamps>(mc.stamps, kStampPlanned);
 
   if (run) {
     const int64_t T = counts[int64_t(me) * L.counts_cols()];
@@ -482,13 +486,14 @@ __global__ void __launch_bounds__(1024) push_kernel(Transport tp, Layout L, cons
       const TokenRoute cur = next;
       next = TokenRoute::load(pidx, pw, ppos, t + nwt, K, PC, lane, t + nwt < T);
       const PushDsts d = push_token(tp, L, pl, counts, ppos, o, cur, t, expert_major, me, true, lane);
+      if (t == gw) stamp<kStamps>(mc.stamps, kStampRouted);
       if (d.n) push_row(mv, x + t * rb, d, rb, mc.slot_bytes, lane);
-      if (t == gw) stamp(mc.stamps, kStampFirstPush);
+      if (t == gw) stamp<kStamps>(mc.stamps, kStampFirstPush);
     }
   }
-  stamp(mc.stamps, kStampLoopEnd);
+  stamp<kStamps>(mc.stamps, kStampLoopEnd);
   mv.flush();
-  stamp(mc.stamps, kStampFlushed);
+  stamp<kStamps>(mc.stamps, kStampFlushed);
   grid_barrier(tp, L, sy, dead, kStageDispatchData);
 }
 
