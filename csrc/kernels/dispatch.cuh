@@ -178,9 +178,12 @@ struct MoveCfg {
 };
 
 // ---------------------------------------------------------------------------------------
-template <class Transport, bool kStamps = false>  // kStamps: the timeline build (stamps.cuh)
-__global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps ? 1 : 0) pull_kernel(Transport tp, Layout L, const uint8_t* self_x, Outputs o,
-                                                    bool expert_major, int alignment, MoveCfg mc, Sync sy) {
+// kStamps: the timeline build (stamps.cuh), allowed 16 warps' worth of registers so its stamps
+// do not spill; the normal build keeps the 1024-thread bound (0: no minimum of blocks).
+template <class Transport, bool kStamps = false>
+__global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps ? 1 : 0)
+    pull_kernel(Transport tp, Layout L, const uint8_t* self_x, Outputs o, bool expert_major, int alignment,
+                MoveCfg mc, Sync sy) {
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), r = sy.rank;
   const int PC = int(L.pos_cols()), S = int(L.combine_slots);
@@ -441,9 +444,12 @@ __device__ __forceinline__ void push_row(WarpMover& mv, const uint8_t* src, cons
 // block at its rank-major offset. Per row: recv_src = t * S (+ this rank, rank-major) and K
 // int32 / f32 entries: rank-major the local expert ids and weights of the row's slots (-1 / 0
 // for other ranks' slots); expert-major each slot's row in the output (-1: not this rank's).
-template <class Transport, bool kStamps = false>  // kStamps: the timeline build (stamps.cuh)
-__global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps ? 1 : 0) push_kernel(Transport tp, Layout L, const uint8_t* x, Outputs o,
-                                                    bool expert_major, int alignment, MoveCfg mc, Sync sy) {
+// kStamps: the timeline build (stamps.cuh), allowed 16 warps' worth of registers so its stamps
+// do not spill; the normal build keeps the 1024-thread bound (0: no minimum of blocks).
+template <class Transport, bool kStamps = false>
+__global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps ? 1 : 0)
+    push_kernel(Transport tp, Layout L, const uint8_t* x, Outputs o, bool expert_major, int alignment,
+                MoveCfg mc, Sync sy) {
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), me = sy.rank;
   const int PC = int(L.pos_cols());
