@@ -18,8 +18,8 @@ from datetime import datetime, timezone
 import torch
 
 from symmoe import timeline
-from symmoe.bench import DEEPSEEK_V3, _inputs, bench_config
-from symmoe.config import PROTOCOLS
+from symmoe.bench import bench_config, probe_inputs
+from symmoe.config import PROTOCOLS, parse_key_value
 
 
 def timed(fn, sleep_cycles: int) -> float:
@@ -45,10 +45,7 @@ def main() -> None:
     from symmoe.buffer import Buffer
 
     sleep = int(1000e-6 * 1.98e9)
-    T, H = DEEPSEEK_V3["buffer.max_tokens_per_rank"], DEEPSEEK_V3["buffer.hidden"]
-    x, idx, w = _inputs(T, H, 8, 256, 1, 0, 0, torch.device("cuda", 0))
-    src = torch.empty(T * H * 2, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
+    x, idx, w, src, dst = probe_inputs(torch.device("cuda", 0))
     for _ in range(5):
         dst.copy_(src)
     copy_us = statistics.median(timed(lambda: dst.copy_(src), sleep) for _ in range(a.repeats))
@@ -63,7 +60,7 @@ def main() -> None:
     cases = [(b, p, lay, v) for v in ["", *a.variant] for b in a.backends.split(",") for p in a.protocols.split(",")
              for lay in a.layouts.split(",") if p in PROTOCOLS[b] and b != "nvshmem"]
     for backend, proto, layout, variant in cases:
-        over = {k: int(val) for k, val in (kv.split("=") for kv in variant.split(","))} if variant else {}
+        over = dict(parse_key_value(kv) for kv in variant.split(",")) if variant else {}
         with Buffer(None, bench_config(proto, sms, backend=backend, **over)) as buf:
             pr = buf._protocol
             mod, ctx = pr.mod, pr.ctx

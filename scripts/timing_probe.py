@@ -18,8 +18,8 @@ import statistics
 
 import torch
 
-from symmoe.bench import DEEPSEEK_V3, _inputs, bench_config, kernel_breakdown
-from symmoe.config import PROTOCOLS
+from symmoe.bench import bench_config, kernel_breakdown, probe_inputs
+from symmoe.config import PROTOCOLS, parse_key_value
 
 
 def ways(fn, sleep_cycles: int, repeats: int = 20) -> dict[str, float]:
@@ -62,10 +62,7 @@ def main() -> None:
     from symmoe.buffer import Buffer
 
     sleep = int(1000e-6 * 1.98e9)
-    T, H = DEEPSEEK_V3["buffer.max_tokens_per_rank"], DEEPSEEK_V3["buffer.hidden"]
-    x, idx, w = _inputs(T, H, 8, 256, 1, 0, 0, torch.device("cuda", 0))
-    src = torch.empty(T * H * 2, dtype=torch.uint8, device="cuda").random_(0, 255)
-    dst = torch.empty_like(src)
+    x, idx, w, src, dst = probe_inputs(torch.device("cuda", 0))
     rows = {"copy": ways(lambda: dst.copy_(src), sleep)}
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     for backend in a.backends.split(","):
@@ -77,7 +74,7 @@ def main() -> None:
                 _, handle = pr.dispatch(x, idx, w, "rank", 1)
                 rows[f"{backend}/{proto}"] = ways(lambda: pr.dispatch_cached(x, handle), sleep)
     for v in a.variant:
-        over = {k: int(val) for k, val in (kv.split("=") for kv in v.split(","))}
+        over = dict(parse_key_value(kv) for kv in v.split(","))
         with Buffer(None, bench_config("push", sms, **over)) as buf:
             pr = buf._protocol
             _, handle = pr.dispatch(x, idx, w, "rank", 1)

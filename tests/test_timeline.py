@@ -68,3 +68,14 @@ def test_table_names_every_phase():
     for name in ("start", "error check", "tables", "checks", "plan", "mover set-up", "prologue", "first route",
                  "first load", "first push", "loop", "drain", "warp", "end", "span"):
         assert name in text
+
+
+def test_probe_inputs_are_the_bench_s_world_size_one_inputs_and_a_copy_of_their_bytes():
+    from symmoe.bench import DEEPSEEK_V3, _inputs, probe_inputs
+
+    x, idx, w, src, dst = probe_inputs(torch.device("cpu"))
+    T, H = DEEPSEEK_V3["buffer.max_tokens_per_rank"], DEEPSEEK_V3["buffer.hidden"]
+    x0, idx0, w0 = _inputs(T, H, DEEPSEEK_V3["buffer.topk"], DEEPSEEK_V3["buffer.num_experts"], 1, 0, 0,
+                           torch.device("cpu"))
+    assert torch.equal(x, x0) and torch.equal(idx, idx0) and torch.equal(w, w0)
+    assert src.numel() == dst.numel() == x.numel() * x.element_size() and src.dtype == torch.uint8
