@@ -87,6 +87,32 @@ def test_every_registered_module_compiles(tmp_path, monkeypatch):
         pytest.skip(f"compiled all; {', '.join(no_driver)} link(s) against libcuda, which this machine lacks")
 
 
+def test_build_all_builds_the_modules_at_once_and_names_every_failure(monkeypatch):
+    import threading
+
+    names = ["a", "b", "c"]
+    monkeypatch.setattr(build, "EXTENSIONS", {n: None for n in names})
+    monkeypatch.setattr(build, "_register_optional", lambda: None)
+    started, lock = threading.Barrier(len(names), timeout=10), threading.Lock()
+    seen = []
+
+    def fake(name, force=False, verbose=False):
+        started.wait()  # raises BrokenBarrierError unless all three run at the same time
+        with lock:
+            seen.append(name)
+        if name != "b":
+            raise build.BuildError(f"compiling {name}.cu failed")
+        return Path(f"/cache/{name}.so")
+
+    monkeypatch.setattr(build, "build", fake)
+    with pytest.raises(build.BuildError) as e:
+        build.build_all()
+    assert sorted(seen) == names
+    assert "a: compiling a.cu failed" in str(e.value) and "c: compiling c.cu failed" in str(e.value)
+    monkeypatch.setattr(build, "build", lambda name, force=False, verbose=False: Path(f"/cache/{name}.so"))
+    assert build.build_all(["c", "a"]) == {"c": Path("/cache/c.so"), "a": Path("/cache/a.so")}
+
+
 @pytest.mark.build
 def test_compile_error_is_a_build_error_with_compiler_output(tmp_path, monkeypatch):
     if build.nvcc_path() is None:
