@@ -166,7 +166,18 @@ __device__ __forceinline__ void bulk_store_evict_first(void* gmem_dst, const voi
                : "memory");
 }
 
-template <int S, bool kFan, bool kEvictFirst = false>
+// global -> shared with an L2 evict-first policy: source rows read once.
+__device__ __forceinline__ void bulk_load_evict_first(void* smem_dst, const void* gmem_src, uint32_t bytes,
+                                                      uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_addr(smem_dst)),
+      "l"(gmem_src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+
+// kEvictFirst: stores with the evict-first policy; kLoadEvictFirst: loads with it.
+template <int S, bool kFan, bool kEvictFirst = false, bool kLoadEvictFirst = false>
 __global__ void ring_move(const uint8_t* src, uint8_t* dst, const int* idx, int64_t N, int K, int64_t R, uint32_t slot,
                           int warps) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -183,7 +194,14 @@ __global__ void ring_move(const uint8_t* src, uint8_t* dst, const int* idx, int6
     const uint32_t bytes = uint32_t(min(int64_t(slot), R - off));
     const int s = int(j % S);
     mbar_arrive_expect_tx(&bar[s], bytes);
-    bulk_load(base + int64_t(s) * slot, src + int64_t(kFan ? row : idx[row]) * R + off, bytes, &bar[s]);
+    const uint8_t* from = src + int64_t(kFan ? row : idx[row]) * R + off;
+    if constexpr (kLoadEvictFirst) {
+      uint64_t policy;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      bulk_load_evict_first(base + int64_t(s) * slot, from, bytes, &bar[s], policy);
+    } else {
+      bulk_load(base + int64_t(s) * slot, from, bytes, &bar[s]);
+    }
   };
   for (int64_t j = 0; j < min(n, int64_t(S - 1)); ++j) issue(j);
   uint32_t phase = 0;
@@ -199,10 +217,15 @@ __global__ void ring_move(const uint8_t* src, uint8_t* dst, const int* idx, int6
       asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
       for (int k = 0; k < K; ++k)
         bulk_store_evict_first(dst + int64_t(idx[row * K + k]) * R + off, base + int64_t(s) * slot, bytes, policy);
-    } else if (kFan)
+    } else if (kFan) {
       for (int k = 0; k < K; ++k) bulk_store(dst + int64_t(idx[row * K + k]) * R + off, base + int64_t(s) * slot, bytes);
-    else
+    } else if (kEvictFirst) {
+      uint64_t policy;
+      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      bulk_store_evict_first(dst + row * R + off, base + int64_t(s) * slot, bytes, policy);
+    } else {
       bulk_store(dst + row * R + off, base + int64_t(s) * slot, bytes);
+    }
     bulk_commit();
     if (j + S - 1 < n) {
       bulk_wait_read<1>();  // the slot of item j - 1 (its stores were the group before this one)
@@ -438,30 +461,39 @@ int main(int argc, char** argv) {
       CK(cudaFree(m.out_w));
       CK(cudaFree(m.out_src));
     }
-    auto ring = [&](auto S_, uint32_t slot, int blocks_per_sm) {
+    // st_ef / ld_ef: the stores / loads with an L2 evict-first policy (rows moved once)
+    auto ring = [&](auto S_, uint32_t slot, int blocks_per_sm, auto st_ef, auto ld_ef) {
       constexpr int S = decltype(S_)::value;
+      constexpr bool kSt = decltype(st_ef)::value, kLd = decltype(ld_ef)::value;
       const int64_t per = ring_warp_bytes<S>(slot);
       const int64_t budget = (optin - 1024) / blocks_per_sm;
       const int warps = int(std::min<int64_t>(32, budget / per));
       if (warps < 1) return;
       const size_t smem = size_t(warps * per);
-      CK(cudaFuncSetAttribute(ring_move<S, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      auto kernel = ring_move<S, false, kSt, kLd>;
+      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       CK(cudaMemset(dst, 0, N * R));
       const float us = time_us(
-          [&] { ring_move<S, false><<<sms * blocks_per_sm, warps * 32, smem>>>(src, dst, perm, N, 1, R, slot, warps); },
-          reps);
-      char name[64];
-      std::snprintf(name, sizeof name, "ring S=%d slot %u (%dx%d warps)", S, slot, blocks_per_sm, warps);
+          [&] { kernel<<<sms * blocks_per_sm, warps * 32, smem>>>(src, dst, perm, N, 1, R, slot, warps); }, reps);
+      char name[80];
+      std::snprintf(name, sizeof name, "ring S=%d slot %u%s%s (%dx%d warps)", S, slot, kSt ? " st-ef" : "",
+                    kLd ? " ld-ef" : "", blocks_per_sm, warps);
       report(name, us, copy_bytes, check(dst, ref, N * R));
     };
-    ring(std::integral_constant<int, 2>{}, uint32_t(R), 1);
-    ring(std::integral_constant<int, 3>{}, uint32_t(R), 1);
-    ring(std::integral_constant<int, 4>{}, uint32_t(R), 1);
-    ring(std::integral_constant<int, 4>{}, uint32_t(R / 2), 1);
-    ring(std::integral_constant<int, 8>{}, uint32_t(R / 2), 1);
-    ring(std::integral_constant<int, 8>{}, uint32_t(R / 4), 1);
-    ring(std::integral_constant<int, 4>{}, uint32_t(R / 4), 2);
-    ring(std::integral_constant<int, 16>{}, uint32_t(R / 8), 1);
+    using no = std::false_type;
+    using yes = std::true_type;
+    ring(std::integral_constant<int, 2>{}, uint32_t(R), 1, no{}, no{});
+    ring(std::integral_constant<int, 3>{}, uint32_t(R), 1, no{}, no{});
+    ring(std::integral_constant<int, 4>{}, uint32_t(R), 1, no{}, no{});
+    // the dispatch's shape (whole rows, 4 slots) with L2 hints: does the policy move the copy?
+    ring(std::integral_constant<int, 4>{}, uint32_t(R), 1, yes{}, no{});
+    ring(std::integral_constant<int, 4>{}, uint32_t(R), 1, no{}, yes{});
+    ring(std::integral_constant<int, 4>{}, uint32_t(R), 1, yes{}, yes{});
+    ring(std::integral_constant<int, 4>{}, uint32_t(R / 2), 1, no{}, no{});
+    ring(std::integral_constant<int, 8>{}, uint32_t(R / 2), 1, no{}, no{});
+    ring(std::integral_constant<int, 8>{}, uint32_t(R / 4), 1, no{}, no{});
+    ring(std::integral_constant<int, 4>{}, uint32_t(R / 4), 2, no{}, no{});
+    ring(std::integral_constant<int, 16>{}, uint32_t(R / 8), 1, no{}, no{});
     auto ldst = [&](auto f, const char* name, int threads, int blocks_per_sm) {
       CK(cudaMemset(dst, 0, N * R));
       const float us = time_us([&] { f<<<sms * blocks_per_sm, threads>>>(reinterpret_cast<const int4*>(src),
