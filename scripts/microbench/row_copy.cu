@@ -6,7 +6,8 @@
 //           mover+meta  the same with the dispatch's per-row work around each copy: the row's
 //                    routing read one row ahead (K ids, K weights, 1 + K positions), its metadata
 //                    stored (K int64 ids, K weights, source rank / token / slot): what the data
-//                    kernels do besides copying, without their plan and prologue
+//                    kernels do besides copying, without their plan and prologue; "2 ahead":
+//                    the routing read two rows ahead
 //           ring<S>  one lane per warp keeps S-1 bulk loads in flight (S slots), stores from
 //                    shared as each lands
 //           ldst<U>  16-byte loads/stores, U in flight per thread (nc: non-coherent loads and
@@ -112,6 +113,9 @@ struct RowMeta {
   float* out_w;      // [N, K]
   int* out_src;      // [3, N]: rank, token, slot
 };
+// kAhead: rows whose routing is in flight ahead of the copy (the kernels: 1). Under a saturated
+// HBM a small load may take longer than one row's copy; 2 says whether that is the cost.
+template <int kAhead>
 __global__ void mover_meta_move(const uint8_t* src, uint8_t* dst, const int* perm, int64_t N, int K, int64_t R,
                                 uint32_t slot, int warps, int depth, RowMeta m) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -124,13 +128,16 @@ __global__ void mover_meta_move(const uint8_t* src, uint8_t* dst, const int* per
     if (lane < K) e = m.idx[t * K + lane], wt = m.w[t * K + lane];
     if (lane <= K) ps = m.pos[t * (1 + K) + lane];
   };
-  int e, ps;
-  float wt;
-  load(gw, e, wt, ps);
+  int e[kAhead], ps[kAhead];
+  float wt[kAhead];
+#pragma unroll
+  for (int a = 0; a < kAhead; ++a) load(gw + a * nwt, e[a], wt[a], ps[a]);
   for (int64_t row = gw; row < N; row += nwt) {
-    const int ce = e, cps = ps;
-    const float cw = wt;
-    load(row + nwt, e, wt, ps);
+    const int ce = e[0], cps = ps[0];
+    const float cw = wt[0];
+#pragma unroll
+    for (int a = 0; a + 1 < kAhead; ++a) e[a] = e[a + 1], wt[a] = wt[a + 1], ps[a] = ps[a + 1];
+    load(row + kAhead * nwt, e[kAhead - 1], wt[kAhead - 1], ps[kAhead - 1]);
     const bool own = ce >= 0;
     const int64_t out = __shfl_sync(0xffffffffu, cps, 0);  // the output row comes from the routing, as in the kernels
     if (__ballot_sync(0xffffffffu, own) == 0 || out < 0 || out >= N) continue;
@@ -430,7 +437,8 @@ int main(int argc, char** argv) {
       const int w = int(std::min<int64_t>(16, (optin - 1024) / per));
       const size_t smem = size_t(w * per);
       CK(cudaFuncSetAttribute(mover_move<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      CK(cudaFuncSetAttribute(mover_meta_move, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CK(cudaFuncSetAttribute(mover_meta_move<1>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CK(cudaFuncSetAttribute(mover_meta_move<2>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
       CK(cudaMemset(dst, 0, N * R));
       float us = time_us([&] { mover_move<false><<<sms, w * 32, smem>>>(src, dst, perm, N, 1, R, uint32_t(R), w, 4); }, reps);
       char name[64];
@@ -451,8 +459,12 @@ int main(int argc, char** argv) {
       CK(cudaMemcpy(const_cast<float*>(m.w), hw.data(), N * K * 4, cudaMemcpyHostToDevice));
       CK(cudaMemcpy(const_cast<int*>(m.pos), hpos.data(), N * (1 + K) * 4, cudaMemcpyHostToDevice));
       CK(cudaMemset(dst, 0, N * R));
-      us = time_us([&] { mover_meta_move<<<sms, w * 32, smem>>>(src, dst, perm, N, K, R, uint32_t(R), w, 4, m); }, reps);
+      us = time_us([&] { mover_meta_move<1><<<sms, w * 32, smem>>>(src, dst, perm, N, K, R, uint32_t(R), w, 4, m); }, reps);
       std::snprintf(name, sizeof name, "mover+meta slot %lld depth 4 (%d warps)", (long long)R, w);
+      report(name, us, copy_bytes, check(dst, ref, N * R));
+      CK(cudaMemset(dst, 0, N * R));
+      us = time_us([&] { mover_meta_move<2><<<sms, w * 32, smem>>>(src, dst, perm, N, K, R, uint32_t(R), w, 4, m); }, reps);
+      std::snprintf(name, sizeof name, "mover+meta 2 ahead slot %lld depth 4 (%d warps)", (long long)R, w);
       report(name, us, copy_bytes, check(dst, ref, N * R));
       CK(cudaFree(const_cast<int*>(m.idx)));
       CK(cudaFree(const_cast<float*>(m.w)));
