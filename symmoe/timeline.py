@@ -65,5 +65,5 @@ def table(name: str, p: dict) -> list[str]:
     lines = [f"{name}: {p['warps']} warps, span {p['span']:.1f} us, clock {p['clock_ghz']:.2f} GHz"]
     for k in ("start", *[ph[0] for ph in PHASES if ph[0] in p], "end"):
         v = p[k]
-        lines.append(f"  {k:<11} {v['min']:7.2f} {v['median']:7.2f} {v['max']:7.2f}")
+        lines.append(f"  {k:<13} {v['min']:7.2f} {v['median']:7.2f} {v['max']:7.2f}")
     return lines
