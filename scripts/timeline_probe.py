@@ -68,15 +68,14 @@ def main() -> None:
             call = lambda: pr.dispatch_cached(x, handle)  # noqa: E731
             for _ in range(5):
                 call()
-            stamps = torch.zeros(ctx.grid * mod.STAMP_WORDS, dtype=torch.int64, device="cuda")
+            stamps = torch.zeros(ctx.grid * timeline.words(mod.STAMP_WARPS), dtype=torch.int64, device="cuda")
             ctx.set_stamps(stamps.data_ptr())
             runs, event = [], []
             try:
                 for _ in range(a.repeats):
                     stamps.zero_()
                     event.append(timed(call, sleep))
-                    runs.append(timeline.phases(stamps, mod.STAMP_WORDS // (2 * len(mod.STAMP_MARKS)),
-                                                mod.STAMP_MARKS))
+                    runs.append(timeline.phases(stamps, mod.STAMP_WARPS))
             finally:
                 ctx.set_stamps(0)
             # the run whose span is the median one, whole (its numbers belong together)

@@ -14,6 +14,7 @@ from typing import Sequence
 
 import torch
 
+# stamps.cuh's StampMark in order (tests/test_timeline.py reads the header)
 MARKS = ("enter", "checked", "tables", "built", "planned", "routed", "first_push", "loop_end", "flushed")
 # (name, from mark, to mark): one warp's phases (those whose marks a kernel has)
 PHASES = (("error check", "enter", "checked"), ("tables", "checked", "tables"), ("checks", "tables", "built"),
@@ -21,6 +22,11 @@ PHASES = (("error check", "enter", "checked"), ("tables", "checked", "tables"), 
           ("first route", "planned", "routed"), ("first load", "routed", "first_push"),
           ("first push", "planned", "first_push"),
           ("loop", "first_push", "loop_end"), ("drain", "loop_end", "flushed"), ("warp", "enter", "flushed"))
+
+
+def words(warp_slots: int, marks: Sequence[str] = MARKS) -> int:
+    """int64 words of one block's timeline: [warp_slots][len(marks)][ns, clock]."""
+    return warp_slots * len(marks) * 2
 
 
 def _pct(xs: Sequence[float]) -> dict[str, float]:
@@ -34,7 +40,7 @@ def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS) 
     warps; ``start`` and ``end`` (each warp's enter and flushed against the first warp's enter,
     globaltimer); ``span`` (first enter to last flushed); ``clock_ghz``; ``warps``."""
     m = len(marks)
-    if stamps.numel() % (warp_slots * m * 2):
+    if stamps.numel() % words(warp_slots, marks):
         raise ValueError(f"stamps: {stamps.numel()} words is not a whole number of blocks of "
                          f"{warp_slots} warps x {m} marks x 2")
     t = stamps.detach().to("cpu", torch.int64).view(-1, warp_slots, m, 2).reshape(-1, m, 2)

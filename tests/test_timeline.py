@@ -79,3 +79,17 @@ def test_probe_inputs_are_the_bench_s_world_size_one_inputs_and_a_copy_of_their_
                            torch.device("cpu"))
     assert torch.equal(x, x0) and torch.equal(idx, idx0) and torch.equal(w, w0)
     assert src.numel() == dst.numel() == x.numel() * x.element_size() and src.dtype == torch.uint8
+
+
+def test_marks_mirror_the_kernels_stamp_enum():
+    import re
+    from pathlib import Path
+
+    from symmoe.timeline import words
+
+    text = (Path(__file__).resolve().parent.parent / "csrc" / "common" / "stamps.cuh").read_text()
+    enum = text[text.index("enum StampMark"):text.index("};", text.index("enum StampMark"))]
+    names = re.findall(r"\bkStamp(\w+)", enum)
+    assert names[-1] == "Marks"  # the count, not a mark
+    assert [re.sub(r"(?<!^)([A-Z])", r"_\1", n).lower() for n in names[:-1]] == list(MARKS)
+    assert words(16) == 16 * len(MARKS) * 2

@@ -235,9 +235,9 @@ struct Ctx {
     summary = CountsSummary{P<int32_t>(summary_host), rank, alignment};
   }
 
-  // Device memory of STAMP_WORDS words per block of `grid`: the next pull/push launches are
-  // the kernels built with stamps and leave their timeline there (scripts/timeline_probe.py);
-  // 0: the normal kernels again.
+  // Device memory of symmoe.timeline.words(STAMP_WARPS) int64 words per block of `grid`: the
+  // next pull/push launches are the kernels built with stamps and leave their timeline there
+  // (scripts/timeline_probe.py); 0: the normal kernels again.
   void set_stamps(uintptr_t s) { stamps = P<uint64_t>(s); }
 
   // flag: device int32 (zero); info: device-side address of host-mapped int64[4].
@@ -379,9 +379,7 @@ void bind_context(py::module_& m, Init init) {
   using C = Ctx<Transport>;
   m.attr("LAYOUT_ARGS") = kLayoutArgs;
   m.attr("SUMMARY_HEAD") = kSummaryHead;
-  m.attr("STAMP_WORDS") = kStampWarps * kStampMarks * 2;  // per block: [warp][mark][ns, clock]
-  m.attr("STAMP_MARKS") = py::make_tuple("enter", "checked", "tables", "built", "planned", "routed", "first_push", "loop_end",
-                                         "flushed");
+  m.attr("STAMP_WARPS") = kStampWarps;  // per block of a timeline; its marks: symmoe.timeline.MARKS
   m.attr("STAGES") = py::dict(py::arg("dispatch.counts") = int(kStageDispatchCounts),
                               py::arg("dispatch.data") = int(kStageDispatchData),
                               py::arg("dispatch.done") = int(kStageDispatchDone),
