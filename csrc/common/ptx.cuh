@@ -70,9 +70,6 @@ __device__ __forceinline__ void fence_proxy_async_shared() {
 __device__ __forceinline__ void fence_proxy_async_global() {
   asm volatile("fence.proxy.async.global;" ::: "memory");
 }
-// Bring a global line into L1 (no register waits for it).
-__device__ __forceinline__ void prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
-
 __device__ __forceinline__ void fence_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
 // -- scoped accesses -----------------------------------------------------------------------

@@ -179,14 +179,6 @@ struct MoveCfg {
   int64_t x_rows = 0;   // dispatch: rows of this rank's x, the most an early load may read
 };
 
-// The counts matrix into L1, whole block, before a kernel's early loads: queued behind them
-// the plan's loads of it waited 4-5 µs (session 22's timeline).
-__device__ __forceinline__ void prefetch_counts(const int32_t* counts, const Layout& L) {
-  const int64_t bytes = L.world_size * L.counts_cols() * 4;
-  for (int64_t i = int64_t(threadIdx.x) * 128; i < bytes; i += int64_t(blockDim.x) * 128)
-    prefetch_l1(reinterpret_cast<const uint8_t*>(counts) + i);
-}
-
 // Pushes per item of a dispatch loop: pieces of `each` bytes (whole items: rows).
 __device__ __forceinline__ int pieces_of(int64_t bytes, uint32_t each) { return int((bytes + each - 1) / each); }
 
@@ -213,19 +205,9 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1)
   const int64_t P = expert_major ? 1 : (rb + mc.slot_bytes - 1) / mc.slot_bytes;
   const int Q = expert_major ? pieces_of(rb, mc.slot_bytes) : 1;
   const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
-  // Warp w's first item belongs to visit w / P (RecvPlan::visit: token v / W of source v % W,
-  // whatever the counts say): its routing is in flight while the plan is built, as push does.
-  // The input regions hold max_tokens rows; a token past the source's count is read, not used.
-  const int s0 = int((gw / P) % W);
-  const int64_t t0 = gw / P / W;
-  const TokenRoute first = TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s0, L.in_idx)),
-                                            reinterpret_cast<const float*>(tp.map(s0, L.in_w)),
-                                            reinterpret_cast<const int32_t*>(tp.map(s0, L.in_pos)), t0, K, PC, lane,
-                                            !dead && t0 < L.max_tokens);
   WarpMover mv;
   mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
           mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
-  if (!dead && mc.early) prefetch_counts(counts, L);
   // Early loads: the sources of the warp's first pieces need no plan (item it: token v / W of
   // source v % W, v = it / P), so they load while it is built (3.8 µs of 38, session 22's
   // timeline). A token past its source's count is loaded and dropped; an own token is read
@@ -238,6 +220,15 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1)
     mv.preload((s == r ? self_x : tp.map(s, L.in_x)) + t * rb + off, uint32_t(min(int64_t(mc.slot_bytes), rb - off)));
   }
   stamp<kStamps>(mc.stamps, kStampPreloaded);
+  // Warp w's first item belongs to visit w / P (RecvPlan::visit: token v / W of source v % W,
+  // whatever the counts say): its routing is in flight while the plan is built, as push does.
+  // The input regions hold max_tokens rows; a token past the source's count is read, not used.
+  const int s0 = int((gw / P) % W);
+  const int64_t t0 = gw / P / W;
+  const TokenRoute first = TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s0, L.in_idx)),
+                                            reinterpret_cast<const float*>(tp.map(s0, L.in_w)),
+                                            reinterpret_cast<const int32_t*>(tp.map(s0, L.in_pos)), t0, K, PC, lane,
+                                            !dead && t0 < L.max_tokens);
   RecvPlan pl;
   pl.carve(smem_raw, W, Le);
   int64_t rows = 0;
@@ -511,13 +502,9 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1)
   const int32_t* ppos = reinterpret_cast<const int32_t*>(tp.local + L.in_pos);
   const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
   const int Q = pieces_of(rb, mc.slot_bytes);  // pushes per token (push_row)
-  // The first token's routing is in flight while the plan is built (the input region holds
-  // max_tokens rows; a row past this dispatch's tokens is never used).
-  TokenRoute next = TokenRoute::load(pidx, pw, ppos, gw, K, PC, lane, !dead && gw < L.max_tokens);
   WarpMover mv;
   mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
           mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
-  if (!dead && mc.early) prefetch_counts(counts, L);
   // Early loads of the warp's first pieces (as pull's): token gw + (k / Q) * nwt, x_rows at most.
   for (int k = 0; mc.early && !dead && k < mc.depth - 1; ++k) {
     const int64_t t = gw + k / Q * nwt, off = int64_t(k % Q) * mc.slot_bytes;
@@ -525,6 +512,9 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1)
     mv.preload(x + t * rb + off, uint32_t(min(int64_t(mc.slot_bytes), rb - off)));
   }
   stamp<kStamps>(mc.stamps, kStampPreloaded);
+  // The first token's routing is in flight while the plan is built (the input region holds
+  // max_tokens rows; a row past this dispatch's tokens is never used).
+  TokenRoute next = TokenRoute::load(pidx, pw, ppos, gw, K, PC, lane, !dead && gw < L.max_tokens);
   SendPlan pl;
   pl.carve(smem_raw, W, Le);
   bool run = !dead && counts_valid(counts, L);
