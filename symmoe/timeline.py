@@ -15,11 +15,10 @@ from typing import Sequence
 import torch
 
 # stamps.cuh's StampMark in order (tests/test_timeline.py reads the header)
-MARKS = ("enter", "checked", "preloaded", "tables", "built", "planned", "routed", "first_push", "loop_end", "flushed")
+MARKS = ("enter", "checked", "tables", "built", "planned", "routed", "first_push", "loop_end", "flushed")
 # (name, from mark, to mark): one warp's phases (those whose marks a kernel has)
-PHASES = (("error check", "enter", "checked"), ("early loads", "checked", "preloaded"),
-          ("tables", "preloaded", "tables"), ("checks", "tables", "built"),
-          ("plan", "checked", "built"), ("padding", "built", "planned"), ("prologue", "enter", "planned"),
+PHASES = (("error check", "enter", "checked"), ("tables", "checked", "tables"), ("checks", "tables", "built"),
+          ("plan", "checked", "built"), ("mover set-up", "built", "planned"), ("prologue", "enter", "planned"),
           ("first route", "planned", "routed"), ("first load", "routed", "first_push"),
           ("first push", "planned", "first_push"),
           ("loop", "first_push", "loop_end"), ("drain", "loop_end", "flushed"), ("warp", "enter", "flushed"))

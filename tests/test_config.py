@@ -61,7 +61,6 @@ BAD = [
     ("kernel:\n  copy_bytes: 1000\n", "kernel.copy_bytes", "multiple of 128"),
     ("kernel:\n  copy_depth: 1\n", "kernel.copy_depth", "0 (automatic) or 2..16"),
     ("kernel:\n  copy_depth: 17\n", "kernel.copy_depth", "must be in"),
-    ("kernel:\n  early_loads: 3\n", "kernel.early_loads", "true or false"),
     ("kernel:\n  push_mode: pipelined\n", "kernel.push_mode", "allowed: auto, stream, unpack"),
     ("kernel:\n  stream_receivers: -1\n", "kernel.stream_receivers", "must be in"),
     ("kernel:\n  stream_receivers: 129\n", "kernel.stream_receivers", "must be in"),

@@ -61,7 +61,6 @@ struct Ctx {
   CountsSummary summary;  // what the host reads after its wait (summary.host nullptr: none)
   BadInput bad{nullptr, nullptr};  // in-kernel expert-id checks of dispatch (set_input_check)
   uint64_t* stamps = nullptr;      // the dispatch data kernels' timeline (set_stamps; stamps.cuh)
-  bool early_loads = true;         // kernel.early_loads (MoveCfg::early)
 
   Ctx(const std::vector<int64_t>& layout, int rank_, Transport tp_, uintptr_t err_dev, uintptr_t err_host_dev,
       double timeout_s, int num_sms, uintptr_t counters)
@@ -262,12 +261,9 @@ struct Ctx {
                    P<int64_t>(g("expert_offsets")), P<int32_t>(g("selfmap")), o["capacity"].cast<int64_t>()};
   }
 
-  void pull(uintptr_t self_x, int64_t x_rows, const py::dict& out, bool expert_major, int alignment, int64_t epoch,
-            uintptr_t stream) {
+  void pull(uintptr_t self_x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
     MoveCfg m = move_cfg(RecvPlan::bytes(int(L.world_size), int(L.local_experts())), expert_major);
     m.stamps = stamps;
-    m.early = early_loads;
-    m.x_rows = x_rows;
     auto launch = [&](auto kernel) {
       kernel<<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(self_x), outputs(out), expert_major,
                                                             alignment, m, sync(epoch, 1));
@@ -276,12 +272,9 @@ struct Ctx {
     check(cudaGetLastError(), "pull_kernel launch");
   }
 
-  void push(uintptr_t x, int64_t x_rows, const py::dict& out, bool expert_major, int alignment, int64_t epoch,
-            uintptr_t stream) {
+  void push(uintptr_t x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
     MoveCfg m = move_cfg(SendPlan::bytes(int(L.world_size), int(L.local_experts())), expert_major);
     m.stamps = stamps;
-    m.early = early_loads;
-    m.x_rows = x_rows;
     auto launch = [&](auto kernel) {
       kernel<<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(x), outputs(out), expert_major,
                                                             alignment, m, sync(epoch, 2));
@@ -420,15 +413,14 @@ void bind_context(py::module_& m, Init init) {
       .def("set_copy_depth", &C::set_copy_depth, py::arg("depth"))
       .def("set_input_check", &C::set_input_check, py::arg("flag"), py::arg("info"))
       .def("set_stamps", &C::set_stamps, py::arg("stamps"))
-      .def_readwrite("early_loads", &C::early_loads)
       .def("set_routing_outputs", &C::set_routing_outputs, py::arg("host"), py::arg("snap"), py::arg("copy"),
            py::arg("ready"), py::arg("summary") = 0, py::arg("alignment") = 1)
       .def("layout", &C::layout, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"), py::arg("scratch"),
            py::arg("in_rank"), py::arg("per_rank"), py::arg("per_expert"), py::arg("publish"), py::arg("epoch"),
            py::arg("stream"))
-      .def("pull", &C::pull, py::arg("self_x"), py::arg("x_rows"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
+      .def("pull", &C::pull, py::arg("self_x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("epoch"), py::arg("stream"))
-      .def("push", &C::push, py::arg("x"), py::arg("x_rows"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
+      .def("push", &C::push, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("epoch"), py::arg("stream"))
       .def("push_stream", &C::push_stream, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("senders"), py::arg("receivers"), py::arg("epoch"), py::arg("stream"))

@@ -6,9 +6,6 @@
 // Usage (all lanes of the warp, uniformly):
 //   uint8_t** d = mv.next_dsts(); lanes write d[0..n); __syncwarp(); mv.push(src, n, bytes);
 //   ... mv.flush();   // all stores complete and ordered before later fences
-// Early loads: a kernel may preload() the sources of its first pushes before it knows their
-// destinations (while its plan is built); the pushes that follow in the same order then only
-// give those slots their destinations, and skip(q) passes over q pushes the kernel dropped.
 // Lane 0 issues the copies; the bookkeeping is replicated in every lane so it stays uniform.
 //
 // Waits are bounded like every other device wait: a load that has not landed after the
@@ -71,8 +68,6 @@ struct WarpMover {
   int cur;            // slot of the next item
   int oldest;         // slot of the oldest item loaded and not yet stored
   int inflight;       // items loaded and not yet stored
-  int pre;            // preloaded items (slots 0..pre-1, destinations given by the first pushes)
-  int pushes;         // pushes (and skips) since init: the first `pre` settle preloaded slots
   bool failed;        // a load timed out: issue nothing more (uniform across the warp)
   MoverWatch watch;
 
@@ -88,7 +83,7 @@ struct WarpMover {
     dsts = reinterpret_cast<uint8_t**>(bar + depth);
     meta = reinterpret_cast<uint32_t*>(dsts + int64_t(depth) * kMaxDst);
     phase = 0;
-    cur = oldest = inflight = pre = pushes = 0;
+    cur = oldest = inflight = 0;
     if ((threadIdx.x & 31) == 0) {
       for (int s = 0; s < depth; ++s) mbar_init(&bar[s], 1);
       mbar_init_fence();
@@ -96,19 +91,7 @@ struct WarpMover {
     __syncwarp();
   }
 
-  __device__ __forceinline__ uint8_t** next_dsts() const {
-    return dsts + (pushes < pre ? pushes : cur) * kMaxDst;  // preloaded slots are 0..pre-1
-  }
-
-  // Load the source of a push to come, its destinations unknown yet (none unless that push
-  // names them). Only right after init(), at most depth - 1 times: no slot is drained before
-  // every preloaded one is settled.
-  __device__ __forceinline__ void preload(const void* src, uint32_t bytes) {
-    load(src, 0, bytes);
-    ++pre;
-  }
-  // The kernel dropped its next q pushes: their preloaded slots (if any) stay unstored.
-  __device__ __forceinline__ void skip(int q) { pushes += q; }
+  __device__ __forceinline__ uint8_t** next_dsts() const { return dsts + cur * kMaxDst; }
 
   // The oldest item: wait for its load, store it to its destinations (one bulk group).
   __device__ __forceinline__ void drain() {
@@ -132,17 +115,6 @@ struct WarpMover {
 
   // src: global address of the piece; n destinations already in next_dsts(); bytes % 16 == 0.
   __device__ void push(const void* src, int n, uint32_t bytes) {
-    if (pushes < pre) {  // loaded already (the same src): only its destinations are new
-      if ((threadIdx.x & 31) == 0) meta[2 * pushes] = uint32_t(n);
-      ++pushes;
-      __syncwarp();
-      return;
-    }
-    ++pushes;
-    load(src, n, bytes);
-  }
-
-  __device__ void load(const void* src, int n, uint32_t bytes) {
     if (failed) return;  // a load never landed: this slot may still be written, leave it
     if ((threadIdx.x & 31) == 0) {
       // The slot's previous stores (depth items back, the latest committed group) must have

@@ -13,7 +13,6 @@ namespace symmoe {
 enum StampMark : int {
   kStampEnter,      // kernel entry
   kStampChecked,    // the error word read (block barrier)
-  kStampPreloaded,  // the early loads issued (kernel.early_loads)
   kStampTables,     // plan tables built
   kStampBuilt,      // ... and checked (counts, capacity)
   kStampPlanned,    // mover set up: the copies can start

@@ -175,19 +175,13 @@ struct MoveCfg {
   int64_t plan_bytes;   // shared bytes before the warps' areas
   int depth;            // the mover's slots per warp (WarpMover)
   uint64_t* stamps = nullptr;  // timeline of the call (stamps.cuh): the kStamps kernels' only
-  bool early = true;    // dispatch: preload each warp's first depth - 1 pieces (kernel.early_loads)
-  int64_t x_rows = 0;   // dispatch: rows of this rank's x, the most an early load may read
 };
 
-// Pushes per item of a dispatch loop: pieces of `each` bytes (whole items: rows).
-__device__ __forceinline__ int pieces_of(int64_t bytes, uint32_t each) { return int((bytes + each - 1) / each); }
-
 // ---------------------------------------------------------------------------------------
-// kStamps: the timeline build (stamps.cuh). A block has at most kMaxMoverWarps warps
-// (move_cfg), so up to 128 registers a thread: at the 1024-thread bound (64) the early loads'
-// state spilled 80 bytes in pull.
+// kStamps: the timeline build (stamps.cuh), allowed 16 warps' worth of registers so its stamps
+// do not spill; the normal build keeps the 1024-thread bound (0: no minimum of blocks).
 template <class Transport, bool kStamps = false>
-__global__ void __launch_bounds__(kMaxMoverWarps * 32, 1)
+__global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps ? 1 : 0)
     pull_kernel(Transport tp, Layout L, const uint8_t* self_x, Outputs o, bool expert_major, int alignment,
                 MoveCfg mc, Sync sy) {
   uint8_t* smem_raw = dyn_smem();
@@ -201,28 +195,11 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1)
   __syncthreads();
   stamp<kStamps>(mc.stamps, kStampChecked);
   const int32_t* counts = reinterpret_cast<const int32_t*>(tp.local + L.counts);
-  // Items: pieces of rows (rank-major, P per row) or whole visits moved in Q pieces (expert-major).
-  const int64_t P = expert_major ? 1 : (rb + mc.slot_bytes - 1) / mc.slot_bytes;
-  const int Q = expert_major ? pieces_of(rb, mc.slot_bytes) : 1;
-  const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
-  WarpMover mv;
-  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
-          mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
-  // Early loads: the sources of the warp's first pieces need no plan (item it: token v / W of
-  // source v % W, v = it / P), so they load while it is built (3.8 µs of 38, session 22's
-  // timeline). A token past its source's count is loaded and dropped; an own token is read
-  // from x (x_rows rows), a peer's from its input region (max_tokens rows): never past either.
-  for (int k = 0; mc.early && !dead && k < mc.depth - 1; ++k) {
-    const int64_t it = gw + k / Q * nwt, v = it / P;
-    const int s = int(v % W);
-    const int64_t t = v / W, off = (expert_major ? k % Q : it % P) * int64_t(mc.slot_bytes);
-    if (t >= (s == r ? mc.x_rows : L.max_tokens)) break;
-    mv.preload((s == r ? self_x : tp.map(s, L.in_x)) + t * rb + off, uint32_t(min(int64_t(mc.slot_bytes), rb - off)));
-  }
-  stamp<kStamps>(mc.stamps, kStampPreloaded);
   // Warp w's first item belongs to visit w / P (RecvPlan::visit: token v / W of source v % W,
   // whatever the counts say): its routing is in flight while the plan is built, as push does.
   // The input regions hold max_tokens rows; a token past the source's count is read, not used.
+  const int64_t P = expert_major ? 1 : (rb + mc.slot_bytes - 1) / mc.slot_bytes;
+  const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
   const int s0 = int((gw / P) % W);
   const int64_t t0 = gw / P / W;
   const TokenRoute first = TokenRoute::load(reinterpret_cast<const int32_t*>(tp.map(s0, L.in_idx)),
@@ -239,6 +216,9 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1)
 
   if (run && expert_major) fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, Le, o, rb);
 
+  WarpMover mv;
+  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
+          mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
   stamp<kStamps>(mc.stamps, kStampPlanned);
   bool pushed = false;  // the timeline's first push (kStamps only)
 
@@ -265,20 +245,14 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1)
       next = it_route(it + nwt, items);
       int s;
       int64_t t;
-      if (!pl.visit(it / P, W, s, t)) {  // warp-uniform
-        mv.skip(1);
-        continue;
-      }
+      if (!pl.visit(it / P, W, s, t)) continue;  // warp-uniform
       const int64_t off = (it % P) * mc.slot_bytes;
       const bool own = cur.e >= 0 && cur.e / Le == r;  // lanes < K: this slot's expert is here
       const bool mine = __ballot_sync(0xffffffffu, own) != 0;
       const int p = cur.pos_of(reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), t, PC, r);
       int64_t row = mine ? pl.rbase[s] + p : -1;
       if (row >= rows) row = -1;  // only with corrupt inputs; never write out of bounds
-      if (row < 0) {              // warp-uniform
-        mv.skip(1);
-        continue;
-      }
+      if (row < 0) continue;      // warp-uniform
       if (off == 0) {
         if (lane < K) {
           o.idx[row * K + lane] = own ? int64_t(cur.e - r * Le) : -1;
@@ -311,17 +285,11 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1)
       next = it_route(v + nwt, items);
       int s;
       int64_t t;
-      if (!pl.visit(v, W, s, t)) {  // warp-uniform
-        mv.skip(Q);
-        continue;
-      }
+      if (!pl.visit(v, W, s, t)) continue;  // warp-uniform
       const int e = cur.e;  // -1 on lanes >= K
       const bool mine = e >= 0 && e / Le == r;
       const uint32_t bal = __ballot_sync(0xffffffffu, mine);
-      if (bal == 0) {
-        mv.skip(Q);
-        continue;
-      }
+      if (bal == 0) continue;
       const int slot_pos = cur.pos_of(reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), t, PC, W + lane);
       int64_t my_row = -1;  // lane k: destination row of slot k
       if (mine) {
@@ -339,10 +307,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1)
       }
       int n;
       my_row = compact_lanes(my_row >= 0, my_row, lane, n);
-      if (n == 0) {
-        mv.skip(Q);
-        continue;
-      }
+      if (n == 0) continue;
       const uint8_t* src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb;
       if (!pushed) stamp<kStamps>(mc.stamps, kStampRouted);
       for (int64_t off = 0; off < rb; off += mc.slot_bytes) {
@@ -479,11 +444,10 @@ __device__ __forceinline__ void push_row(WarpMover& mv, const uint8_t* src, cons
 // block at its rank-major offset. Per row: recv_src = t * S (+ this rank, rank-major) and K
 // int32 / f32 entries: rank-major the local expert ids and weights of the row's slots (-1 / 0
 // for other ranks' slots); expert-major each slot's row in the output (-1: not this rank's).
-// kStamps: the timeline build (stamps.cuh). A block has at most kMaxMoverWarps warps
-// (move_cfg), so up to 128 registers a thread: at the 1024-thread bound (64) the early loads'
-// state spilled 80 bytes in pull.
+// kStamps: the timeline build (stamps.cuh), allowed 16 warps' worth of registers so its stamps
+// do not spill; the normal build keeps the 1024-thread bound (0: no minimum of blocks).
 template <class Transport, bool kStamps = false>
-__global__ void __launch_bounds__(kMaxMoverWarps * 32, 1)
+__global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps ? 1 : 0)
     push_kernel(Transport tp, Layout L, const uint8_t* x, Outputs o, bool expert_major, int alignment,
                 MoveCfg mc, Sync sy) {
   uint8_t* smem_raw = dyn_smem();
@@ -501,17 +465,6 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1)
   const float* pw = reinterpret_cast<const float*>(tp.local + L.in_w);
   const int32_t* ppos = reinterpret_cast<const int32_t*>(tp.local + L.in_pos);
   const int64_t gw = int64_t(blockIdx.x) * mc.warps + warp, nwt = int64_t(gridDim.x) * mc.warps;
-  const int Q = pieces_of(rb, mc.slot_bytes);  // pushes per token (push_row)
-  WarpMover mv;
-  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
-          mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
-  // Early loads of the warp's first pieces (as pull's): token gw + (k / Q) * nwt, x_rows at most.
-  for (int k = 0; mc.early && !dead && k < mc.depth - 1; ++k) {
-    const int64_t t = gw + k / Q * nwt, off = int64_t(k % Q) * mc.slot_bytes;
-    if (t >= mc.x_rows) break;
-    mv.preload(x + t * rb + off, uint32_t(min(int64_t(mc.slot_bytes), rb - off)));
-  }
-  stamp<kStamps>(mc.stamps, kStampPreloaded);
   // The first token's routing is in flight while the plan is built (the input region holds
   // max_tokens rows; a row past this dispatch's tokens is never used).
   TokenRoute next = TokenRoute::load(pidx, pw, ppos, gw, K, PC, lane, !dead && gw < L.max_tokens);
@@ -528,6 +481,9 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1)
   // padding rows of the expert-major output are written here.
   if (run && expert_major && W == 1)
     fill_padding(pl.goff, [&](int j) { return count_at(counts, L, 0, 2 + j); }, Le, o, rb);
+  WarpMover mv;
+  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
+          mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
   stamp<kStamps>(mc.stamps, kStampPlanned);
 
   if (run) {
@@ -537,10 +493,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1)
       next = TokenRoute::load(pidx, pw, ppos, t + nwt, K, PC, lane, t + nwt < T);
       const PushDsts d = push_token(tp, L, pl, counts, ppos, o, cur, t, expert_major, me, true, lane);
       if (t == gw) stamp<kStamps>(mc.stamps, kStampRouted);
-      if (d.n)
-        push_row(mv, x + t * rb, d, rb, mc.slot_bytes, lane);
-      else
-        mv.skip(Q);
+      if (d.n) push_row(mv, x + t * rb, d, rb, mc.slot_bytes, lane);
       if (t == gw) stamp<kStamps>(mc.stamps, kStampFirstPush);
     }
   }

@@ -153,7 +153,6 @@ class _CudaProtocol(Protocol):
                                         self._counters.data_ptr())
         self.ctx.set_copy_bytes(config.kernel.copy_bytes)
         self.ctx.set_copy_depth(config.kernel.copy_depth)
-        self.ctx.early_loads = config.kernel.early_loads
         self._stream_blocks = self._push_stream_blocks(config, mem)
         self._stream_receivers = config.kernel.stream_receivers
         self._epoch = 0
@@ -329,12 +328,12 @@ class _CudaProtocol(Protocol):
         sp = self._stream().cuda_stream
         epoch = self._next_epoch()
         if self.name == "pull":
-            self.ctx.pull(_ptr(x), x.shape[0], args, expert_major, alignment, epoch, sp)
+            self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
         elif self._stream_blocks:
             senders, receivers = stream_split(self._stream_blocks, self.layout.num_channels, self._stream_receivers)
             self.ctx.push_stream(_ptr(x), args, expert_major, alignment, senders, receivers, epoch, sp)
         else:
-            self.ctx.push(_ptr(x), x.shape[0], args, expert_major, alignment, epoch, sp)
+            self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)
             if self.world_size > 1:  # alone, push wrote every row, group start and padding row
                 self.ctx.unpack(counts_dev.data_ptr(), args, expert_major, alignment, sp)
 

@@ -247,14 +247,3 @@ def test_rows_split_into_small_copy_pieces(protocol):
     # kernel.copy_bytes=128: each 512-byte row moves as 4 bulk pieces spread over warps.
     cfg = gpu_config(protocol=protocol, **{"kernel.copy_bytes": 128})
     assert _run(1, cfg, 31, CHECK_ROUTINGS) == [len(CHECK_ROUTINGS) * 2]
-
-
-@pytest.mark.parametrize("protocol", ["pull", "push"])
-@pytest.mark.parametrize("world_size,early,depth", [(1, False, 0), (1, True, 8), (2, True, 8)])
-def test_early_loads_off_or_spanning_several_items(world_size, early, depth, protocol):
-    # 4 pieces a row and 8 slots a warp: each warp loads 7 pieces before its plan is built,
-    # whole rows of its first items and part of the next (pull rank-major: 7 items of one
-    # piece), dropping those the routing does not send; off: every load follows the plan.
-    cfg = gpu_config(protocol=protocol, **{"kernel.copy_bytes": 128, "kernel.copy_depth": depth,
-                                           "kernel.early_loads": early})
-    assert _run(world_size, cfg, 37, CHECK_ROUTINGS) == [len(CHECK_ROUTINGS) * 2] * world_size
