@@ -3,7 +3,14 @@
 # Sets OUT (what the device tool brings back) and LOG (every log and JSON of the run).
 OUT=${OUT:-$PWD/gpu_out}
 LOG=${LOG:-/tmp/symmoe-gpu}
-mkdir -p "$OUT" "$LOG"
+# A warm machine keeps /tmp between calls: an earlier call's bench.json left in LOG would be
+# summarised as this call's. A LOG this script made (its marker file) starts empty; any other
+# non-empty directory is refused rather than emptied.
+if [ -n "$(ls -A "$LOG" 2>/dev/null)" ]; then
+  if [ -f "$LOG/.symmoe-log" ]; then find "$LOG" -mindepth 1 -delete
+  else echo "LOG=$LOG is not empty and was not made by gpu_env.sh: name an empty or new directory" >&2; exit 2; fi
+fi
+mkdir -p "$OUT" "$LOG" && touch "$LOG/.symmoe-log"
 export PYTHONUNBUFFERED=1
 # NVLink multicast stays off everywhere (shared multi-GPU hosts), also in child processes.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
