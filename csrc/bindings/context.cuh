@@ -50,7 +50,6 @@ struct Ctx {
   uint64_t timeout_ns;
   int grid;      // blocks of the persistent kernels (config kernel.num_sms, clamped to the device)
   int max_smem;  // opt-in shared memory per block
-  int resident_sms = 0;  // SMs this process holds at once (its MPS share; 0: the whole device)
   unsigned int* done;  // [8] grid completion counters, zeroed by the caller (one per kernel kind: 0-6 used)
   MoveCfg move;        // data kernels' bulk piece size and warps per block (for plan_bytes = 0)
   MoveCfg move_fan;    // the same for the expert-major dispatch (a piece goes to several rows)
@@ -344,8 +343,7 @@ struct Ctx {
                             int(L.local_experts()), rank, expert_major};
     const Sync sy = sync(epoch, 4);
     auto launch = [&](auto kernel, auto* o) {
-      const ReduceLaunch rl = reduce_launch(kernel, resident_sms > 0 ? std::min(grid, resident_sms) : grid, T);
-      kernel<<<rl.blocks, kReduceThreads, 0, S(stream)>>>(tp, L, cs, o, P<float>(out_w), rl.parts, sy);
+      kernel<<<reduce_grid(kernel, grid, T), kReduceThreads, 0, S(stream)>>>(tp, L, cs, o, P<float>(out_w), sy);
     };
     if (elem_size == 4)
       launch(combine_reduce_kernel<Transport, float>, P<float>(out));
@@ -409,7 +407,6 @@ void bind_context(py::module_& m, Init init) {
   py::class_<C>(m, "Context")
       .def(py::init(init))
       .def_readonly("grid", &C::grid)
-      .def_readwrite("resident_sms", &C::resident_sms)
       .def_readonly("max_smem", &C::max_smem)
       .def("layout_scratch_bytes", &C::layout_scratch_bytes)
       .def("set_copy_bytes", &C::set_copy_bytes, py::arg("max_piece"))

@@ -6,7 +6,6 @@ calls in here; a protocol may still raise CapacityError once the counts are exch
 """
 from __future__ import annotations
 
-import os
 import time
 from abc import ABC, abstractmethod
 from typing import Callable
@@ -28,15 +27,6 @@ def check_combine_slots(layout: BufferLayout, protocols: str) -> None:
     if layout.combine_slots > MAX_SLOTS:
         raise InputError(f"max(world_size, topk) = {layout.combine_slots}; at most {MAX_SLOTS} with the {protocols}")
 
-
-
-def usable_sms(device: torch.device) -> int:
-    """SMs this process can occupy at once: all of them, or its MPS share."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    pct = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-    if pct:
-        sms = max(2, sms * int(float(pct)) // 100)
-    return sms
 
 class Protocol(ABC):
     name: str  # "push" | "pull"

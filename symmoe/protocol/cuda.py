@@ -60,7 +60,7 @@ from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
-from .base import Protocol, check_combine_slots, usable_sms
+from .base import Protocol, check_combine_slots
 from .counts import (SUMMARY_HEAD, cached_rows, check_summary_head, deferred_error, make_handle, recv_views,
                      summarized_result)
 
@@ -153,7 +153,6 @@ class _CudaProtocol(Protocol):
                                         self._counters.data_ptr())
         self.ctx.set_copy_bytes(config.kernel.copy_bytes)
         self.ctx.set_copy_depth(config.kernel.copy_depth)
-        self.ctx.resident_sms = usable_sms(self.device)  # the combine reduction's rounds (reduce.cuh)
         self._stream_blocks = self._push_stream_blocks(config, mem)
         self._stream_receivers = config.kernel.stream_receivers
         self._epoch = 0

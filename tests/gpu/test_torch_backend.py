@@ -243,15 +243,6 @@ def test_receiver_over_capacity_raises_on_every_rank(protocol):
 
 
 @pytest.mark.parametrize("protocol", ["pull", "push"])
-@pytest.mark.parametrize("world_size", [1, 2])
-def test_combine_reduces_whole_tokens_when_they_fill_many_rounds(world_size, protocol):
-    # 2 SMs hold 18 reduction blocks: 96 tokens make 5 rounds, so each item is a whole token
-    # (the default grids here reduce halves of rows, reduce.cuh's kReduceRounds).
-    cfg = gpu_config(protocol=protocol, **{"kernel.num_sms": 2})
-    assert _run(world_size, cfg, 41, CHECK_ROUTINGS) == [len(CHECK_ROUTINGS) * 2] * world_size
-
-
-@pytest.mark.parametrize("protocol", ["pull", "push"])
 def test_rows_split_into_small_copy_pieces(protocol):
     # kernel.copy_bytes=128: each 512-byte row moves as 4 bulk pieces spread over warps.
     cfg = gpu_config(protocol=protocol, **{"kernel.copy_bytes": 128})
