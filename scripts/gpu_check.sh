@@ -6,7 +6,7 @@
 #   sections: build | test | test-quick | bench | bench-quick | nccl | nvshmem | ab | micro | host | timeline
 #   (setup and MPS always run; micro: scripts/microbench/row_copy.cu, copy and reduce strategies;
 #   host: scripts/host_profile.py, cProfile of each call's host time; timeline: scripts/timeline_probe.py)
-# Every log and JSON goes to $LOG (default /tmp/symmoe-gpu); at the end $OUT receives at
+# Every log and JSON goes to $LOG (default /tmp/symmoe-gpu, emptied first); at the end $OUT receives at
 # most 9 files: summary.txt, logs.tar.gz and the JSONs of the sections that ran (the device
 # tool brings back 8: a call that runs every section uses a separate OUT per run).
 # One call stays inside the 10-minute limit with e.g. "build test nccl", then "nvshmem bench ab".
