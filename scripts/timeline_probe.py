@@ -69,7 +69,7 @@ def main() -> None:
             for _ in range(5):
                 call()
             stamps = torch.zeros(ctx.grid * timeline.words(mod.STAMP_WARPS), dtype=torch.int64, device="cuda")
-            ctx.set_stamps(stamps.data_ptr())
+            ctx.set_stamps(stamps.data_ptr(), stamps.numel())
             runs, event = [], []
             try:
                 for _ in range(a.repeats):

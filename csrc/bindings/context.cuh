@@ -235,10 +235,16 @@ struct Ctx {
     summary = CountsSummary{P<int32_t>(summary_host), rank, alignment};
   }
 
-  // Device memory of symmoe.timeline.words(STAMP_WARPS) int64 words per block of `grid`: the
-  // next pull/push launches are the kernels built with stamps and leave their timeline there
-  // (scripts/timeline_probe.py); 0: the normal kernels again.
-  void set_stamps(uintptr_t s) { stamps = P<uint64_t>(s); }
+  // Device memory of `words` int64 words, symmoe.timeline.words(STAMP_WARPS) per block of
+  // `grid`: the next pull/push launches are the kernels built with stamps and leave their
+  // timeline there (scripts/timeline_probe.py); 0: the normal kernels again.
+  void set_stamps(uintptr_t s, int64_t words) {
+    const int64_t need = int64_t(grid) * kStampWarps * kStampMarks * 2;
+    if (s != 0 && words < need)
+      throw std::invalid_argument("set_stamps: words=" + std::to_string(words) + ", the timeline of " +
+                                  std::to_string(grid) + " blocks needs " + std::to_string(need));
+    stamps = P<uint64_t>(s);
+  }
 
   // flag: device int32 (zero); info: device-side address of host-mapped int64[4].
   void set_input_check(uintptr_t flag, uintptr_t info) { bad = BadInput{P<int32_t>(flag), P<int64_t>(info)}; }
@@ -412,7 +418,7 @@ void bind_context(py::module_& m, Init init) {
       .def("set_copy_bytes", &C::set_copy_bytes, py::arg("max_piece"))
       .def("set_copy_depth", &C::set_copy_depth, py::arg("depth"))
       .def("set_input_check", &C::set_input_check, py::arg("flag"), py::arg("info"))
-      .def("set_stamps", &C::set_stamps, py::arg("stamps"))
+      .def("set_stamps", &C::set_stamps, py::arg("stamps"), py::arg("words") = 0)
       .def("set_routing_outputs", &C::set_routing_outputs, py::arg("host"), py::arg("snap"), py::arg("copy"),
            py::arg("ready"), py::arg("summary") = 0, py::arg("alignment") = 1)
       .def("layout", &C::layout, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"), py::arg("scratch"),

@@ -152,6 +152,18 @@ def test_single_process_world_size_one_without_process_group(seed):
     assert _run(1, cfg, seed + 5, CHECK_ROUTINGS[:2]) == [4]
 
 
+def test_a_timeline_buffer_smaller_than_the_grid_needs_is_refused():
+    from symmoe import timeline
+    from symmoe.buffer import Buffer
+
+    with mock.patch.dict(os.environ, ENV), Buffer(None, from_dict(gpu_config())) as buf:
+        ctx = buf._protocol.ctx
+        need = ctx.grid * timeline.words(buf._protocol.mod.STAMP_WARPS)
+        with pytest.raises(ValueError, match=f"words={need - 1}.*needs {need}"):
+            ctx.set_stamps(1 << 20, need - 1)
+        ctx.set_stamps(0)  # the normal kernels: nothing to size
+
+
 # -- what the host reads after its wait ----------------------------------------------------
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_the_routing_kernel_leaves_the_host_the_matrix_s_summary(world_size, seed):
