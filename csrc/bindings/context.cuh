@@ -349,7 +349,8 @@ struct Ctx {
                             int(L.local_experts()), rank, expert_major};
     const Sync sy = sync(epoch, 4);
     auto launch = [&](auto kernel, auto* o) {
-      kernel<<<reduce_grid(kernel, grid, T), kReduceThreads, 0, S(stream)>>>(tp, L, cs, o, P<float>(out_w), sy);
+      const ReduceLaunch rl = reduce_launch(kernel, grid, T, L.world_size == 1);
+      kernel<<<rl.blocks, kReduceThreads, 0, S(stream)>>>(tp, L, cs, o, P<float>(out_w), rl.parts, sy);
     };
     if (elem_size == 4)
       launch(combine_reduce_kernel<Transport, float>, P<float>(out));

@@ -15,11 +15,13 @@
 namespace symmoe {
 
 constexpr int kReduceThreads = 128;
-// A block's item is one part of a token's row, kReduceParts parts a row: 4096 whole tokens
-// over the 1188 blocks resident on an H200 (9 a SM) left the last round of each block 45 %
-// full; 8192 halves over them leave it 90 % full (W=1, session 20: expert combine kernel
-// 135.5 -> 132.5 us, rank combine 33.7 -> 32.9-33.9).
-constexpr int kReduceParts = 2;
+// A block's item is one part of a token's row (ReduceLaunch: 1 or 2 parts a row). Alone, halves
+// over the resident blocks: 4096 whole tokens over the 1188 blocks of a whole H200 (9 a SM) left
+// the last round 45 % full and halves made it 90 % (session 20: expert combine kernel 135.5 ->
+// 132.5 µs). With peers, whole tokens over 16 blocks a SM, as before session 20: under MPS at
+// W=4 the halves cost 698 -> 767 µs a combine and whole tokens over a persistent grid of the
+// rank's share 889 (session 22).
+constexpr int kReduceBlocksPerSm = 16;
 
 // Where the contributions of this rank's tokens lie once the combine's data has arrived.
 struct CombineSources {
@@ -141,35 +143,43 @@ __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const Slo
   }
 }
 
-// The block reduces items blockIdx.x, blockIdx.x + gridDim.x, ...: item i is part i % P of
-// token i / P's row (part 0 also sums the weights).
-template <typename T, int U = 2, int NT = kReduceThreads, int P = kReduceParts>
-__device__ __forceinline__ void reduce_tokens(const CombineSources& cs, T* out, float* out_w) {
+// The block reduces items blockIdx.x, blockIdx.x + gridDim.x, ...: item i is part i % parts of
+// token i / parts's row (parts 1 or 2; part 0 also sums the weights). Shifts, not a 64-bit
+// division: the division's registers spilled.
+template <typename T, int U = 2, int NT = kReduceThreads>
+__device__ __forceinline__ void reduce_tokens(const CombineSources& cs, T* out, float* out_w, int parts) {
   __shared__ SlotList sl;
   const bool collector = threadIdx.x < 32;
-  const int64_t items = cs.tokens * P, nvec = cs.row_bytes / 16, part = (nvec + P - 1) / P;
-  SlotRoute next = collector ? SlotRoute::load(cs, blockIdx.x / P, threadIdx.x) : SlotRoute{-1, 0.f, 0};
+  const int h = parts == 2 ? 1 : 0;  // log2(parts)
+  const int64_t items = cs.tokens << h, nvec = cs.row_bytes / 16, part = (nvec + h) >> h;
+  SlotRoute next = collector ? SlotRoute::load(cs, int64_t(blockIdx.x) >> h, threadIdx.x) : SlotRoute{-1, 0.f, 0};
   for (int64_t i = blockIdx.x; i < items; i += gridDim.x) {
-    const int64_t t = i / P, p = i % P;
+    const int64_t t = i >> h, p = i & h;
     if (collector) collect_slots(cs, t, next, sl, threadIdx.x);
     __syncthreads();
     // The next item's slots are in flight while this one is reduced.
-    if (collector) next = SlotRoute::load(cs, (i + gridDim.x) / P, threadIdx.x);
+    if (collector) next = SlotRoute::load(cs, (i + gridDim.x) >> h, threadIdx.x);
     reduce_slots<T, U, NT>(cs, sl, t, out, p == 0 ? out_w : nullptr, p * part, min(nvec, (p + 1) * part));
     __syncthreads();
   }
 }
 
-// Blocks of a reduction (reduce_tokens in kReduceParts parts) over `tokens` tokens on `sms`
-// SMs: as many as are resident at once (a persistent grid), so the items divide evenly over
-// blocks that all start together.
+// A reduction's launch over `tokens` tokens on `sms` SMs: alone, halves over a persistent grid
+// of as many blocks as are resident at once (the items divide evenly over blocks that all
+// start together); with peers, whole tokens over kReduceBlocksPerSm blocks a SM.
+struct ReduceLaunch {
+  int blocks;
+  int parts;
+};
 template <class Kernel>
-inline int reduce_grid(Kernel kernel, int sms, int64_t tokens) {
+inline ReduceLaunch reduce_launch(Kernel kernel, int sms, int64_t tokens, bool alone) {
+  sms = std::max(sms, 1);
+  if (!alone) return ReduceLaunch{int(std::max<int64_t>(1, std::min<int64_t>(tokens, int64_t(kReduceBlocksPerSm) * sms))), 1};
   static const int per_sm = [&] {
     int n = 0;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kReduceThreads, 0) == cudaSuccess && n > 0 ? n : 1;
   }();
-  return int(std::max<int64_t>(1, std::min<int64_t>(tokens * kReduceParts, int64_t(per_sm) * std::max(sms, 1))));
+  return ReduceLaunch{int(std::max<int64_t>(1, std::min<int64_t>(tokens * 2, int64_t(per_sm) * sms))), 2};
 }
 
 }  // namespace symmoe

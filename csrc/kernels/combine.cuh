@@ -73,11 +73,11 @@ __global__ void __launch_bounds__(1024) combine_send_kernel(Transport tp, Layout
 
 template <class Transport, typename T>
 __global__ void __launch_bounds__(kReduceThreads) combine_reduce_kernel(Transport tp, Layout L, CombineSources cs,
-                                                                        T* out, float* out_w, Sync sy) {
+                                                                        T* out, float* out_w, int parts, Sync sy) {
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
-  if (!dead) reduce_tokens<T>(cs, out, out_w);
+  if (!dead) reduce_tokens<T>(cs, out, out_w, parts);
   grid_barrier(tp, L, sy, dead, kStageCombineDone);
 }
 

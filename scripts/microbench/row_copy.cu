@@ -320,7 +320,7 @@ __global__ void warprow_fanout(const int4* src, int4* dst, const int* out_row, i
 // -- reduce variants ---------------------------------------------------------------------
 template <int U, int NT>
 __global__ void __launch_bounds__(NT) reduce_kernel(CombineSources cs, __nv_bfloat16* out, float* out_w) {
-  reduce_tokens<__nv_bfloat16, U, NT>(cs, out, out_w);
+  reduce_tokens<__nv_bfloat16, U, NT>(cs, out, out_w, 2);  // halves, as the combine at W=1 on a whole H200
 }
 
 // -- timing --------------------------------------------------------------------------------
