@@ -18,18 +18,8 @@ from datetime import datetime, timezone
 import torch
 
 from symmoe import timeline
-from symmoe.bench import bench_config, probe_inputs
+from symmoe.bench import _time, bench_config, probe_inputs, sleep_cycles_for
 from symmoe.config import PROTOCOLS, parse_key_value
-
-
-def timed(fn, sleep_cycles: int) -> float:
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    torch.cuda._sleep(sleep_cycles)
-    a.record()
-    fn()
-    b.record()
-    b.synchronize()
-    return a.elapsed_time(b) * 1e3
 
 
 def main() -> None:
@@ -44,11 +34,9 @@ def main() -> None:
     os.environ.setdefault("TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES", "1")
     from symmoe.buffer import Buffer
 
-    sleep = int(1000e-6 * 1.98e9)
+    sleep = sleep_cycles_for()
     x, idx, w, src, dst = probe_inputs(torch.device("cuda", 0))
-    for _ in range(5):
-        dst.copy_(src)
-    copy_us = statistics.median(timed(lambda: dst.copy_(src), sleep) for _ in range(a.repeats))
+    copy_us = statistics.median(_time(lambda: dst.copy_(src), 5, a.repeats, sleep, lambda: None)) * 1e6
     out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "commit": os.environ.get("SYMMOE_COMMIT", "unknown"), "device": torch.cuda.get_device_name(0),
            "command": "python scripts/timeline_probe.py " + " ".join(
@@ -73,8 +61,7 @@ def main() -> None:
             runs, event = [], []
             try:
                 for _ in range(a.repeats):
-                    stamps.zero_()
-                    event.append(timed(call, sleep))
+                    event.append(_time(call, 0, 1, sleep, stamps.zero_)[0] * 1e6)  # stamps cleared first
                     runs.append(timeline.phases(stamps, mod.STAMP_WARPS))
             finally:
                 ctx.set_stamps(0)

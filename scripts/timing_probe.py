@@ -18,7 +18,7 @@ import statistics
 
 import torch
 
-from symmoe.bench import bench_config, kernel_breakdown, probe_inputs
+from symmoe.bench import bench_config, kernel_breakdown, probe_inputs, sleep_cycles_for
 from symmoe.config import PROTOCOLS, parse_key_value
 
 
@@ -61,7 +61,7 @@ def main() -> None:
     os.environ.setdefault("TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES", "1")
     from symmoe.buffer import Buffer
 
-    sleep = int(1000e-6 * 1.98e9)
+    sleep = sleep_cycles_for()
     x, idx, w, src, dst = probe_inputs(torch.device("cuda", 0))
     rows = {"copy": ways(lambda: dst.copy_(src), sleep)}
     sms = torch.cuda.get_device_properties(0).multi_processor_count

@@ -68,6 +68,11 @@ def bench_config(protocol: str = "pull", num_sms: int = 132, **over: Any) -> Con
     return Config().replace(**d)
 
 
+def sleep_cycles_for(us: float = 1000.0) -> int:
+    """Cycles of the ``torch.cuda._sleep`` kernel queued before each timed call (H200 clock)."""
+    return int(us * 1e-6 * 1.98e9)
+
+
 def _time(fn: Callable[[], Any], warmup: int, repeats: int, sleep_cycles: int, sync: Callable[[], None],
           host: list[float] | None = None, align: Callable[[], None] | None = None) -> list[float]:
     """GPU seconds per call (events); ``host`` receives the host's wall seconds per call.
@@ -307,7 +312,7 @@ def run_gpu_bench(config: Config, world_size: int = 1, tokens: int = 0, warmup: 
     """Time ``config`` (a GPU backend) at ``world_size`` local ranks; returns a JSON-able dict.
     ``x_in_buffer``: x lives in ``Buffer.input_view`` (no publish copy) instead of its own tensor."""
     opts = {"tokens": tokens, "warmup": warmup, "repeats": repeats, "layouts": tuple(layouts), "seed": seed,
-            "baselines": baselines, "sleep_cycles": int(sleep_us * 1e-6 * 1.98e9), "x_in_buffer": x_in_buffer}
+            "baselines": baselines, "sleep_cycles": sleep_cycles_for(sleep_us), "x_in_buffer": x_in_buffer}
     env = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
            "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
     share = launch.mps_share(world_size)

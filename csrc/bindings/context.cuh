@@ -267,26 +267,27 @@ struct Ctx {
                    P<int64_t>(g("expert_offsets")), P<int32_t>(g("selfmap")), o["capacity"].cast<int64_t>()};
   }
 
-  void pull(uintptr_t self_x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
-    MoveCfg m = move_cfg(RecvPlan::bytes(int(L.world_size), int(L.local_experts())), expert_major);
+  // pull_kernel and push_kernel share one signature; the stamped build while a timeline is set.
+  using DataKernel = void (*)(Transport, Layout, const uint8_t*, Outputs, bool, int, MoveCfg, Sync);
+  void launch_data(DataKernel kernel, int64_t plan_bytes, uintptr_t x, const py::dict& out, bool expert_major,
+                   int alignment, const Sync& sy, uintptr_t stream, const char* what) {
+    MoveCfg m = move_cfg(plan_bytes, expert_major);
     m.stamps = stamps;
-    auto launch = [&](auto kernel) {
-      kernel<<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(self_x), outputs(out), expert_major,
-                                                            alignment, m, sync(epoch, 1));
-    };
-    stamps ? launch(pull_kernel<Transport, true>) : launch(pull_kernel<Transport>);
-    check(cudaGetLastError(), "pull_kernel launch");
+    kernel<<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(x), outputs(out), expert_major,
+                                                          alignment, m, sy);
+    check(cudaGetLastError(), what);
+  }
+
+  void pull(uintptr_t self_x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
+    launch_data(stamps ? pull_kernel<Transport, true> : pull_kernel<Transport>,
+                RecvPlan::bytes(int(L.world_size), int(L.local_experts())), self_x, out, expert_major, alignment,
+                sync(epoch, 1), stream, "pull_kernel launch");
   }
 
   void push(uintptr_t x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
-    MoveCfg m = move_cfg(SendPlan::bytes(int(L.world_size), int(L.local_experts())), expert_major);
-    m.stamps = stamps;
-    auto launch = [&](auto kernel) {
-      kernel<<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(x), outputs(out), expert_major,
-                                                            alignment, m, sync(epoch, 2));
-    };
-    stamps ? launch(push_kernel<Transport, true>) : launch(push_kernel<Transport>);
-    check(cudaGetLastError(), "push_kernel launch");
+    launch_data(stamps ? push_kernel<Transport, true> : push_kernel<Transport>,
+                SendPlan::bytes(int(L.world_size), int(L.local_experts())), x, out, expert_major, alignment,
+                sync(epoch, 2), stream, "push_kernel launch");
   }
 
   // Push with peers in one kernel of `senders` sender blocks (the channels) and `receivers`

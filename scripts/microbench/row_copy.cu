@@ -165,6 +165,13 @@ __host__ __device__ int64_t ring_warp_bytes(uint32_t slot) {
 // Lane 0 of each warp keeps S-1 bulk loads in flight (S slots) and stores each piece as it
 // lands. Copy (kFan false): row r of dst from row idx[r] of src. Fan-out (kFan true): row t of
 // src to rows idx[t * K + k] of dst, k < K.
+// An L2 evict-first cache policy for the bulk copies below.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+
 // shared -> global with an L2 evict-first policy: rows written once and not read again soon.
 __device__ __forceinline__ void bulk_store_evict_first(void* gmem_dst, const void* smem_src, uint32_t bytes,
                                                        uint64_t policy) {
@@ -203,8 +210,7 @@ __global__ void ring_move(const uint8_t* src, uint8_t* dst, const int* idx, int6
     mbar_arrive_expect_tx(&bar[s], bytes);
     const uint8_t* from = src + int64_t(kFan ? row : idx[row]) * R + off;
     if constexpr (kLoadEvictFirst) {
-      uint64_t policy;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      const uint64_t policy = evict_first_policy();
       bulk_load_evict_first(base + int64_t(s) * slot, from, bytes, &bar[s], policy);
     } else {
       bulk_load(base + int64_t(s) * slot, from, bytes, &bar[s]);
@@ -220,15 +226,13 @@ __global__ void ring_move(const uint8_t* src, uint8_t* dst, const int* idx, int6
     const int64_t it = gw + j * nwt, row = it / P, off = (it % P) * slot;
     const uint32_t bytes = uint32_t(min(int64_t(slot), R - off));
     if (kFan && kEvictFirst) {
-      uint64_t policy;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      const uint64_t policy = evict_first_policy();
       for (int k = 0; k < K; ++k)
         bulk_store_evict_first(dst + int64_t(idx[row * K + k]) * R + off, base + int64_t(s) * slot, bytes, policy);
     } else if (kFan) {
       for (int k = 0; k < K; ++k) bulk_store(dst + int64_t(idx[row * K + k]) * R + off, base + int64_t(s) * slot, bytes);
     } else if (kEvictFirst) {
-      uint64_t policy;
-      asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+      const uint64_t policy = evict_first_policy();
       bulk_store_evict_first(dst + row * R + off, base + int64_t(s) * slot, bytes, policy);
     } else {
       bulk_store(dst + row * R + off, base + int64_t(s) * slot, bytes);
