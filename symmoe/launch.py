@@ -75,7 +75,8 @@ def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, en
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world_size), LOCAL_RANK=str(rank))
-    dist.init_process_group("gloo", rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
+    store = dist.TCPStore("127.0.0.1", port, None, False, timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world_size, timeout=timedelta(seconds=timeout_s))
     failed = False
     try:
         results[rank] = ("ok", fn(rank, world_size, *args))
@@ -95,9 +96,13 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), env: dict[s
     but then exited non-zero (an abort at interpreter exit, e.g. in a library's finalisation)
     or hung until killed has failed too."""
     ctx = mp.get_context("spawn")
+    # The parent listens for the ranks' rendezvous on a port the OS picks while binding it: a
+    # port found free and then bound by rank 0 could be taken in between (EADDRINUSE on the
+    # GPU machine, session 24: rank 0 failed and rank 1 waited out the whole timeout).
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
     with ctx.Manager() as manager:
         results = manager.dict()
-        port = free_port()
+        port = store.port
         procs = [ctx.Process(target=_worker, args=(r, world_size, port, fn, args, env or {}, results, timeout_s))
                  for r in range(world_size)]
         for p in procs:
