@@ -48,7 +48,7 @@ class KernelConfig:
     num_channels: int = 8  # nvshmem: a sender and a receiver block each
     timeout_s: float = 30.0
     copy_bytes: int = 0  # bulk-copy piece (multiple of 128); 0 = whole rows up to 16 KB, 3584 B expert-major
-    copy_depth: int = 0  # bulk-copy slots per warp (torch/nccl), depth - 1 loads in flight; 0 = 4 rank-major, 2 expert-major
+    copy_depth: int = 0  # bulk-copy slots per warp (torch/nccl), depth - 1 loads in flight; 0 = 4 rank-major, 3 expert-major
     # push with peers (torch/nccl): "unpack" = push kernel, barrier, then a kernel copies the
     # pool out; "stream" = one kernel of sender and receiver channels, the pool copied out as
     # rows land (DeepEP V1's shape); "auto" = stream when every rank has a GPU of its own

@@ -94,15 +94,16 @@ struct Ctx {
     move_fan.slot_bytes = piece_bytes(max_piece ? max_piece : kFanSlotBytes);
   }
   // Slots per warp of the data kernels' mover: depth - 1 loads in flight per warp. 0: 4 for
-  // whole rows (session 12: cached rank dispatch 37.1 -> 36.4 µs push, 38.7 -> 37.4 pull) and 2
-  // for the expert-major fan-out (4 slowed it from 154 to 175 µs: fewer warps per block).
+  // whole rows (session 12: cached rank dispatch 37.1 -> 36.4 µs push, 38.7 -> 37.4 pull) and 3
+  // for the expert-major fan-out (session 24: 156.6-157.3 -> 153.6-155.0 µs against 2; session
+  // 12: 4 slowed it from 154 to 175 µs, fewer warps per block).
   void set_copy_depth(int depth) {
     if (depth != 0 && (depth < 2 || depth > kMaxDepth))
       throw std::invalid_argument("copy_depth=" + std::to_string(depth) + ": must be 0 (automatic) or 2.." +
                                   std::to_string(kMaxDepth));
     depth_auto = depth == 0;
     move.depth = depth ? depth : kRowDepth;
-    move_fan.depth = depth ? depth : 2;
+    move_fan.depth = depth ? depth : 3;
   }
   uint32_t piece_bytes(int64_t cap) const {
     const int64_t rb = L.row_bytes();
