@@ -17,7 +17,7 @@
 #   30 s later (timeout signals its whole process group, the spawned ranks included: a rank
 #   spinning inside a library call never sees SIGINT, and would keep the log pipe open), so
 #   the summary and logs still come back inside the device tool's 10-minute limit.
-#   SYMMOE_COMMIT=$(git rev-parse HEAD)   the commit recorded in every JSON (the device copy's .git may be stale)
+#   SYMMOE_COMMIT=<hash>   the commit recorded in every JSON: write the hash into the command (on the device, git rev-parse reads a stale .git)
 #   SYMMOE_TEST_SEED=N                    replay the GPU tests' routings of an earlier run (its summary names N)
 #   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_WORLD_SIZES=1,4 BENCH_PROTOCOLS=pull,push BENCH_REPEATS=30   bench choices
 #   BENCH_SET='kernel.num_channels=32 kernel.num_sms=64'   config values for every bench run

@@ -15,7 +15,7 @@
 # table: ratio to the NVLink all-to-all ceiling, speedup vs all_to_all_single) and prints
 # that table last. On one GPU it runs the same steps at world size 1.
 #   scripts/multigpu_check.sh [step ...]      default: check ab baselines bench
-#   SYMMOE_COMMIT=$(git rev-parse HEAD)       the commit recorded in the JSON files
+#   SYMMOE_COMMIT=<hash>                      the commit recorded in the JSON files: write the hash into the command (on the device, git rev-parse reads a stale .git)
 #   STEP_LIMIT_S=1200                         each torchrun step is interrupted after this
 #   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_PROTOCOLS=pull,push BENCH_REPEATS=20
 #   BENCH_X_IN_BUFFER=no|yes|both             bench with x built in Buffer.input_view (no publish copy); both: pull runs twice
