@@ -7,8 +7,9 @@
 #   (setup and MPS always run; micro: scripts/microbench/row_copy.cu, copy and reduce strategies;
 #   host: scripts/host_profile.py, cProfile of each call's host time; timeline: scripts/timeline_probe.py)
 # Every log and JSON goes to $LOG (default /tmp/symmoe-gpu, emptied first); at the end $OUT receives at
-# most 9 files: summary.txt, logs.tar.gz and the JSONs of the sections that ran (the device
-# tool brings back 8: a call that runs every section uses a separate OUT per run).
+# most 9 files: summary.txt, logs.tar.gz and the JSONs of the sections that ran. The device tool
+# brings back 8 files over all of its $OUT, folders included: a call with several runs points
+# OUT at /tmp and copies into the tool's $OUT only what it needs (session 24 lost a run's files).
 # One call stays inside the 10-minute limit with e.g. "build test nccl", then "nvshmem bench ab".
 #   PYTEST_ARGS='-k pull' scripts/gpu_check.sh test      extra pytest arguments
 #   A test still running after $FAULT_S seconds (default 240) dumps every thread's stack
