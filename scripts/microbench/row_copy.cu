@@ -162,9 +162,6 @@ __host__ __device__ int64_t ring_warp_bytes(uint32_t slot) {
   return (int64_t(S) * slot + S * 8 + 127) / 128 * 128;
 }
 
-// Lane 0 of each warp keeps S-1 bulk loads in flight (S slots) and stores each piece as it
-// lands. Copy (kFan false): row r of dst from row idx[r] of src. Fan-out (kFan true): row t of
-// src to rows idx[t * K + k] of dst, k < K.
 // An L2 evict-first cache policy for the bulk copies below.
 __device__ __forceinline__ uint64_t evict_first_policy() {
   uint64_t policy;
@@ -190,6 +187,9 @@ __device__ __forceinline__ void bulk_load_evict_first(void* smem_dst, const void
       : "memory");
 }
 
+// Lane 0 of each warp keeps S-1 bulk loads in flight (S slots) and stores each piece as it
+// lands. Copy (kFan false): row r of dst from row idx[r] of src. Fan-out (kFan true): row t of
+// src to rows idx[t * K + k] of dst, k < K.
 // kEvictFirst: stores with the evict-first policy; kLoadEvictFirst: loads with it.
 template <int S, bool kFan, bool kEvictFirst = false, bool kLoadEvictFirst = false>
 __global__ void ring_move(const uint8_t* src, uint8_t* dst, const int* idx, int64_t N, int K, int64_t R, uint32_t slot,
