@@ -208,13 +208,14 @@ struct Ctx {
       a.mirror = routing_copy;
       a.pub_base = tp.local + L.in_idx;
     }
-    route_count_kernel<Idx><<<B, kRouteThreads, big ? 0 : size_t(C * 4), st>>>(a, sc, per_rank, per_expert, err, done + 5);
+    const int threads = big ? kRouteThreads : route_threads(C, max_smem);
+    route_count_kernel<Idx><<<B, threads, big ? 0 : size_t(C * 4), st>>>(a, sc, per_rank, per_expert, err, done + 5);
     check(cudaGetLastError(), "route_count_kernel launch");
     if (!publish) return;
     a.pub_idx = nullptr;
     a.pub_w = nullptr;
     a.in_rank = nullptr;
-    route_place_kernel<Transport, Idx><<<B, kRouteThreads, big ? 0 : size_t((kRouteWarps + 1) * C * 4), st>>>(
+    route_place_kernel<Transport, Idx><<<B, threads, big ? 0 : size_t((threads / 32 + 1) * C * 4), st>>>(
         tp, L, a, sc, sync(epoch, 0));
     check(cudaGetLastError(), "route_place_kernel launch");
   }

@@ -66,7 +66,7 @@ struct Outputs {  // a receiver's output tensors (worst-case sized by the host)
 // Pass 2 (same grid): every pair's position in its column, published in the input region;
 // the last block stores this rank's counts row into every peer and runs "dispatch.counts".
 template <class Transport, typename Idx>
-__global__ void __launch_bounds__(kRouteThreads) route_place_kernel(Transport tp, Layout L, RoutingArgs<Idx> a,
+__global__ void __launch_bounds__(kRouteMaxThreads) route_place_kernel(Transport tp, Layout L, RoutingArgs<Idx> a,
                                                                    RouteScratch sc, Sync sy) {
   const int C = a.columns();
   __shared__ bool dead;

@@ -11,8 +11,18 @@
 
 namespace symmoe {
 
-constexpr int kRouteThreads = 256;
+constexpr int kRouteThreads = 256;  // the fewest a routing block runs, and the block of global tables
 constexpr int kRouteWarps = kRouteThreads / 32;
+constexpr int kRouteMaxThreads = 1024;
+
+// Threads of a routing block: the most, up to 1024, whose place-pass tables ([C] + [warps][C]
+// int32) fit in `smem` bytes. A chunk is 128 tokens or more, so at top-8 a block of 256 walked
+// 4 pairs a thread, each behind a dependent global load (count 12 µs + place 15 µs at W=1).
+inline int route_threads(int64_t C, int64_t smem) {
+  for (int t = kRouteMaxThreads; t > kRouteThreads; t /= 2)
+    if (int64_t(t / 32 + 1) * C * 4 <= smem) return t;
+  return kRouteThreads;
+}
 
 // What the host reads after its wait instead of reducing the counts matrix itself (the numpy of
 // symmoe/protocol/counts.py's received_rows, whose `summary_of` specifies these words):
@@ -97,7 +107,7 @@ __device__ __forceinline__ void hand_counts(const int32_t* m, int W, int E, int3
 // Pass 1 (grid of blocks, one chunk of tokens each): column counts per chunk, the published
 // int32 ids / weights, is_token_in_rank; the last block to finish sums the chunks' counts.
 template <typename Idx>
-__global__ void __launch_bounds__(kRouteThreads) route_count_kernel(RoutingArgs<Idx> a, RouteScratch sc,
+__global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingArgs<Idx> a, RouteScratch sc,
                                                                    int32_t* out_per_rank, int32_t* out_per_expert,
                                                                    ErrorWord* err, unsigned int* done) {
   const int C = a.columns();

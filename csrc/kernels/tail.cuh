@@ -114,7 +114,14 @@ inline std::string launch_recv_tail(const Layout& L, const int32_t* counts, Tail
   if (smem > max_smem)
     return "num_worst_tokens: the receivers' tables (" + std::to_string(smem) +
            " bytes) exceed shared memory (fewer experts per rank needed)";
-  cudaError_t e = cudaFuncSetAttribute(recv_tail_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  // The attribute once per module, and only past the default 48 KiB: set on every call it cost
+  // 2-5 µs of host time in each worst-case dispatch (host profile, session 13).
+  static int allowed = 48 * 1024;
+  cudaError_t e = cudaSuccess;
+  if (smem > allowed) {
+    e = cudaFuncSetAttribute(recv_tail_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem);
+    if (e == cudaSuccess) allowed = max_smem;
+  }
   if (e == cudaSuccess) {
     const int64_t vecs = worst * (L.row_bytes() / 16);
     const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(max_blocks, (vecs + kTailThreads - 1) / kTailThreads)));

@@ -55,7 +55,7 @@ struct PlanArgs {
 // the peers' rows (stage dispatch.counts), then leaves the matrix in the snapshot and in
 // host-mapped memory. A rank with bad expert ids publishes tokens = -1: nobody moves data.
 template <typename Idx>
-__global__ void __launch_bounds__(kRouteThreads) plan_kernel(RoutingArgs<Idx> a, RouteScratch sc, PlanArgs p,
+__global__ void __launch_bounds__(kRouteMaxThreads) plan_kernel(RoutingArgs<Idx> a, RouteScratch sc, PlanArgs p,
                                                              unsigned int* done) {
   const int C = a.columns(), W = a.W, K = a.K, S = static_cast<int>(p.lay.combine_slots);
   __shared__ bool dead;
@@ -63,7 +63,7 @@ __global__ void __launch_bounds__(kRouteThreads) plan_kernel(RoutingArgs<Idx> a,
   __syncthreads();
   if (dead) return;
   const bool bad = a.bad.flag != nullptr && *a.bad.flag != 0;  // set by the count pass
-  int32_t* base = reinterpret_cast<int32_t*>(dyn_smem());     // [C] + [kRouteWarps][C]
+  int32_t* base = reinterpret_cast<int32_t*>(dyn_smem());     // [C] + [warps][C]
   if (!bad) {
     chunk_base(sc, C, base);
     __syncthreads();

@@ -107,18 +107,28 @@ int64_t route_scratch_ints(const std::vector<int64_t>& lay) {
   return int64_t(route_max_blocks()) * C + C;
 }
 
+// Dynamic shared memory the routing kernels may ask for: the opt-in limit less 1 KiB for their
+// static part.
+int route_smem_limit() {
+  static const int limit = [] {
+    int dev = 0, max_smem = 0;
+    cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
+    cuda_check(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+    return max_smem - 1024;
+  }();
+  return limit;
+}
+
 // Largest dynamic shared memory the routing and dispatch kernels may ask for (set once).
 void allow_smem() {
   static bool done = false;
   if (done) return;
-  int dev = 0, max_smem = 0;
-  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
   const auto attr = cudaFuncAttributeMaxDynamicSharedMemorySize;
-  cuda_check(cudaFuncSetAttribute(route_count_kernel<int64_t>, attr, max_smem - 1024), "route attr");
-  cuda_check(cudaFuncSetAttribute(route_count_kernel<int32_t>, attr, max_smem - 1024), "route attr");
-  cuda_check(cudaFuncSetAttribute(plan_kernel<int64_t>, attr, max_smem - 1024), "plan attr");
-  cuda_check(cudaFuncSetAttribute(plan_kernel<int32_t>, attr, max_smem - 1024), "plan attr");
+  const int smem = route_smem_limit();
+  cuda_check(cudaFuncSetAttribute(route_count_kernel<int64_t>, attr, smem), "route attr");
+  cuda_check(cudaFuncSetAttribute(route_count_kernel<int32_t>, attr, smem), "route attr");
+  cuda_check(cudaFuncSetAttribute(plan_kernel<int64_t>, attr, smem), "plan attr");
+  cuda_check(cudaFuncSetAttribute(plan_kernel<int32_t>, attr, smem), "plan attr");
   cuda_check(cudaFuncSetAttribute(dispatch_kernel, attr, 64 * 1024), "dispatch attr");
   done = true;
 }
@@ -142,13 +152,14 @@ void route(const Layout& l, int64_t base, int me, int64_t T, bool plan, int64_t 
                      BadInput{ptr<int32_t>(p[12]), ptr<int64_t>(p[13])}};
   auto* err = ptr<ErrorWord>(p[14]);
   auto* done = ptr<unsigned int>(p[15]);
-  route_count_kernel<Idx><<<B, kRouteThreads, size_t(C) * 4, st>>>(a, sc, ptr<int32_t>(p[4]), ptr<int32_t>(p[5]),
+  const int threads = route_threads(C, route_smem_limit());
+  route_count_kernel<Idx><<<B, threads, size_t(C) * 4, st>>>(a, sc, ptr<int32_t>(p[4]), ptr<int32_t>(p[5]),
                                                                   error_mirror(), done);
   cuda_check(cudaGetLastError(), "route_count_kernel launch");
   if (!plan) return;
   PlanArgs pa{ptr<uint8_t>(base), l, me, epoch, timeout_ns, ptr<int32_t>(p[9]), ptr<int32_t>(p[10]),
               ptr<int32_t>(p[11]), ptr<int64_t>(p[16]), err, CountsSummary{ptr<int32_t>(p[17]), me, alignment}};
-  plan_kernel<Idx><<<B, kRouteThreads, size_t(kRouteWarps + 1) * C * 4, st>>>(a, sc, pa, done);
+  plan_kernel<Idx><<<B, threads, size_t(threads / 32 + 1) * C * 4, st>>>(a, sc, pa, done);
   cuda_check(cudaGetLastError(), "plan_kernel launch");
 }
 
@@ -268,15 +279,12 @@ void launch_tail(const std::vector<int64_t>& lay, int me, int expert_major, int 
                  int64_t epoch, const std::vector<int64_t>& p, int64_t stream) {
   if (p.size() != 9) throw std::runtime_error("tail: expected 9 pointers");
   Layout l = layout_from(lay);
-  int dev = 0, max_smem = 0;
-  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
   const std::string e = launch_recv_tail(
       l, ptr<const int32_t>(p[0]),
       TailOutputs{ptr<uint8_t>(p[1]), ptr<int64_t>(p[2]), ptr<float>(p[3]), ptr<int32_t>(p[4]), ptr<int32_t>(p[5]),
                   ptr<int32_t>(p[6])},
       worst, expert_major != 0, alignment, me, ptr<int32_t>(p[7]), ptr<DeferredError>(p[8]), epoch,
-      route_max_blocks(), max_smem - 1024, ptr<CUstream_st>(stream));
+      route_max_blocks(), route_smem_limit(), ptr<CUstream_st>(stream));
   if (!e.empty()) throw std::runtime_error(e);
 }
 
