@@ -36,7 +36,7 @@ nvidia-smi topo -m >"$LOG/topology.txt" 2>&1
 # later), so the logs still come back.
 run() {
   timeout -s INT -k 30 "${STEP_LIMIT_S:-1200}" \
-    python3 -m torch.distributed.run --nproc-per-node "$N" --master-port $((20000 + RANDOM % 20000)) "$@"
+    python3 -m torch.distributed.run --nproc-per-node "$N" --standalone "$@"
 }
 CHECK_SHAPE=(--set buffer.max_tokens_per_rank=512 --set kernel.timeout_s=60)
 read -r -a CHECK_CONFIGS <<< "${CHECK_CONFIGS:-configs/torch.yaml configs/nvshmem.yaml configs/nccl.yaml}"

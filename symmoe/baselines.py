@@ -521,9 +521,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     if dist.is_initialized():  # spawned by symmoe.launch.spawn (tests), or a caller's group
         return _run(a, argv)
-    if not launch.under_torchrun():  # a single rank of its own
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(launch.free_port()), RANK="0", WORLD_SIZE="1")
-    with launch.torchrun_group():
+    with launch.torchrun_group():  # outside torchrun a single rank of its own
         return _run(a, argv)
 
 

@@ -7,7 +7,6 @@ refuses duplicate devices).
 from __future__ import annotations
 
 import os
-import socket
 import sys
 import traceback
 from datetime import timedelta
@@ -24,16 +23,22 @@ def under_torchrun() -> bool:
 
 
 def init_from_env(timeout_s: float = 120.0) -> tuple[int, int]:
-    """Join torchrun's rendezvous (gloo) and return (rank, world_size)."""
+    """Join torchrun's rendezvous (gloo) and return (rank, world_size); outside torchrun, a
+    group of this process alone, on an in-process store (no port to find free)."""
     if not dist.is_initialized():
-        dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+        if under_torchrun():
+            dist.init_process_group("gloo", timeout=timedelta(seconds=timeout_s))
+        else:
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1,
+                                    timeout=timedelta(seconds=timeout_s))
     return dist.get_rank(), dist.get_world_size()
 
 
 @contextmanager
 def torchrun_group(timeout_s: float = 120.0) -> Iterator[tuple[int, int]]:
-    """``with torchrun_group() as (rank, world_size):`` -- joins torchrun's rendezvous and
-    destroys the group on the way out (gloo aborts the process at exit otherwise)."""
+    """``with torchrun_group() as (rank, world_size):`` -- joins torchrun's rendezvous (outside
+    torchrun: a group of this process alone) and destroys the group on the way out (gloo aborts
+    the process at exit otherwise)."""
     rank, world_size = init_from_env(timeout_s)
     try:
         yield rank, world_size
@@ -58,12 +63,6 @@ def mps_share(world_size: int, gpus: int | None = None) -> int:
     if world_size <= gpus:
         return 0
     return max(1, 100 // -(-world_size // gpus))  # the busiest GPU's ranks split it evenly
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _worker(rank: int, world_size: int, port: int, fn: Callable, args: tuple, env: dict[str, str],
