@@ -13,6 +13,8 @@
 //           ldst<U>  16-byte loads/stores, U in flight per thread (nc: non-coherent loads and
 //                    no-L1-allocate stores), grid-stride over the whole copy
 //           warprow<U> one warp per row, U vectors per lane in flight
+//           flat<U>  identity rows only: the copy as one flat range, no index math (what a
+//                    plain SM copy kernel reaches next to cudaMemcpy)
 //   fan-out each row to K rows, to random rows and in the expert-major order of a uniform
 //           top-K routing (as the expert-major dispatch at world size 1 writes them): mover
 //           (push's), bulk-load ring with K bulk stores per piece (also with an L2 evict-first
@@ -272,6 +274,27 @@ __global__ void ldst_copy(const int4* src, int4* dst, const int* perm, int64_t N
   }
 }
 
+// The whole copy as one flat range, no row structure and no index math: what an SM kernel
+// reaches against cudaMemcpy's copy of the same bytes (identity rows only).
+template <int U, bool NC>
+__global__ void flat_copy(const int4* src, int4* dst, const int* /*perm*/, int64_t N, int64_t nv) {
+  const int64_t total = N * nv, nt = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t q0 = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q0 < total; q0 += nt * U) {
+    int4 r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (q0 + u * nt < total) r[u] = NC ? ld_nc(src + q0 + u * nt) : src[q0 + u * nt];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (q0 + u * nt < total) {
+        if (NC)
+          st_na(dst + q0 + u * nt, r[u]);
+        else
+          dst[q0 + u * nt] = r[u];
+      }
+  }
+}
+
 template <int U>
 __global__ void warprow_copy(const int4* src, int4* dst, const int* perm, int64_t N, int64_t nv) {
   const int lane = threadIdx.x & 31;
@@ -528,6 +551,11 @@ int main(int argc, char** argv) {
     ldst(warprow_copy<7>, "warprow U=7", 512, 4);
     ldst(warprow_copy<7>, "warprow U=7", 256, 4);
     ldst(warprow_copy<14>, "warprow U=14", 256, 4);
+    if (!pr) {  // a flat copy has no permutation to follow
+      ldst(flat_copy<4, false>, "flat U=4", 512, 4);
+      ldst(flat_copy<8, true>, "flat nc U=8", 256, 4);
+      ldst(flat_copy<4, true>, "flat nc U=4", 1024, 2);
+    }
   }
 
   // -- fan-out -------------------------------------------------------------------------------
