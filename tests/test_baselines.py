@@ -60,6 +60,19 @@ def _run_main(rank: int, world_size: int, path: str) -> int:
                            "--repeats", "3", "--a2a-bytes", "4096", "--p2p-bytes", "4096", "--json", path])
 
 
+def test_main_alone_runs_in_a_group_of_one(tmp_path, monkeypatch):
+    """Outside torchrun and without a caller's group: a group of this process alone, on an
+    in-process store (no port to find free first)."""
+    for var in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(var, raising=False)
+    path = str(tmp_path / "baselines.json")
+    assert _run_main(0, 1, path) == 0
+    with open(path) as f:
+        doc = json.load(f)
+    assert doc["world_size"] == 1 and doc["results"]["reference_check"]["bitwise_equal"]
+    assert not torch.distributed.is_initialized()
+
+
 def test_main_runs_on_cpu_and_writes_json(tmp_path):
     path = str(tmp_path / "baselines.json")
     assert spawn(_run_main, 2, args=(path,)) == [0, 0]
