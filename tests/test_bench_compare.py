@@ -1,0 +1,65 @@
+"""symmoe.bench_compare: bench JSONs of a change and its baseline, side by side. CPU only (the
+timings are made up here, summarised as symmoe.bench summarises real ones)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from symmoe import bench, bench_compare
+
+ROW_BYTES = 7168 * 2
+
+
+def _layout(dispatch_us: float, combine_us: float, kernel_us: float) -> dict:
+    stats = lambda us: {"median_us": us, "p10_us": us, "p90_us": us, "n": 3}  # noqa: E731
+    return {"rows": 4096, "real_rows": 4096, "kernels_us": {"dispatch": {"pull_kernel": kernel_us}},
+            "host_ops_us": {}, "dispatch": stats(dispatch_us), "combine": stats(combine_us),
+            "api_dispatch": stats(dispatch_us), "dispatch_host": stats(50.0), "combine_host": stats(10.0),
+            "dispatch_bytes": 2 * 4096 * ROW_BYTES, "combine_bytes": 2 * 4096 * ROW_BYTES}
+
+
+def _doc(commit: str, dispatch_us: float, kernel_us: float, backends=("torch", "nccl")) -> dict:
+    results = []
+    for backend in backends:
+        cfg = bench.bench_config("push", 132, backend=backend)
+        ranks = [{"tokens": 4096, "seed": 0, "rank": _layout(dispatch_us, 36.0, kernel_us)}]
+        results.append(bench.summarize(cfg, 1, ranks, roof=4.0e12, copy_us=lambda nbytes: nbytes / 4.0e6))
+    return {"commit": commit, "results": results}
+
+
+def _line(text: str, backend: str, op: str, section: int = 0) -> list[str]:
+    block = text.split("\n\n")[section].splitlines()
+    return next(ln for ln in block if ln.startswith(backend) and f" {op} " in f"{ln} ").split()
+
+
+def test_each_op_of_the_baseline_is_set_beside_the_other_runs_with_its_ratio():
+    text = bench_compare.compare([_doc("base", 40.0, 34.0), _doc("change", 36.0, 32.0)], ["base", "change"])
+    cols = _line(text, "torch", "dispatch")
+    assert cols[:4] == ["torch", "push", "1", "rank"]
+    base_copy = 2 * 4096 * ROW_BYTES / 4.0e6 / 40.0
+    assert cols[5:7] == ["40.0", f"{base_copy:.3f}"]
+    assert cols[7:10] == ["36.0", "(0.900)", f"{base_copy * 40 / 36:.3f}"]
+    assert _line(text, "torch", "dispatch", section=1)[5:] == ["34.0", "32.0"]  # the kernels' µs
+
+
+def test_an_op_missing_from_a_run_shows_a_dash():
+    text = bench_compare.compare([_doc("base", 40.0, 34.0), _doc("change", 36.0, 32.0, backends=("torch",))],
+                                 ["base", "change"])
+    assert _line(text, "nccl", "dispatch")[-1] == "-"
+
+
+def test_main_names_runs_by_their_commit_and_refuses_a_single_file(tmp_path, capsys):
+    paths = []
+    for commit, us in (("1a7e89e", 40.0), ("506d33c", 36.0)):
+        paths.append(tmp_path / f"{commit}.json")
+        paths[-1].write_text(json.dumps(_doc(commit, us, 30.0)))
+    assert bench_compare.main([str(p) for p in paths]) == 0
+    assert capsys.readouterr().out.splitlines()[1].split()[-2:] == ["1a7e89e", "506d33c"]
+    assert bench_compare.main([str(paths[0])]) == 2
+    assert "needs at least 2" in capsys.readouterr().err
+
+
+def test_labels_must_match_the_files():
+    with pytest.raises(ValueError, match="1 label"):
+        bench_compare.compare([_doc("a", 1.0, 1.0), _doc("b", 1.0, 1.0)], ["a"])
