@@ -3,9 +3,9 @@
 ``python -m symmoe.bench_compare BASE.json OTHER.json [...]`` prints one line per (backend,
 protocol, world size, x placement, layout, op) found in the first file: each run's median µs,
 its ratio to the first run's and, where the bench measured them, its ratio to a same-size copy
-and its speed-up over plain torch; then the kernels' device µs per call of rank 0 (the profiler's, without host gaps). Runs are
-named by their JSON's commit, or by ``--labels``. Several runs of one tree (A/B/A/B) read as
-the spread that a difference has to exceed.
+and its speed-up over plain torch; then the kernels' device µs per call of rank 0 (the
+profiler's, without host gaps). Runs are named by their JSON's commit, or by ``--labels``.
+Several runs of one tree (A/B/A/B) read as the spread that a difference has to exceed.
 """
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from typing import Any
 from .ops import LABEL, ops_of
 
 Key = tuple[str, str, int, bool, str, str]
+NAME_COLUMNS = 5  # backend, protocol, W, layout, op: left-aligned; the runs' columns right-aligned
 
 
 def rows_of(doc: dict[str, Any]) -> dict[Key, dict[str, Any]]:
@@ -70,8 +71,11 @@ def compare(docs: list[dict[str, Any]], labels: list[str]) -> str:
 
 def _aligned(rows: list[list[str]]) -> list[str]:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
-    return ["  ".join(cell.ljust(w) if c < 5 else cell.rjust(w) for c, (cell, w) in enumerate(zip(r, widths)))
-            for r in rows]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(cell.ljust(w) if c < NAME_COLUMNS else cell.rjust(w)
+                         for c, (cell, w) in enumerate(zip(r, widths)))
+    return [line(r) for r in rows]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -84,6 +88,8 @@ def main(argv: list[str] | None = None) -> int:
         for path in a.files:
             with open(path) as f:
                 docs.append(json.load(f))
+            if not docs[-1].get("results"):
+                raise ValueError(f"{path}: no results (expected the JSON of python -m symmoe.bench --json)")
         labels = a.labels.split(",") if a.labels else [str(d.get("commit", "?"))[:12] for d in docs]
         print(compare(docs, labels))
     except (OSError, json.JSONDecodeError, ValueError, KeyError) as e:

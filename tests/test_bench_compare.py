@@ -63,3 +63,11 @@ def test_main_names_runs_by_their_commit_and_refuses_a_single_file(tmp_path, cap
 def test_labels_must_match_the_files():
     with pytest.raises(ValueError, match="1 label"):
         bench_compare.compare([_doc("a", 1.0, 1.0), _doc("b", 1.0, 1.0)], ["a"])
+
+
+def test_a_file_without_results_is_refused_naming_it(tmp_path, capsys):
+    empty, full = tmp_path / "empty.json", tmp_path / "full.json"
+    empty.write_text(json.dumps({"commit": "x"}))
+    full.write_text(json.dumps(_doc("y", 1.0, 1.0)))
+    assert bench_compare.main([str(empty), str(full)]) == 2
+    assert f"{empty}: no results" in capsys.readouterr().err

@@ -107,7 +107,9 @@ static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L
 // Host side, for every module that binds it: after the data kernels on `stream`, at most
 // `max_blocks` blocks (the tail is a plain fill). The tables take SendPlan::bytes(W, L) of
 // shared memory; an error string when they exceed `max_smem`, else the launch's error.
-inline std::string launch_recv_tail(const Layout& L, const int32_t* counts, TailOutputs o, int64_t worst,
+// Internal linkage, as the kernel's: each module keeps its own attribute state below (a static
+// of an inline function is one object for every library loaded in the process).
+static std::string launch_recv_tail(const Layout& L, const int32_t* counts, TailOutputs o, int64_t worst,
                                     bool expert_major, int alignment, int me, int32_t* per_expert, DeferredError* df,
                                     int64_t epoch, int max_blocks, int max_smem, cudaStream_t stream) {
   const int64_t smem = SendPlan::bytes(int(L.world_size), int(L.local_experts()));
