@@ -121,29 +121,44 @@ struct Meta {
   int idx;
   float w;
 };
-__device__ __forceinline__ Meta row_meta(const DispatchArgs& a, const Geometry& geo, int t, int d, int lane) {
-  const int K = static_cast<int>(a.lay.topk), L = static_cast<int>(a.lay.local_experts());
+// A token's routing words as loaded (lanes < K: slot k's expert id, weight and, expert-major,
+// position), all three issued together and nothing computed from them yet: a row's copy runs
+// while they are in flight, where a Meta built at once held the copy back behind two dependent
+// round trips (the id, then the weight), as the CUDA kernels' TokenRoute avoids.
+struct RawMeta {
+  int e;
+  float w;
+  int pos;
+};
+__device__ __forceinline__ RawMeta load_meta(const DispatchArgs& a, int t, int lane) {
+  const int K = static_cast<int>(a.lay.topk);
   const int64_t PC = a.lay.world_size + K;
-  Meta m{-1, 0.f};
+  RawMeta r{-1, 0.f, 0};
   if (lane < K) {
-    const int e = a.idx[int64_t(t) * K + lane];
-    if (e >= 0 && e / L == d) {
-      m.idx = a.expert_major ? geo.ebase[e] + a.pos[t * PC + a.lay.world_size + lane] : e - d * L;
-      m.w = a.w[int64_t(t) * K + lane];
-    }
+    r.e = a.idx[int64_t(t) * K + lane];
+    r.w = a.w[int64_t(t) * K + lane];
+    if (a.expert_major) r.pos = a.pos[t * PC + a.lay.world_size + lane];
   }
-  return m;
+  return r;
+}
+__device__ __forceinline__ Meta row_meta(const DispatchArgs& a, const Geometry& geo, const RawMeta& r, int d) {
+  const int L = static_cast<int>(a.lay.local_experts());
+  if (r.e < 0 || r.e / L != d) return Meta{-1, 0.f};
+  return Meta{a.expert_major ? geo.ebase[r.e] + r.pos : r.e - d * L, r.w};
 }
 
 // One row reaches this rank's outputs (from x for its own rows, else from the pool): rank-major
 // to row `rank_row`, expert-major to the row of every slot that names a local expert.
-template <bool kImmutable>
+// meta(): the row's Meta, asked for after the copy where the layout allows (rank-major), so
+// loads issued before the call are still in flight during it.
+template <bool kImmutable, class MetaFn>
 __device__ __forceinline__ void deliver_row(const DispatchArgs& a, const Geometry& geo, const uint8_t* src,
-                                            int64_t rank_row, int src_rank, int ent, Meta m, int lane) {
+                                            int64_t rank_row, int src_rank, int ent, MetaFn meta, int lane) {
   const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots);
   const int64_t rb = a.lay.row_bytes();
   if (!a.expert_major) {
     warp_copy_row<kImmutable>(a.out_x + rank_row * rb, src, rb, lane);
+    const Meta m = meta();
     if (lane < K) {
       a.out_idx[rank_row * K + lane] = m.idx;
       a.out_w[rank_row * K + lane] = m.w;
@@ -156,6 +171,7 @@ __device__ __forceinline__ void deliver_row(const DispatchArgs& a, const Geometr
     }
     return;
   }
+  const Meta m = meta();
   int64_t o = m.idx;
   if (o >= geo.rows_of[a.me]) o = -1;  // only with corrupt inputs; never write out of bounds
   if (o >= 0) {
@@ -228,9 +244,14 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
       step = kWarps - put_warps;
       if (warp < put_warps) hi = lo;
     }
+    // The next row's send-list entry is loaded one row ahead, under this row's copy.
+    int next = lo + first < hi ? a.send_ent[send_off[me] + lo + first] : 0;
     for (int64_t i = lo + first; i < hi; i += step) {
-      const int ent = a.send_ent[send_off[me] + i], t = ent / S;
-      deliver_row<true>(a, geo, a.x + int64_t(t) * rb, recv_base[me] + i, me, ent, row_meta(a, geo, t, me, lane), lane);
+      const int ent = next, t = ent / S;
+      if (i + step < hi) next = a.send_ent[send_off[me] + i + step];
+      const RawMeta r = load_meta(a, t, lane);
+      deliver_row<true>(a, geo, a.x + int64_t(t) * rb, recv_base[me] + i, me, ent,
+                        [&] { return row_meta(a, geo, r, me); }, lane);
     }
   }
 
@@ -264,12 +285,15 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
                         kStageDispatchData, d, a.epoch);
           named_barrier(1 + g, wpg * 32);
         }
+        int next = c0 + wig < c1 ? a.send_ent[send_off[d] + c0 + wig] : 0;
         for (int64_t i = c0 + wig; i < c1; i += wpg) {
-          const int ent = a.send_ent[send_off[d] + i], t = ent / S;
+          const int ent = next, t = ent / S;
+          if (i + wpg < c1) next = a.send_ent[send_off[d] + i + wpg];
           const int64_t q = ring0 + (i - i0) % a.ring;
-          const Meta m = row_meta(a, geo, t, d, lane);
+          const RawMeta r = load_meta(a, t, lane);
           if (pd) {
             warp_copy_row<true>(at_peer(pd, a.base, rx + q * rb), a.x + int64_t(t) * rb, rb, lane);
+            const Meta m = row_meta(a, geo, r, d);
             if (lane < K) {
               at_peer(pd, a.base, ridx)[q * K + lane] = m.idx;
               at_peer(pd, a.base, rw)[q * K + lane] = m.w;
@@ -277,6 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
             if (lane == 0) at_peer(pd, a.base, rsrc)[q] = ent;
           } else {
             nvshmemx_putmem_nbi_warp(rx + q * rb, a.x + int64_t(t) * rb, rb, d);
+            const Meta m = row_meta(a, geo, r, d);
             if (lane < K) {
               nvshmem_int_p(ridx + q * K + lane, m.idx, d);
               nvshmem_float_p(rw + q * K + lane, m.w, d);
@@ -370,7 +395,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
       const int64_t i = s_from[s] + rr, i0 = chan_begin(recv_cnt[s], c, C);
       const int64_t q = (int64_t(s) * C + c) * a.ring + (i - i0) % a.ring;  // its slot in s's ring
       const Meta m = lane < K ? Meta{pidx[q * K + lane], pw[q * K + lane]} : Meta{-1, 0.f};
-      deliver_row<false>(a, geo, px + q * rb, recv_base[s] + i, s, psrc[q], m, lane);
+      deliver_row<false>(a, geo, px + q * rb, recv_base[s] + i, s, psrc[q], [&] { return m; }, lane);
     }
     __syncthreads();
   }
