@@ -48,17 +48,25 @@ __global__ void __launch_bounds__(kThreads, 1) combine_send_kernel(CombineArgs a
   for (int p = threadIdx.x; p < W; p += blockDim.x)
     s_peer[p] = a.direct ? static_cast<uint8_t*>(nvshmem_ptr(a.base, p)) : nullptr;
   __syncthreads();
-  for (int64_t r = chan_begin(a.rows, c, C) + warp; r < chan_begin(a.rows, c + 1, C); r += kWarps) {
-    const int s = a.src_rank[r];
+  // A row's source words are loaded together and one row ahead, and its weights before its
+  // copy: no row's copy waits on a metadata round trip.
+  const int64_t r0 = chan_begin(a.rows, c, C), r1 = chan_begin(a.rows, c + 1, C);
+  auto source_of = [&](int64_t r) { return r < r1 ? int3{a.src_rank[r], a.src_tok[r], a.src_slot[r]} : int3{-1, 0, 0}; };
+  int3 next = source_of(r0 + warp);
+  for (int64_t r = r0 + warp; r < r1; r += kWarps) {
+    const int3 src = next;
+    next = source_of(r + kWarps);
+    const int s = src.x;
     if (s < 0) continue;  // padding
     if (s == me) continue;
-    const int64_t slot = int64_t(a.src_tok[r]) * S + a.src_slot[r];
+    const int64_t slot = int64_t(src.y) * S + src.z;
+    const float wt = a.rw && lane < K ? a.rw[r * K + lane] : 0.f;
     if (uint8_t* ps = s_peer[s]) {
       warp_copy_row<true>(at_peer(ps, a.base, cx + slot * rb), a.y + r * rb, rb, lane);
-      if (a.rw && lane < K) at_peer(ps, a.base, cw)[slot * K + lane] = a.rw[r * K + lane];
+      if (a.rw && lane < K) at_peer(ps, a.base, cw)[slot * K + lane] = wt;
     } else {
       nvshmemx_putmem_nbi_warp(cx + slot * rb, a.y + r * rb, rb, s);
-      if (a.rw && lane < K) nvshmem_float_p(cw + slot * K + lane, a.rw[r * K + lane], s);
+      if (a.rw && lane < K) nvshmem_float_p(cw + slot * K + lane, wt, s);
     }
   }
   __syncthreads();
