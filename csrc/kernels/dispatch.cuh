@@ -518,12 +518,15 @@ __device__ __forceinline__ void unpack_row(const Transport& tp, const Layout& L,
   const int32_t src = __ldcg(reinterpret_cast<const int32_t*>(tp.local + L.recv_src) + row);
   if (!expert_major) {
     if (row >= rows) return;  // only with corrupt inputs; never write out of bounds
-    const int4* sx = reinterpret_cast<const int4*>(px + row * rb);
-    int4* dx = reinterpret_cast<int4*>(o.x + row * rb);
-    for (int64_t i = lane; i < rb / 16; i += 32) dx[i] = __ldcg(sx + i);
+    // The row's words are loaded before its copy and stored after it (their round trip runs
+    // under the copy); the copy keeps 7 loads in flight per lane, where a load-store loop had
+    // one: each store may alias the next load, so nothing reordered them.
+    const int32_t ri = lane < K ? __ldcg(pidx + row * K + lane) : 0;
+    const float rw = lane < K ? __ldcg(pw + row * K + lane) : 0.f;
+    warp_fanout_row(o.x + row * rb, 1, px + row * rb, rb, lane);
     if (lane < K) {
-      o.idx[row * K + lane] = __ldcg(pidx + row * K + lane);
-      o.w[row * K + lane] = __ldcg(pw + row * K + lane);
+      o.idx[row * K + lane] = ri;
+      o.w[row * K + lane] = rw;
     }
     if (lane == 0) {
       o.src_rank[row] = s;
@@ -532,18 +535,20 @@ __device__ __forceinline__ void unpack_row(const Transport& tp, const Layout& L,
     }
     return;
   }
-  int64_t dst = lane < K ? __ldcg(pidx + row * K + lane) : -1;
-  if (dst >= rows) dst = -1;  // only with corrupt inputs; never write out of bounds
-  if (dst >= 0) {
-    o.idx[dst] = group_of(pl.goff, Le, dst);
-    o.w[dst] = __ldcg(pw + row * K + lane);
-    o.src_rank[dst] = s;
-    o.src_token[dst] = src / S;
-    o.src_slot[dst] = lane;
-  }
+  // Each slot's output row (needed before the copy) and weight (after it) load together.
+  int64_t mine = lane < K ? __ldcg(pidx + row * K + lane) : -1;
+  const float wt = lane < K ? __ldcg(pw + row * K + lane) : 0.f;
+  if (mine >= rows) mine = -1;  // only with corrupt inputs; never write out of bounds
   int n;
-  dst = compact_lanes(dst >= 0, dst, lane, n);
+  const int64_t dst = compact_lanes(mine >= 0, mine, lane, n);
   warp_fanout_row(o.x + max(dst, int64_t(0)) * rb, n, px + row * rb, rb, lane);
+  if (mine >= 0) {
+    o.idx[mine] = group_of(pl.goff, Le, mine);
+    o.w[mine] = wt;
+    o.src_rank[mine] = s;
+    o.src_token[mine] = src / S;
+    o.src_slot[mine] = lane;
+  }
 }
 
 // ---------------------------------------------------------------------------------------
