@@ -54,8 +54,9 @@ __global__ void __launch_bounds__(1024) combine_send_kernel(Transport tp, Layout
         remote &= remote - 1;
         const int64_t ri = __shfl_sync(0xffffffffu, i, l), rslot = __shfl_sync(0xffffffffu, slot, l);
         const int rs = __shfl_sync(0xffffffffu, s, l);
-        if (rw != nullptr && lane < K)
-          reinterpret_cast<float*>(tp.map(rs, L.combine_w))[rslot * K + lane] = rw[ri * K + lane];
+        // The weights are stored after the row's copies are issued: their load's round trip
+        // runs under the copies instead of before them.
+        const float wt = rw != nullptr && lane < K ? rw[ri * K + lane] : 0.f;
         uint8_t* dst = tp.map(rs, L.combine_x) + rslot * rb;
         const uint8_t* src = y + ri * rb;
         for (int64_t off = 0; off < rb; off += mc.slot_bytes) {
@@ -64,6 +65,7 @@ __global__ void __launch_bounds__(1024) combine_send_kernel(Transport tp, Layout
           __syncwarp();
           mv.push(src + off, 1, bytes);
         }
+        if (rw != nullptr && lane < K) reinterpret_cast<float*>(tp.map(rs, L.combine_w))[rslot * K + lane] = wt;
       }
     }
   }
