@@ -19,7 +19,7 @@
 //           top-K routing (as the expert-major dispatch at world size 1 writes them): mover
 //           (push's), bulk-load ring with K bulk stores per piece (also with an L2 evict-first
 //           policy), warp rows with plain / no-L1-allocate / streaming (.cs) stores; cudaMemset
-//           of the written rows is the write-only reference
+//           of the written rows, SM stores and bulk stores of them are the write-only references
 //   reduce  csrc/common/reduce.cuh: rank-major (one slot per token) and expert-major (8
 //           weighted slots per token), U vectors per thread, NT threads per block
 //
@@ -293,6 +293,43 @@ __global__ void flat_copy(const int4* src, int4* dst, const int* /*perm*/, int64
           dst[q0 + u * nt] = r[u];
       }
   }
+}
+
+// Write-only references for the fan-out: what SM stores alone reach over the bytes the
+// expert-major dispatch writes, next to cudaMemset's 4.47 TB/s (session 25). If neither comes
+// near it, the fan-out's ceiling is the SM store path, not the rows or the reads.
+// store_only: 16-byte stores of a value that differs per vector, grid-stride, U per thread.
+template <int U>
+__global__ void store_only(int4* dst, int64_t nv) {
+  const int64_t nt = int64_t(gridDim.x) * blockDim.x;
+  for (int64_t q0 = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q0 < nv; q0 += nt * U) {
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t q = q0 + u * nt;
+      if (q < nv) dst[q] = make_int4(int(q), int(q >> 32), int(q) ^ 0x5a5a5a5a, ~int(q));
+    }
+  }
+}
+// bulk_store_only<D>: each warp fills one shared tile of `slot` bytes once, then its lane 0
+// stores that tile to every `slot`-byte piece the warp owns, at most D bulk groups unfinished
+// (the tile never changes, so the bound only shapes the queue, as the mover's slots do): the
+// write half of the mover and the ring, without their loads.
+template <int D>
+__global__ void bulk_store_only(uint8_t* dst, int64_t bytes, uint32_t slot) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
+  uint8_t* tile = dyn_smem() + int64_t(warp) * slot;
+  for (uint32_t i = lane * 16; i < slot; i += 32 * 16)
+    *reinterpret_cast<int4*>(tile + i) = make_int4(int(i), warp, int(blockIdx.x), ~int(i));
+  fence_proxy_async_shared();
+  __syncwarp();
+  if (lane != 0) return;
+  const int64_t pieces = bytes / slot, gw = int64_t(blockIdx.x) * warps + warp, nw = int64_t(gridDim.x) * warps;
+  for (int64_t p = gw; p < pieces; p += nw) {
+    bulk_store(dst + p * slot, tile, slot);
+    bulk_commit();
+    bulk_wait_read<D - 1>();
+  }
+  bulk_wait_all();
 }
 
 template <int U>
@@ -591,6 +628,27 @@ int main(int argc, char** argv) {
                   random ? "random rows" : "expert-major order", K, fan_bytes / 1e6);
       report("cudaMemcpy of the same bytes", same, fan_bytes, 0);
       report("cudaMemset of the written rows", ms, double(N) * K * R, 0);
+      if (random) {  // write-only, no rows: once is enough
+        for (int bps : {2, 4}) {
+          const float us = time_us([&] { store_only<4><<<sms * bps, 512>>>(reinterpret_cast<int4*>(ybig), N * K * R / 16); }, reps);
+          char name[64];
+          std::snprintf(name, sizeof name, "SM stores of the written rows (%dx512)", bps);
+          report(name, us, double(N) * K * R, 0);
+        }
+        auto bulk = [&](auto kernel, int depth) {
+          const uint32_t slot = uint32_t(R / 4);
+          const int warps = int(std::min<int64_t>(32, (optin - 1024) / slot));
+          CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(warps * slot)));
+          const float us =
+              time_us([&] { kernel<<<sms, warps * 32, size_t(warps) * slot>>>(ybig, N * K * R, slot); }, reps);
+          char name[64];
+          std::snprintf(name, sizeof name, "bulk stores %u B, %d pending (%d warps)", slot, depth, warps);
+          report(name, us, double(N) * K * R, 0);
+        };
+        bulk(bulk_store_only<1>, 1);
+        bulk(bulk_store_only<4>, 4);
+        bulk(bulk_store_only<8>, 8);
+      }
       auto fan_mover = [&](uint32_t slot, bool is_ref, int depth = 2) {
         const int64_t per = WarpMoverSmem::per_warp_bytes(slot, depth);
         const int warps = int(std::min<int64_t>(16, (optin - 1024) / per));
