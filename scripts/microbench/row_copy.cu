@@ -310,6 +310,65 @@ __global__ void store_only(int4* dst, int64_t nv) {
     }
   }
 }
+// read_write_mix: the fan-out's traffic (each source vector read once, 8 vectors written)
+// with no dependency between them: the writes are of the vector's own index, the reads fold
+// into one word stored at the end. Next to the fan-out it tells whether its gap to a copy of the
+// same bytes is HBM's read/write mix or the wait of each store on its row's load.
+template <int U>
+__global__ void read_write_mix(const int4* src, int4* dst, int64_t nsrc, int K, int* sink) {
+  const int64_t nt = int64_t(gridDim.x) * blockDim.x;
+  int acc = 0;
+  for (int64_t q0 = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q0 < nsrc; q0 += nt * U) {
+    int4 r[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u)
+      if (q0 + u * nt < nsrc) r[u] = ld_nc(src + q0 + u * nt);
+    for (int k = 0; k < K; ++k)
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int64_t q = k * nsrc + q0 + u * nt;  // K planes of the source's size: coalesced
+        if (q0 + u * nt < nsrc) dst[q] = make_int4(int(q), int(q >> 32), k, ~int(q));
+      }
+#pragma unroll
+    for (int u = 0; u < U; ++u) acc ^= r[u].x ^ r[u].w;
+  }
+  if (acc == 0x7fffffff) *sink = acc;
+}
+// phased_mix: the same traffic in grid-wide phases (all blocks resident, one per SM): every
+// block reads `rows` source rows into shared memory, all blocks meet, each row is written K
+// times (K planes, coalesced), all meet again. Whether HBM serves the write-heavy mix faster
+// when reads and writes do not overlap.
+__global__ void phased_mix(const int4* src, int4* dst, int64_t N, int K, int64_t nv, int rows, unsigned* ctr) {
+  int4* tile = reinterpret_cast<int4*>(dyn_smem());
+  unsigned gen = 0;
+  auto grid_sync = [&] {
+    __syncthreads();
+    ++gen;
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(ctr, 1u);
+      while (atomicAdd(ctr, 0u) < gen * gridDim.x) {
+      }
+    }
+    __syncthreads();
+  };
+  for (int64_t r0 = int64_t(blockIdx.x) * rows; r0 < N; r0 += int64_t(gridDim.x) * rows) {
+    const int n = int(min(int64_t(rows), N - r0));
+    for (int64_t i = threadIdx.x; i < n * nv; i += blockDim.x) tile[i] = ld_nc(src + r0 * nv + i);
+    grid_sync();
+    for (int k = 0; k < K; ++k)
+      for (int64_t i = threadIdx.x; i < n * nv; i += blockDim.x) dst[(k * N + r0) * nv + i] = tile[i];
+    grid_sync();
+  }
+  // blocks with fewer rounds still meet the others' barriers
+  const int64_t rounds = (N + int64_t(gridDim.x) * rows - 1) / (int64_t(gridDim.x) * rows);
+  const int64_t mine = N > int64_t(blockIdx.x) * rows ? (N - int64_t(blockIdx.x) * rows + int64_t(gridDim.x) * rows - 1) / (int64_t(gridDim.x) * rows) : 0;
+  for (int64_t r = mine; r < rounds; ++r) {
+    grid_sync();
+    grid_sync();
+  }
+}
+
 // bulk_store_only<D>: each warp fills one shared tile of `slot` bytes once, then its lane 0
 // stores that tile to every `slot`-byte piece the warp owns, at most D bulk groups unfinished
 // (the tile never changes, so the bound only shapes the queue, as the mover's slots do): the
@@ -648,6 +707,29 @@ int main(int argc, char** argv) {
         bulk(bulk_store_only<1>, 1);
         bulk(bulk_store_only<4>, 4);
         bulk(bulk_store_only<8>, 8);
+        for (int bps : {2, 4}) {
+          const float us = time_us(
+              [&] { read_write_mix<4><<<sms * bps, 512>>>(reinterpret_cast<const int4*>(src), reinterpret_cast<int4*>(ybig),
+                                                          N * R / 16, int(K), reinterpret_cast<int*>(diff)); }, reps);
+          char name[64];
+          std::snprintf(name, sizeof name, "reads + 8x writes, independent (%dx512)", bps);
+          report(name, us, fan_bytes, 0);
+        }
+        {
+          const int rows = int((optin - 1024) / R);
+          unsigned* ctr = reinterpret_cast<unsigned*>(diff);
+          CK(cudaFuncSetAttribute(phased_mix, cudaFuncAttributeMaxDynamicSharedMemorySize, int(rows * R)));
+          const float us = time_us(
+              [&] {
+                CK(cudaMemsetAsync(ctr, 0, 4));
+                phased_mix<<<sms, 1024, size_t(rows) * R>>>(reinterpret_cast<const int4*>(src), reinterpret_cast<int4*>(ybig),
+                                                            N, int(K), R / 16, rows, ctr);
+              },
+              reps);
+          char name[64];
+          std::snprintf(name, sizeof name, "reads, then 8x writes, grid phases (%d rows)", rows);
+          report(name, us, fan_bytes, 0);
+        }
       }
       auto fan_mover = [&](uint32_t slot, bool is_ref, int depth = 2) {
         const int64_t per = WarpMoverSmem::per_warp_bytes(slot, depth);
