@@ -369,6 +369,60 @@ __global__ void phased_mix(const int4* src, int4* dst, int64_t N, int K, int64_t
   }
 }
 
+// phased_fan<kGrid>: the fan-out as the kernels would run it in phases, with bulk copies: each
+// block (one per SM) loads up to `rows` whole rows into shared memory (warp w: row w, one bulk
+// load on its mbarrier), then warp w stores its row to its K destination rows (bulk stores),
+// and waits for them to read shared memory before the next round. kGrid: every block meets the
+// others after its loads and after its stores (grid-wide phases: HBM sees reads, then writes);
+// without, each block only runs its own phases. Rounds share the rows evenly.
+template <bool kGrid>
+__global__ void phased_fan(const uint8_t* src, uint8_t* dst, const int* idx, int64_t N, int K, int64_t R, int rows,
+                           unsigned* ctr) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  uint8_t* tile = dyn_smem();
+  uint64_t* bar = reinterpret_cast<uint64_t*>(tile + int64_t(rows) * R);
+  if (threadIdx.x < rows) mbar_init(&bar[threadIdx.x], 1);
+  mbar_init_fence();
+  __syncthreads();
+  unsigned gen = 0;
+  uint32_t parity = 0;  // of this warp's mbarrier: flips with each load it completes
+  auto grid_sync = [&] {
+    __syncthreads();
+    if (!kGrid) return;
+    ++gen;
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(ctr, 1u);
+      while (atomicAdd(ctr, 0u) < gen * gridDim.x) {
+      }
+    }
+    __syncthreads();
+  };
+  const int64_t per_round = int64_t(gridDim.x) * rows, rounds = (N + per_round - 1) / per_round;
+  const int64_t even = (N + rounds - 1) / rounds;  // rows per round, all rounds alike
+  for (int64_t r = 0; r < rounds; ++r) {
+    const int64_t lo = r * even, hi = min(N, lo + even);
+    const int64_t b0 = lo + (hi - lo) * blockIdx.x / gridDim.x, b1 = lo + (hi - lo) * (blockIdx.x + 1) / gridDim.x;
+    const int64_t row = b0 + warp;
+    const bool mine = row < b1 && warp < rows;
+    if (mine && lane == 0) {
+      mbar_arrive_expect_tx(&bar[warp], uint32_t(R));
+      bulk_load(tile + int64_t(warp) * R, src + row * R, uint32_t(R), &bar[warp]);
+      while (!mbar_try_wait(&bar[warp], parity)) {
+      }
+    }
+    if (mine) parity ^= 1u;
+    grid_sync();
+    if (mine && lane == 0) {
+      for (int k = 0; k < K; ++k) bulk_store(dst + int64_t(idx[row * K + k]) * R, tile + int64_t(warp) * R, uint32_t(R));
+      bulk_commit();
+      bulk_wait_read_all();
+    }
+    grid_sync();
+  }
+  if (lane == 0) bulk_wait_all();
+}
+
 // bulk_store_only<D>: each warp fills one shared tile of `slot` bytes once, then its lane 0
 // stores that tile to every `slot`-byte piece the warp owns, at most D bulk groups unfinished
 // (the tile never changes, so the bound only shapes the queue, as the mover's slots do): the
@@ -783,6 +837,24 @@ int main(int argc, char** argv) {
       fan_ring(std::integral_constant<int, 8>{}, no{}, uint32_t(R / 4), 1);
       fan_ring(std::integral_constant<int, 8>{}, yes{}, uint32_t(R / 4), 1);
       fan_warp(warprow_fanout<7, 0>, "warprow U=7 st", 256, 4);
+      auto fan_phased = [&](auto kernel, const char* how) {
+        const int rows = int(std::min<int64_t>(32, (optin - 1024 - 32 * 8) / R));
+        const size_t smem = size_t(rows) * R + 32 * 8;
+        unsigned* ctr = reinterpret_cast<unsigned*>(diff);
+        CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+        CK(cudaMemset(ybig, 0, N * K * R));
+        const float us = time_us(
+            [&] {
+              CK(cudaMemsetAsync(ctr, 0, 4));
+              kernel<<<sms, rows * 32, smem>>>(src, ybig, out_row, N, int(K), R, rows, ctr);
+            },
+            reps);
+        char name[64];
+        std::snprintf(name, sizeof name, "bulk rows in %s phases (%d rows)", how, rows);
+        report(name, us, fan_bytes, check(ybig, fref, N * K * R));
+      };
+      fan_phased(phased_fan<true>, "grid");
+      fan_phased(phased_fan<false>, "block");
       if (!random) continue;
       fan_mover(uint32_t(R / 2), false);
       fan_ring(std::integral_constant<int, 2>{}, no{}, uint32_t(R), 1);
