@@ -296,8 +296,8 @@ __global__ void flat_copy(const int4* src, int4* dst, const int* /*perm*/, int64
 }
 
 // Write-only references for the fan-out: what SM stores alone reach over the bytes the
-// expert-major dispatch writes, next to cudaMemset's 4.47 TB/s (session 25). If neither comes
-// near it, the fan-out's ceiling is the SM store path, not the rows or the reads.
+// expert-major dispatch writes, next to cudaMemset's (session 26: 110-111 µs against 105, so
+// the SM store path is not what holds the fan-out at 142-148).
 // store_only: 16-byte stores of a value that differs per vector, grid-stride, U per thread.
 template <int U>
 __global__ void store_only(int4* dst, int64_t nv) {
@@ -334,6 +334,20 @@ __global__ void read_write_mix(const int4* src, int4* dst, int64_t nsrc, int K, 
   }
   if (acc == 0x7fffffff) *sink = acc;
 }
+// Every block of the grid meets here (all resident): ctr counts arrivals, zeroed before each
+// launch; gen counts this block's meetings. Whole block calls.
+__device__ __forceinline__ void grid_meet(unsigned* ctr, unsigned& gen) {
+  __syncthreads();
+  ++gen;
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(ctr, 1u);
+    while (atomicAdd(ctr, 0u) < gen * gridDim.x) {
+    }
+  }
+  __syncthreads();
+}
+
 // phased_mix: the same traffic in grid-wide phases (all blocks resident, one per SM): every
 // block reads `rows` source rows into shared memory, all blocks meet, each row is written K
 // times (K planes, coalesced), all meet again. Whether HBM serves the write-heavy mix faster
@@ -341,17 +355,7 @@ __global__ void read_write_mix(const int4* src, int4* dst, int64_t nsrc, int K, 
 __global__ void phased_mix(const int4* src, int4* dst, int64_t N, int K, int64_t nv, int rows, unsigned* ctr) {
   int4* tile = reinterpret_cast<int4*>(dyn_smem());
   unsigned gen = 0;
-  auto grid_sync = [&] {
-    __syncthreads();
-    ++gen;
-    if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(ctr, 1u);
-      while (atomicAdd(ctr, 0u) < gen * gridDim.x) {
-      }
-    }
-    __syncthreads();
-  };
+  auto grid_sync = [&] { grid_meet(ctr, gen); };
   for (int64_t r0 = int64_t(blockIdx.x) * rows; r0 < N; r0 += int64_t(gridDim.x) * rows) {
     const int n = int(min(int64_t(rows), N - r0));
     for (int64_t i = threadIdx.x; i < n * nv; i += blockDim.x) tile[i] = ld_nc(src + r0 * nv + i);
@@ -387,16 +391,10 @@ __global__ void phased_fan(const uint8_t* src, uint8_t* dst, const int* idx, int
   unsigned gen = 0;
   uint32_t parity = 0;  // of this warp's mbarrier: flips with each load it completes
   auto grid_sync = [&] {
-    __syncthreads();
-    if (!kGrid) return;
-    ++gen;
-    if (threadIdx.x == 0) {
-      __threadfence();
-      atomicAdd(ctr, 1u);
-      while (atomicAdd(ctr, 0u) < gen * gridDim.x) {
-      }
-    }
-    __syncthreads();
+    if (kGrid)
+      grid_meet(ctr, gen);
+    else
+      __syncthreads();
   };
   const int64_t per_round = int64_t(gridDim.x) * rows, rounds = (N + per_round - 1) / per_round;
   const int64_t even = (N + rounds - 1) / rounds;  // rows per round, all rounds alike
