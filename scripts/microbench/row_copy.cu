@@ -56,6 +56,14 @@ __device__ __forceinline__ int4 ld_nc(const int4* p) {
                : "l"(p));
   return v;
 }
+// The same with the L2 prefetch-size hint: each miss fetches the 256-byte sector group.
+__device__ __forceinline__ int4 ld_nc_256(const int4* p) {
+  int4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.s32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
 __device__ __forceinline__ void st_na(int4* p, int4 v) {
   asm volatile("st.global.L1::no_allocate.v4.s32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
@@ -276,14 +284,15 @@ __global__ void ldst_copy(const int4* src, int4* dst, const int* perm, int64_t N
 
 // The whole copy as one flat range, no row structure and no index math: what an SM kernel
 // reaches against cudaMemcpy's copy of the same bytes (identity rows only).
-template <int U, bool NC>
+// kL2: NC loads with the 256-byte L2 prefetch hint (ld_nc_256).
+template <int U, bool NC, bool kL2 = false>
 __global__ void flat_copy(const int4* src, int4* dst, const int* /*perm*/, int64_t N, int64_t nv) {
   const int64_t total = N * nv, nt = int64_t(gridDim.x) * blockDim.x;
   for (int64_t q0 = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; q0 < total; q0 += nt * U) {
     int4 r[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (q0 + u * nt < total) r[u] = NC ? ld_nc(src + q0 + u * nt) : src[q0 + u * nt];
+      if (q0 + u * nt < total) r[u] = NC ? (kL2 ? ld_nc_256(src + q0 + u * nt) : ld_nc(src + q0 + u * nt)) : src[q0 + u * nt];
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (q0 + u * nt < total) {
@@ -703,6 +712,24 @@ int main(int argc, char** argv) {
       ldst(flat_copy<4, false>, "flat U=4", 512, 4);
       ldst(flat_copy<8, true>, "flat nc U=8", 256, 4);
       ldst(flat_copy<4, true>, "flat nc U=4", 1024, 2);
+      ldst(flat_copy<8, true, true>, "flat nc L2::256B U=8", 256, 4);
+      ldst(flat_copy<4, true, true>, "flat nc L2::256B U=4", 1024, 2);
+      {  // the same copy in grid-wide phases (phased_mix with one plane): reads, meet, writes, meet
+        const int rows = int((optin - 1024) / R);
+        unsigned* ctr = reinterpret_cast<unsigned*>(diff);
+        CK(cudaFuncSetAttribute(phased_mix, cudaFuncAttributeMaxDynamicSharedMemorySize, int(rows * R)));
+        CK(cudaMemset(dst, 0, N * R));
+        const float us = time_us(
+            [&] {
+              CK(cudaMemsetAsync(ctr, 0, 4));
+              phased_mix<<<sms, 1024, size_t(rows) * R>>>(reinterpret_cast<const int4*>(src), reinterpret_cast<int4*>(dst), N,
+                                                          1, R / 16, rows, ctr);
+            },
+            reps);
+        char name[64];
+        std::snprintf(name, sizeof name, "flat in grid phases (%d rows a block)", rows);
+        report(name, us, copy_bytes, check(dst, ref, N * R));
+      }
     }
   }
 
