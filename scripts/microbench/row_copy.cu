@@ -49,19 +49,19 @@ using namespace symmoe;
     }                                                                                          \
   } while (0)
 
+// Non-coherent, no L1 allocation; kL2: with the L2 prefetch-size hint (each miss fetches the
+// 256-byte sector group).
+template <bool kL2 = false>
 __device__ __forceinline__ int4 ld_nc(const int4* p) {
   int4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
-// The same with the L2 prefetch-size hint: each miss fetches the 256-byte sector group.
-__device__ __forceinline__ int4 ld_nc_256(const int4* p) {
-  int4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.s32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
+  if constexpr (kL2)
+    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.s32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
+  else
+    asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+                 : "l"(p));
   return v;
 }
 __device__ __forceinline__ void st_na(int4* p, int4 v) {
@@ -284,7 +284,7 @@ __global__ void ldst_copy(const int4* src, int4* dst, const int* perm, int64_t N
 
 // The whole copy as one flat range, no row structure and no index math: what an SM kernel
 // reaches against cudaMemcpy's copy of the same bytes (identity rows only).
-// kL2: NC loads with the 256-byte L2 prefetch hint (ld_nc_256).
+// kL2: NC loads with the 256-byte L2 prefetch hint.
 template <int U, bool NC, bool kL2 = false>
 __global__ void flat_copy(const int4* src, int4* dst, const int* /*perm*/, int64_t N, int64_t nv) {
   const int64_t total = N * nv, nt = int64_t(gridDim.x) * blockDim.x;
@@ -292,7 +292,7 @@ __global__ void flat_copy(const int4* src, int4* dst, const int* /*perm*/, int64
     int4 r[U];
 #pragma unroll
     for (int u = 0; u < U; ++u)
-      if (q0 + u * nt < total) r[u] = NC ? (kL2 ? ld_nc_256(src + q0 + u * nt) : ld_nc(src + q0 + u * nt)) : src[q0 + u * nt];
+      if (q0 + u * nt < total) r[u] = NC ? ld_nc<kL2>(src + q0 + u * nt) : src[q0 + u * nt];
 #pragma unroll
     for (int u = 0; u < U; ++u)
       if (q0 + u * nt < total) {
@@ -364,21 +364,16 @@ __device__ __forceinline__ void grid_meet(unsigned* ctr, unsigned& gen) {
 __global__ void phased_mix(const int4* src, int4* dst, int64_t N, int K, int64_t nv, int rows, unsigned* ctr) {
   int4* tile = reinterpret_cast<int4*>(dyn_smem());
   unsigned gen = 0;
-  auto grid_sync = [&] { grid_meet(ctr, gen); };
-  for (int64_t r0 = int64_t(blockIdx.x) * rows; r0 < N; r0 += int64_t(gridDim.x) * rows) {
-    const int n = int(min(int64_t(rows), N - r0));
+  // Every block runs every round (a block past the rows still meets the others).
+  const int64_t per_round = int64_t(gridDim.x) * rows, rounds = (N + per_round - 1) / per_round;
+  for (int64_t r = 0; r < rounds; ++r) {
+    const int64_t r0 = r * per_round + int64_t(blockIdx.x) * rows;
+    const int n = int(max(int64_t(0), min(int64_t(rows), N - r0)));
     for (int64_t i = threadIdx.x; i < n * nv; i += blockDim.x) tile[i] = ld_nc(src + r0 * nv + i);
-    grid_sync();
+    grid_meet(ctr, gen);
     for (int k = 0; k < K; ++k)
       for (int64_t i = threadIdx.x; i < n * nv; i += blockDim.x) dst[(k * N + r0) * nv + i] = tile[i];
-    grid_sync();
-  }
-  // blocks with fewer rounds still meet the others' barriers
-  const int64_t rounds = (N + int64_t(gridDim.x) * rows - 1) / (int64_t(gridDim.x) * rows);
-  const int64_t mine = N > int64_t(blockIdx.x) * rows ? (N - int64_t(blockIdx.x) * rows + int64_t(gridDim.x) * rows - 1) / (int64_t(gridDim.x) * rows) : 0;
-  for (int64_t r = mine; r < rounds; ++r) {
-    grid_sync();
-    grid_sync();
+    grid_meet(ctr, gen);
   }
 }
 
