@@ -54,6 +54,7 @@ struct Ctx {
   MoveCfg move;        // data kernels' bulk piece size and warps per block (for plan_bytes = 0)
   MoveCfg move_fan;    // the same for the expert-major dispatch (a piece goes to several rows)
   bool depth_auto = true;  // kernel.copy_depth 0: kRowDepth where two warps still fit, else 2
+  int fan_phases = 0;       // kernel.fan_phases: 0 off, 1 per block, 2 grid-wide (set_fan_phases)
   int32_t* counts_host = nullptr;  // where a dispatch's routing kernels leave the counts matrix
   int32_t* counts_snap = nullptr;
   uint8_t* routing_copy = nullptr;
@@ -104,6 +105,13 @@ struct Ctx {
     depth_auto = depth == 0;
     move.depth = depth ? depth : kRowDepth;
     move_fan.depth = depth ? depth : 3;
+  }
+  // The world-size-1 expert-major dispatch in phases of whole rows (fan_in_phases): 0 off, 1
+  // each block alone, 2 every block meeting the others (all of them resident at once).
+  void set_fan_phases(int mode) {
+    if (mode < 0 || mode > 2)
+      throw std::invalid_argument("fan_phases=" + std::to_string(mode) + ": must be 0 (off), 1 (block) or 2 (grid)");
+    fan_phases = mode;
   }
   uint32_t piece_bytes(int64_t cap) const {
     const int64_t rb = L.row_bytes();
@@ -170,7 +178,29 @@ struct Ctx {
     return m;
   }
   size_t smem_of(const MoveCfg& m) const {
+    if (m.phase_rows > 0) return size_t(m.plan_bytes + int64_t(m.phase_rows) * L.row_bytes() + 8 * kMaxMoverWarps);
     return size_t(m.plan_bytes + int64_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth));
+  }
+  // fan_in_phases' geometry in place of the mover's: one warp per row a block holds (rows that
+  // fit beside the plan, at most kMaxMoverWarps; none: the mover stays). Grid-wide phases need
+  // every block resident at once: refused, naming the numbers, when the kernel's occupancy
+  // says they are not.
+  template <typename K>
+  void phase_cfg(MoveCfg& m, K kernel) const {
+    const int64_t rows = std::min<int64_t>(kMaxMoverWarps, (max_smem - m.plan_bytes - 8 * kMaxMoverWarps) / L.row_bytes());
+    if (rows < 1) return;
+    m.phase_rows = int(rows);
+    m.warps = int(rows);
+    m.phase_grid = fan_phases == 2;
+    if (!m.phase_grid) return;
+    int per_sm = 0, dev = 0, sms = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, m.warps * 32, smem_of(m)), "occupancy");
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "multiprocessor count");
+    if (int64_t(per_sm) * sms < grid)
+      throw std::invalid_argument("fan_phases=grid: the dispatch kernel's " + std::to_string(grid) +
+                                  " blocks are not all resident at once (" + std::to_string(per_sm) + " per SM x " +
+                                  std::to_string(sms) + " SMs); lower kernel.num_sms or use fan_phases=block");
   }
 
   Sync sync(int64_t epoch, int which) const { return Sync{rank, epoch, timeout_ns, err, err_host, done + which}; }
@@ -274,6 +304,7 @@ struct Ctx {
   void launch_data(DataKernel kernel, int64_t plan_bytes, uintptr_t x, const py::dict& out, bool expert_major,
                    int alignment, const Sync& sy, uintptr_t stream, const char* what) {
     MoveCfg m = move_cfg(plan_bytes, expert_major);
+    if (expert_major && L.world_size == 1 && fan_phases) phase_cfg(m, kernel);
     m.stamps = stamps;
     kernel<<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(x), outputs(out), expert_major,
                                                           alignment, m, sy);
@@ -396,7 +427,8 @@ void bind_context(py::module_& m, Init init) {
                               py::arg("combine.data") = int(kStageCombineData),
                               py::arg("combine.done") = int(kStageCombineDone),
                               py::arg("barrier") = int(kStageMemoryBarrier),
-                              py::arg("bulk copy") = int(kStageBulkCopy));
+                              py::arg("bulk copy") = int(kStageBulkCopy),
+                              py::arg("dispatch.phase") = int(kStageFanPhase));
   m.attr("DEFERRED") = py::dict(py::arg("capacity") = int(kDeferredCapacity), py::arg("bad_ids") = int(kDeferredBadIds));
   bind_wait_mapped(m);
   m.def("host_alloc_mapped", [](size_t nbytes) {
@@ -421,6 +453,7 @@ void bind_context(py::module_& m, Init init) {
       .def("layout_scratch_bytes", &C::layout_scratch_bytes)
       .def("set_copy_bytes", &C::set_copy_bytes, py::arg("max_piece"))
       .def("set_copy_depth", &C::set_copy_depth, py::arg("depth"))
+      .def("set_fan_phases", &C::set_fan_phases, py::arg("mode"))
       .def("set_input_check", &C::set_input_check, py::arg("flag"), py::arg("info"))
       .def("set_stamps", &C::set_stamps, py::arg("stamps"), py::arg("words") = 0)
       .def("set_routing_outputs", &C::set_routing_outputs, py::arg("host"), py::arg("snap"), py::arg("copy"),
