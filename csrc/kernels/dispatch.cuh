@@ -196,7 +196,7 @@ struct RowDsts {
 // 142.5-146.8 interleaved. The rows' smem follows the plan's tables; sy.done is the phases'
 // counter (at world size 1 no cross-rank barrier uses it). Whole block calls; false: a wait
 // expired (recorded in the ErrorWord).
-template <class Dests>
+template <bool kStamps, class Dests>
 __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const MoveCfg& mc, uint8_t* smem_raw,
                               const Sync& sy, Dests dests, int warp, int lane) {
   uint8_t* tile = smem_raw + mc.plan_bytes + int64_t(warp) * rb;
@@ -237,6 +237,7 @@ __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const Mov
       parity ^= 1u;
     }
     meet(landed);
+    if (r == 0) stamp<kStamps>(mc.stamps, kStampRouted);  // the timeline's marks: round 0's loads, then its stores
     if (mine && ok) {
       for (int i = 0; i < d.n; ++i) {
         uint8_t* dst = reinterpret_cast<uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(d.dst), i));
@@ -249,6 +250,7 @@ __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const Mov
       __syncwarp();
     }
     meet(1);
+    if (r == 0) stamp<kStamps>(mc.stamps, kStampFirstPush);
   }
   if (lane == 0) {
     bulk_wait_all();
@@ -387,7 +389,7 @@ __global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps 
   };
   if (run && expert_major && mc.phase_rows > 0) {
     // World size 1 (the host sets phase_rows only there): visit v is this rank's token v.
-    fan_in_phases(self_x, pl.visits(W), rb, mc, smem_raw, sy,
+    fan_in_phases<kStamps>(self_x, pl.visits(W), rb, mc, smem_raw, sy,
                   [&](int64_t v) {
                     int s;
                     int64_t t;
@@ -588,7 +590,7 @@ __global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps 
 
   if (run && mc.phase_rows > 0) {
     // World size 1 expert-major (the host sets phase_rows only there): every token is own.
-    fan_in_phases(x, counts[int64_t(me) * L.counts_cols()], rb, mc, smem_raw, sy,
+    fan_in_phases<kStamps>(x, counts[int64_t(me) * L.counts_cols()], rb, mc, smem_raw, sy,
                   [&](int64_t t) {
                     const TokenRoute cur = TokenRoute::load(pidx, pw, ppos, t, K, PC, lane, true);
                     const PushDsts d = push_token(tp, L, pl, counts, ppos, o, cur, t, expert_major, me, true, lane);
