@@ -49,7 +49,8 @@ struct Ctx {
   ErrorWord* err_host;  // host-mapped (device-side address)
   uint64_t timeout_ns;
   int grid;      // blocks of the persistent kernels (config kernel.num_sms, clamped to the device)
-  int max_smem;  // opt-in shared memory per block
+  int max_smem;   // opt-in shared memory per block, less every kernel's static tables
+  int data_smem;  // ... less the data kernels' (pull, push) only: what their dynamic part may take
   unsigned int* done;  // [8] grid completion counters, zeroed by the caller (one per kernel kind: 0-6 used)
   MoveCfg move;        // data kernels' bulk piece size and warps per block (for plan_bytes = 0)
   MoveCfg move_fan;    // the same for the expert-major dispatch (a piece goes to several rows)
@@ -136,6 +137,9 @@ struct Ctx {
     st = std::max(st, static_smem(push_kernel<Transport>));
     st = std::max(st, static_smem(pull_kernel<Transport, true>));
     st = std::max(st, static_smem(push_kernel<Transport, true>));
+    // The data kernels' own limit: the routing kernels' larger static tables would cost the
+    // phased fan-out a whole row (15 rows a block, three rounds instead of two).
+    data_smem = max_smem - (st + 127) / 128 * 128;
     st = std::max(st, static_smem(push_stream_kernel<Transport>));
     st = std::max(st, static_smem(unpack_kernel<Transport>));
     st = std::max(st, static_smem(combine_send_kernel<Transport>));
@@ -144,11 +148,11 @@ struct Ctx {
     st = std::max(st, static_smem(route_place_kernel<Transport, int64_t>));
     st = std::max(st, static_smem(route_place_kernel<Transport, int32_t>));
     max_smem -= (st + 127) / 128 * 128;
-    check(cudaFuncSetAttribute(pull_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "pull attr");
-    check(cudaFuncSetAttribute(push_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "push attr");
-    check(cudaFuncSetAttribute(pull_kernel<Transport, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
+    check(cudaFuncSetAttribute(pull_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, data_smem), "pull attr");
+    check(cudaFuncSetAttribute(push_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, data_smem), "push attr");
+    check(cudaFuncSetAttribute(pull_kernel<Transport, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, data_smem),
           "pull attr");
-    check(cudaFuncSetAttribute(push_kernel<Transport, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
+    check(cudaFuncSetAttribute(push_kernel<Transport, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, data_smem),
           "push attr");
     check(cudaFuncSetAttribute(push_stream_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
           "push_stream attr");
@@ -165,10 +169,12 @@ struct Ctx {
 
   // Warps per block that fit next to `plan` bytes of tables.
   // fan: the expert-major dispatch's mover (small pieces, 16 warps), else whole rows.
-  MoveCfg move_cfg(int64_t plan, bool fan = false) const {
+  // data: the pull and push kernels' limit (data_smem), else every kernel's (max_smem).
+  MoveCfg move_cfg(int64_t plan, bool fan = false, bool data = false) const {
+    const int64_t limit = data ? data_smem : max_smem;
     MoveCfg m = fan ? move_fan : move;
     m.plan_bytes = (plan + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
-    auto fits = [&] { return (max_smem - m.plan_bytes) / int64_t(WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth)); };
+    auto fits = [&] { return (limit - m.plan_bytes) / int64_t(WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth)); };
     if (depth_auto && m.depth > 2 && fits() < 2) m.depth = 2;  // one warp per block costs more than deep slots win
     const int64_t fit = fits();
     if (fit < 1)
@@ -187,7 +193,7 @@ struct Ctx {
   // says they are not.
   template <typename K>
   void phase_cfg(MoveCfg& m, K kernel) const {
-    const int64_t rows = std::min<int64_t>(kMaxMoverWarps, (max_smem - m.plan_bytes - 8 * kMaxMoverWarps) / L.row_bytes());
+    const int64_t rows = std::min<int64_t>(kMaxMoverWarps, (data_smem - m.plan_bytes - 8 * kMaxMoverWarps) / L.row_bytes());
     if (rows < 1) return;
     m.phase_rows = int(rows);
     m.warps = int(rows);
@@ -303,7 +309,7 @@ struct Ctx {
   using DataKernel = void (*)(Transport, Layout, const uint8_t*, Outputs, bool, int, MoveCfg, Sync);
   void launch_data(DataKernel kernel, int64_t plan_bytes, uintptr_t x, const py::dict& out, bool expert_major,
                    int alignment, const Sync& sy, uintptr_t stream, const char* what) {
-    MoveCfg m = move_cfg(plan_bytes, expert_major);
+    MoveCfg m = move_cfg(plan_bytes, expert_major, true);
     if (expert_major && L.world_size == 1 && fan_phases) phase_cfg(m, kernel);
     m.stamps = stamps;
     kernel<<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(x), outputs(out), expert_major,
