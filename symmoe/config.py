@@ -28,6 +28,7 @@ PROTOCOLS: dict[str, tuple[str, ...]] = {
 }
 OUTPUT_LAYOUTS = ("rank", "expert")
 PUSH_MODES = ("auto", "stream", "unpack")
+FAN_PHASES = ("off", "block", "grid")
 
 
 @dataclass(frozen=True)
@@ -49,6 +50,10 @@ class KernelConfig:
     timeout_s: float = 30.0
     copy_bytes: int = 0  # bulk-copy piece (multiple of 128); 0 = whole rows up to 16 KB, 3584 B expert-major
     copy_depth: int = 0  # bulk-copy slots per warp (torch/nccl), depth - 1 loads in flight; 0 = 4 rank-major, 3 expert-major
+    # world-size-1 expert-major dispatch (torch/nccl): "off" = the bulk-copy mover; "block" =
+    # each block loads whole rows into shared memory, then stores each to its rows; "grid" = the
+    # same with every block meeting the others between loads and stores (all resident at once)
+    fan_phases: str = "off"
     # push with peers (torch/nccl): "unpack" = push kernel, barrier, then a kernel copies the
     # pool out; "stream" = one kernel of sender and receiver channels, the pool copied out as
     # rows land (DeepEP V1's shape); "auto" = stream when every rank has a GPU of its own
@@ -167,6 +172,7 @@ _CHOICES: dict[str, tuple[str, ...]] = {
     "buffer.dtype": tuple(DTYPES),
     "buffer.output_layout": OUTPUT_LAYOUTS,
     "kernel.push_mode": PUSH_MODES,
+    "kernel.fan_phases": FAN_PHASES,
 }
 
 

@@ -62,6 +62,8 @@ BAD = [
     ("kernel:\n  copy_depth: 1\n", "kernel.copy_depth", "0 (automatic) or 2..16"),
     ("kernel:\n  copy_depth: 17\n", "kernel.copy_depth", "must be in"),
     ("kernel:\n  push_mode: pipelined\n", "kernel.push_mode", "allowed: auto, stream, unpack"),
+    ("kernel:\n  fan_phases: true\n", "kernel.fan_phases", "expected a string"),
+    ("kernel:\n  fan_phases: both\n", "kernel.fan_phases", "allowed: off, block, grid"),
     ("kernel:\n  stream_receivers: -1\n", "kernel.stream_receivers", "must be in"),
     ("kernel:\n  stream_receivers: 129\n", "kernel.stream_receivers", "must be in"),
     ("kernel:\n  timeout_s: 0\n", "kernel.timeout_s", "must be in"),

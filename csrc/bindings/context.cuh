@@ -49,11 +49,13 @@ struct Ctx {
   ErrorWord* err_host;  // host-mapped (device-side address)
   uint64_t timeout_ns;
   int grid;      // blocks of the persistent kernels (config kernel.num_sms, clamped to the device)
-  int max_smem;  // opt-in shared memory per block
+  int max_smem;   // opt-in shared memory per block, less every kernel's static tables
+  int data_smem;  // ... less the data kernels' (pull, push) only: what their dynamic part may take
   unsigned int* done;  // [8] grid completion counters, zeroed by the caller (one per kernel kind: 0-6 used)
   MoveCfg move;        // data kernels' bulk piece size and warps per block (for plan_bytes = 0)
   MoveCfg move_fan;    // the same for the expert-major dispatch (a piece goes to several rows)
   bool depth_auto = true;  // kernel.copy_depth 0: kRowDepth where two warps still fit, else 2
+  int fan_phases = 0;       // kernel.fan_phases: 0 off, 1 per block, 2 grid-wide (set_fan_phases)
   int32_t* counts_host = nullptr;  // where a dispatch's routing kernels leave the counts matrix
   int32_t* counts_snap = nullptr;
   uint8_t* routing_copy = nullptr;
@@ -105,6 +107,13 @@ struct Ctx {
     move.depth = depth ? depth : kRowDepth;
     move_fan.depth = depth ? depth : 3;
   }
+  // The world-size-1 expert-major dispatch in phases of whole rows (fan_in_phases): 0 off, 1
+  // each block alone, 2 every block meeting the others (all of them resident at once).
+  void set_fan_phases(int mode) {
+    if (mode < 0 || mode > 2)
+      throw std::invalid_argument("fan_phases=" + std::to_string(mode) + ": must be 0 (off), 1 (block) or 2 (grid)");
+    fan_phases = mode;
+  }
   uint32_t piece_bytes(int64_t cap) const {
     const int64_t rb = L.row_bytes();
     const int64_t pieces = (rb + cap - 1) / cap;
@@ -128,6 +137,9 @@ struct Ctx {
     st = std::max(st, static_smem(push_kernel<Transport>));
     st = std::max(st, static_smem(pull_kernel<Transport, true>));
     st = std::max(st, static_smem(push_kernel<Transport, true>));
+    // The data kernels' own limit: the routing kernels' larger static tables would cost the
+    // phased fan-out a whole row (15 rows a block, three rounds instead of two).
+    data_smem = max_smem - (st + 127) / 128 * 128;
     st = std::max(st, static_smem(push_stream_kernel<Transport>));
     st = std::max(st, static_smem(unpack_kernel<Transport>));
     st = std::max(st, static_smem(combine_send_kernel<Transport>));
@@ -136,11 +148,11 @@ struct Ctx {
     st = std::max(st, static_smem(route_place_kernel<Transport, int64_t>));
     st = std::max(st, static_smem(route_place_kernel<Transport, int32_t>));
     max_smem -= (st + 127) / 128 * 128;
-    check(cudaFuncSetAttribute(pull_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "pull attr");
-    check(cudaFuncSetAttribute(push_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "push attr");
-    check(cudaFuncSetAttribute(pull_kernel<Transport, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
+    check(cudaFuncSetAttribute(pull_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, data_smem), "pull attr");
+    check(cudaFuncSetAttribute(push_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, data_smem), "push attr");
+    check(cudaFuncSetAttribute(pull_kernel<Transport, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, data_smem),
           "pull attr");
-    check(cudaFuncSetAttribute(push_kernel<Transport, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
+    check(cudaFuncSetAttribute(push_kernel<Transport, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, data_smem),
           "push attr");
     check(cudaFuncSetAttribute(push_stream_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
           "push_stream attr");
@@ -157,10 +169,12 @@ struct Ctx {
 
   // Warps per block that fit next to `plan` bytes of tables.
   // fan: the expert-major dispatch's mover (small pieces, 16 warps), else whole rows.
-  MoveCfg move_cfg(int64_t plan, bool fan = false) const {
+  // data: the pull and push kernels' limit (data_smem), else every kernel's (max_smem).
+  MoveCfg move_cfg(int64_t plan, bool fan = false, bool data = false) const {
+    const int64_t limit = data ? data_smem : max_smem;
     MoveCfg m = fan ? move_fan : move;
     m.plan_bytes = (plan + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
-    auto fits = [&] { return (max_smem - m.plan_bytes) / int64_t(WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth)); };
+    auto fits = [&] { return (limit - m.plan_bytes) / int64_t(WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth)); };
     if (depth_auto && m.depth > 2 && fits() < 2) m.depth = 2;  // one warp per block costs more than deep slots win
     const int64_t fit = fits();
     if (fit < 1)
@@ -170,7 +184,29 @@ struct Ctx {
     return m;
   }
   size_t smem_of(const MoveCfg& m) const {
+    if (m.phase_rows > 0) return size_t(m.plan_bytes + int64_t(m.phase_rows) * L.row_bytes() + 8 * kMaxMoverWarps);
     return size_t(m.plan_bytes + int64_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth));
+  }
+  // fan_in_phases' geometry in place of the mover's: one warp per row a block holds (rows that
+  // fit beside the plan, at most kMaxMoverWarps; none: the mover stays). Grid-wide phases need
+  // every block resident at once: refused, naming the numbers, when the kernel's occupancy
+  // says they are not.
+  template <typename K>
+  void phase_cfg(MoveCfg& m, K kernel) const {
+    const int64_t rows = std::min<int64_t>(kMaxMoverWarps, (data_smem - m.plan_bytes - 8 * kMaxMoverWarps) / L.row_bytes());
+    if (rows < 1) return;
+    m.phase_rows = int(rows);
+    m.warps = int(rows);
+    m.phase_grid = fan_phases == 2;
+    if (!m.phase_grid) return;
+    int per_sm = 0, dev = 0, sms = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, m.warps * 32, smem_of(m)), "occupancy");
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "multiprocessor count");
+    if (int64_t(per_sm) * sms < grid)
+      throw std::invalid_argument("fan_phases=grid: the dispatch kernel's " + std::to_string(grid) +
+                                  " blocks are not all resident at once (" + std::to_string(per_sm) + " per SM x " +
+                                  std::to_string(sms) + " SMs); lower kernel.num_sms or use fan_phases=block");
   }
 
   Sync sync(int64_t epoch, int which) const { return Sync{rank, epoch, timeout_ns, err, err_host, done + which}; }
@@ -273,7 +309,8 @@ struct Ctx {
   using DataKernel = void (*)(Transport, Layout, const uint8_t*, Outputs, bool, int, MoveCfg, Sync);
   void launch_data(DataKernel kernel, int64_t plan_bytes, uintptr_t x, const py::dict& out, bool expert_major,
                    int alignment, const Sync& sy, uintptr_t stream, const char* what) {
-    MoveCfg m = move_cfg(plan_bytes, expert_major);
+    MoveCfg m = move_cfg(plan_bytes, expert_major, true);
+    if (expert_major && L.world_size == 1 && fan_phases) phase_cfg(m, kernel);
     m.stamps = stamps;
     kernel<<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(x), outputs(out), expert_major,
                                                           alignment, m, sy);
@@ -396,7 +433,8 @@ void bind_context(py::module_& m, Init init) {
                               py::arg("combine.data") = int(kStageCombineData),
                               py::arg("combine.done") = int(kStageCombineDone),
                               py::arg("barrier") = int(kStageMemoryBarrier),
-                              py::arg("bulk copy") = int(kStageBulkCopy));
+                              py::arg("bulk copy") = int(kStageBulkCopy),
+                              py::arg("dispatch.phase") = int(kStageFanPhase));
   m.attr("DEFERRED") = py::dict(py::arg("capacity") = int(kDeferredCapacity), py::arg("bad_ids") = int(kDeferredBadIds));
   bind_wait_mapped(m);
   m.def("host_alloc_mapped", [](size_t nbytes) {
@@ -421,6 +459,7 @@ void bind_context(py::module_& m, Init init) {
       .def("layout_scratch_bytes", &C::layout_scratch_bytes)
       .def("set_copy_bytes", &C::set_copy_bytes, py::arg("max_piece"))
       .def("set_copy_depth", &C::set_copy_depth, py::arg("depth"))
+      .def("set_fan_phases", &C::set_fan_phases, py::arg("mode"))
       .def("set_input_check", &C::set_input_check, py::arg("flag"), py::arg("info"))
       .def("set_stamps", &C::set_stamps, py::arg("stamps"), py::arg("words") = 0)
       .def("set_routing_outputs", &C::set_routing_outputs, py::arg("host"), py::arg("snap"), py::arg("copy"),

@@ -78,6 +78,43 @@ __device__ __forceinline__ bool grid_last_block(unsigned int* counter) {
   return last;
 }
 
+// Every block of one grid meets at each phase: block-uniform calls, every block resident at
+// once (the caller's launch guarantees it, or the wait expires and records kStageFanPhase with
+// the phase number as the peer). `counter` is zero at launch; finish() leaves it zero for the
+// next one, as grid_last_block does. Phases count up, so the counter only grows until then.
+struct GridPhases {
+  unsigned int* counter;
+  unsigned int phase;
+
+  __device__ bool sync(uint64_t timeout_ns, ErrorWord* err, ErrorWord* err_host, int64_t epoch) {
+    __shared__ int ok;
+    __syncthreads();
+    ++phase;
+    if (threadIdx.x == 0) {
+      ok = 1;
+      __threadfence();
+      atomicAdd(counter, 1u);
+      const unsigned int target = phase * gridDim.x;
+      const uint64_t start = global_timer_ns();
+      uint32_t spins = 0;
+      while (ld_acquire_gpu(counter) < target) {
+        if ((++spins & 63) == 0 && global_timer_ns() - start > timeout_ns) {
+          report_error(err, err_host, kStageFanPhase, int(phase), epoch);
+          ok = 0;
+          break;
+        }
+      }
+    }
+    __syncthreads();
+    return ok != 0;
+  }
+  // Whole block, after its last sync(): the grid's last block to get here zeroes the counter.
+  __device__ void finish() {
+    __syncthreads();
+    if (threadIdx.x == 0 && atomicAdd(counter, 1u) == (phase + 1) * gridDim.x - 1) *counter = 0u;
+  }
+};
+
 template <class Transport>
 __global__ void barrier_kernel(Transport tp, int rank, int world, int64_t flags_off, int64_t epoch,
                                uint64_t timeout_ns, ErrorWord* err, ErrorWord* err_host, int stage) {

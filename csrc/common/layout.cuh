@@ -37,6 +37,7 @@ enum Stage : int {
   kStageCombineDone = 5,     // sources finished reducing (combine regions reusable)
   kStageMemoryBarrier = 6,   // SymmetricMemory.barrier()
   kStageBulkCopy = 7,        // a bulk (TMA) load into a warp's shared slot never completed
+  kStageFanPhase = 8,        // a block of the phased fan-out never reached a phase (not resident)
 };
 
 // Host-mapped error record the device writes when a wait expires: never hang, tell the host.

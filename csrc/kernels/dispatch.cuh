@@ -175,7 +175,91 @@ struct MoveCfg {
   int64_t plan_bytes;   // shared bytes before the warps' areas
   int depth;            // the mover's slots per warp (WarpMover)
   uint64_t* stamps = nullptr;  // timeline of the call (stamps.cuh): the kStamps kernels' only
+  // kernel.fan_phases (W = 1 expert-major only; 0: the mover): rows a block holds per phase
+  // (one per warp; warps == phase_rows), and whether all blocks meet between phases.
+  int phase_rows = 0;
+  bool phase_grid = false;
 };
+
+// A warp's row for the phased fan-out: lanes < n hold its destination rows' addresses.
+struct RowDsts {
+  uint8_t* dst;
+  int n;
+};
+
+// The world-size-1 expert-major dispatch in phases (kernel.fan_phases): tokens [0, T) in
+// rounds shared evenly, block b's part of each round loaded whole into shared memory (warp w:
+// one token's row, one bulk load), then each row bulk-stored to the rows dests(t) names (it
+// writes their metadata too, while the load is in flight). With phase_grid every block meets the
+// others after its loads and after its stores, so HBM serves the round's reads, then its
+// writes: the session 26 microbenchmark moved the fan-out's traffic in 137.7 µs that way against
+// 142.5-146.8 interleaved. The rows' smem follows the plan's tables; sy.done is the phases'
+// counter (at world size 1 no cross-rank barrier uses it). Whole block calls; false: a wait
+// expired (recorded in the ErrorWord).
+template <bool kStamps, class Dests>
+__device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const MoveCfg& mc, uint8_t* smem_raw,
+                              const Sync& sy, Dests dests, int warp, int lane) {
+  uint8_t* tile = smem_raw + mc.plan_bytes + int64_t(warp) * rb;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + mc.plan_bytes + int64_t(mc.phase_rows) * rb) + warp;
+  if (lane == 0) {
+    mbar_init(bar, 1);
+    mbar_init_fence();
+  }
+  __syncwarp();
+  const MoverWatch watch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch};
+  GridPhases gp{sy.done, 0};
+  // Block-uniform: a block whose load or meeting failed stops moving rows but keeps meeting,
+  // so the other blocks' waits end on time and record nothing over its error.
+  bool ok = true;
+  auto meet = [&](int fine) {
+    ok = __syncthreads_and(ok && fine) != 0;
+    if (mc.phase_grid) ok = gp.sync(sy.timeout_ns, sy.err, sy.err_host, sy.epoch) && ok;
+  };
+  const int64_t G = gridDim.x, per_round = G * mc.phase_rows;
+  const int64_t rounds = (T + per_round - 1) / per_round, even = rounds ? (T + rounds - 1) / rounds : 0;
+  uint32_t parity = 0;
+  for (int64_t r = 0; r < rounds; ++r) {
+    const int64_t lo = r * even, hi = min(T, lo + even);
+    const int64_t b0 = lo + (hi - lo) * blockIdx.x / G, b1 = lo + (hi - lo) * (blockIdx.x + 1) / G;
+    const int64_t t = b0 + warp;
+    const bool mine = ok && t < b1;  // warp-uniform
+    RowDsts d{nullptr, 0};
+    int landed = 1;
+    if (mine) {
+      // This tile's previous stores finished reading it before the last meeting.
+      if (lane == 0) {
+        mbar_arrive_expect_tx(bar, uint32_t(rb));
+        bulk_load(tile, x + t * rb, uint32_t(rb), bar);
+      }
+      d = dests(t);  // routing and metadata while the row loads
+      if (lane == 0) landed = mbar_try_wait(bar, parity) || mbar_wait_bounded(bar, parity, watch);
+      landed = __shfl_sync(0xffffffffu, landed, 0);
+      parity ^= 1u;
+    }
+    meet(landed);
+    if (r == 0) stamp<kStamps>(mc.stamps, kStampRouted);  // the timeline's marks: round 0's loads, then its stores
+    if (mine && ok) {
+      for (int i = 0; i < d.n; ++i) {
+        uint8_t* dst = reinterpret_cast<uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(d.dst), i));
+        if (lane == 0) bulk_store(dst, tile, uint32_t(rb));
+      }
+      if (lane == 0) {
+        bulk_commit();
+        bulk_wait_read_all();
+      }
+      __syncwarp();
+    }
+    meet(1);
+    if (r == 0) stamp<kStamps>(mc.stamps, kStampFirstPush);
+  }
+  if (lane == 0) {
+    bulk_wait_all();
+    fence_proxy_async_global();
+  }
+  __syncwarp();
+  if (mc.phase_grid) gp.finish();
+  return ok;
+}
 
 // ---------------------------------------------------------------------------------------
 // kStamps: the timeline build (stamps.cuh), allowed 16 warps' worth of registers so its stamps
@@ -216,9 +300,12 @@ __global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps 
 
   if (run && expert_major) fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, Le, o, rb);
 
+  // The phased fan-out keeps whole rows where the mover's slots would be: no mover then (an
+  // mbarrier's memory is not reused without invalidating it).
   WarpMover mv;
-  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
-          mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
+  if (mc.phase_rows == 0)
+    mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth),
+            mc.slot_bytes, mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
   stamp<kStamps>(mc.stamps, kStampPlanned);
   bool pushed = false;  // the timeline's first push (kStamps only)
 
@@ -276,7 +363,41 @@ __global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps 
       }
     }
   }
-  if (run && expert_major) {
+  // Expert-major: visit (s, t)'s destination rows (lanes < n), its slots' metadata written.
+  auto expert_rows = [&](const TokenRoute& cur, int s, int64_t t) {
+    const int e = cur.e;  // -1 on lanes >= K
+    const bool mine = e >= 0 && e / Le == r;
+    if (__ballot_sync(0xffffffffu, mine) == 0) return RowDsts{nullptr, 0};
+    const int slot_pos = cur.pos_of(reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), t, PC, W + lane);
+    int64_t my_row = -1;  // lane k: destination row of slot k
+    if (mine) {
+      const int j = e - r * Le;
+      my_row = pl.src_offset(counts, L, r, s, j) + slot_pos;
+      if (my_row >= rows) my_row = -1;
+    }
+    if (my_row >= 0) {
+      o.idx[my_row] = e - r * Le;
+      o.w[my_row] = cur.w;
+      o.src_rank[my_row] = s;
+      o.src_token[my_row] = int32_t(t);
+      o.src_slot[my_row] = lane;
+      if (s == r && o.selfmap != nullptr) o.selfmap[t * S + lane] = int32_t(my_row);
+    }
+    int n;
+    my_row = compact_lanes(my_row >= 0, my_row, lane, n);
+    return RowDsts{lane < n ? o.x + my_row * rb : nullptr, n};
+  };
+  if (run && expert_major && mc.phase_rows > 0) {
+    // World size 1 (the host sets phase_rows only there): visit v is this rank's token v.
+    fan_in_phases<kStamps>(self_x, pl.visits(W), rb, mc, smem_raw, sy,
+                  [&](int64_t v) {
+                    int s;
+                    int64_t t;
+                    if (!pl.visit(v, W, s, t)) return RowDsts{nullptr, 0};  // warp-uniform
+                    return expert_rows(it_route(v, pl.visits(W)), s, t);
+                  },
+                  warp, lane);
+  } else if (run && expert_major) {
     // One item per visit; its routing is read one visit ahead, as in the rank-major path.
     const int64_t items = pl.visits(W);
     TokenRoute next = first;
@@ -286,35 +407,15 @@ __global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps 
       int s;
       int64_t t;
       if (!pl.visit(v, W, s, t)) continue;  // warp-uniform
-      const int e = cur.e;  // -1 on lanes >= K
-      const bool mine = e >= 0 && e / Le == r;
-      const uint32_t bal = __ballot_sync(0xffffffffu, mine);
-      if (bal == 0) continue;
-      const int slot_pos = cur.pos_of(reinterpret_cast<const int32_t*>(tp.map(s, L.in_pos)), t, PC, W + lane);
-      int64_t my_row = -1;  // lane k: destination row of slot k
-      if (mine) {
-        const int j = e - r * Le;
-        my_row = pl.src_offset(counts, L, r, s, j) + slot_pos;
-        if (my_row >= rows) my_row = -1;
-      }
-      if (my_row >= 0) {
-        o.idx[my_row] = e - r * Le;
-        o.w[my_row] = cur.w;
-        o.src_rank[my_row] = s;
-        o.src_token[my_row] = int32_t(t);
-        o.src_slot[my_row] = lane;
-        if (s == r && o.selfmap != nullptr) o.selfmap[t * S + lane] = int32_t(my_row);
-      }
-      int n;
-      my_row = compact_lanes(my_row >= 0, my_row, lane, n);
-      if (n == 0) continue;
+      const RowDsts d = expert_rows(cur, s, t);
+      if (d.n == 0) continue;
       const uint8_t* src = (s == r ? self_x : tp.map(s, L.in_x)) + t * rb;
       if (!pushed) stamp<kStamps>(mc.stamps, kStampRouted);
       for (int64_t off = 0; off < rb; off += mc.slot_bytes) {
         const uint32_t bytes = uint32_t(min(int64_t(mc.slot_bytes), rb - off));
-        if (lane < n) mv.next_dsts()[lane] = o.x + my_row * rb + off;
+        if (lane < d.n) mv.next_dsts()[lane] = d.dst + off;
         __syncwarp();
-        mv.push(src + off, n, bytes);
+        mv.push(src + off, d.n, bytes);
       }
       if (!pushed) {
         stamp<kStamps>(mc.stamps, kStampFirstPush);
@@ -323,7 +424,7 @@ __global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps 
     }
   }
   stamp<kStamps>(mc.stamps, kStampLoopEnd);
-  mv.flush();
+  if (mc.phase_rows == 0) mv.flush();
   stamp<kStamps>(mc.stamps, kStampFlushed);
   grid_barrier(tp, L, sy, dead, kStageDispatchDone);
 }
@@ -481,12 +582,22 @@ __global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps 
   // padding rows of the expert-major output are written here.
   if (run && expert_major && W == 1)
     fill_padding(pl.goff, [&](int j) { return count_at(counts, L, 0, 2 + j); }, Le, o, rb);
-  WarpMover mv;
-  mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth), mc.slot_bytes,
-          mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
+  WarpMover mv;  // not with the phased fan-out (its rows use the slots' memory)
+  if (mc.phase_rows == 0)
+    mv.init(smem_raw + mc.plan_bytes + int64_t(warp) * WarpMoverSmem::per_warp_bytes(mc.slot_bytes, mc.depth),
+            mc.slot_bytes, mc.depth, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
   stamp<kStamps>(mc.stamps, kStampPlanned);
 
-  if (run) {
+  if (run && mc.phase_rows > 0) {
+    // World size 1 expert-major (the host sets phase_rows only there): every token is own.
+    fan_in_phases<kStamps>(x, counts[int64_t(me) * L.counts_cols()], rb, mc, smem_raw, sy,
+                  [&](int64_t t) {
+                    const TokenRoute cur = TokenRoute::load(pidx, pw, ppos, t, K, PC, lane, true);
+                    const PushDsts d = push_token(tp, L, pl, counts, ppos, o, cur, t, expert_major, me, true, lane);
+                    return RowDsts{d.dst, d.n};
+                  },
+                  warp, lane);
+  } else if (run) {
     const int64_t T = counts[int64_t(me) * L.counts_cols()];
     for (int64_t t = gw; t < T; t += nwt) {
       const TokenRoute cur = next;
@@ -498,7 +609,7 @@ __global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps 
     }
   }
   stamp<kStamps>(mc.stamps, kStampLoopEnd);
-  mv.flush();
+  if (mc.phase_rows == 0) mv.flush();
   stamp<kStamps>(mc.stamps, kStampFlushed);
   grid_barrier(tp, L, sy, dead, kStageDispatchData);
 }

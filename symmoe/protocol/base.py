@@ -6,6 +6,7 @@ calls in here; a protocol may still raise CapacityError once the counts are exch
 """
 from __future__ import annotations
 
+import os
 import time
 from abc import ABC, abstractmethod
 from typing import Callable
@@ -21,6 +22,15 @@ from ..reference import DispatchLayout, RecvResult
 
 
 MAX_SLOTS = 64  # combine slots per token, max(world_size, topk): csrc/common/reduce.cuh (kMaxSlots)
+
+
+def usable_sms(device: torch.device) -> int:
+    """SMs this process can occupy at once: all of them, or its MPS share."""
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    pct = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    if pct:
+        sms = max(2, sms * int(float(pct)) // 100)
+    return sms
 
 
 def check_combine_slots(layout: BufferLayout, protocols: str) -> None:

@@ -54,13 +54,13 @@ import numpy as np
 import torch
 
 from .. import build
-from ..config import Config
-from ..errors import InputError, StallError
+from ..config import FAN_PHASES, Config
+from ..errors import ConfigError, InputError, StallError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
-from .base import Protocol, check_combine_slots
+from .base import Protocol, check_combine_slots, usable_sms
 from .counts import (SUMMARY_HEAD, cached_rows, check_summary_head, deferred_error, make_handle, recv_views,
                      summarized_result)
 
@@ -153,6 +153,7 @@ class _CudaProtocol(Protocol):
                                         self._counters.data_ptr())
         self.ctx.set_copy_bytes(config.kernel.copy_bytes)
         self.ctx.set_copy_depth(config.kernel.copy_depth)
+        self.ctx.set_fan_phases(self._fan_phases(config))
         self._stream_blocks = self._push_stream_blocks(config, mem)
         self._stream_receivers = config.kernel.stream_receivers
         self._epoch = 0
@@ -208,6 +209,9 @@ class _CudaProtocol(Protocol):
             if stage == "bulk copy":
                 what = (f"a bulk (TMA) load of warp {int(word[1])} never completed in the kernel of barrier "
                         f"epoch {int(word[2])}")
+            elif stage == "dispatch.phase":
+                what = (f"not every block of the dispatch kernel reached its phase {int(word[1])} (grid-wide "
+                        f"kernel.fan_phases needs them all resident at once) in the call of epoch {int(word[2])}")
             else:
                 what = f"no arrival from rank {int(word[1])} at barrier epoch {int(word[2])}"
             raise StallError(self.rank, stage, self.timeout_s, f"{what}; this Buffer is unusable now")
@@ -297,6 +301,22 @@ class _CudaProtocol(Protocol):
         self.check()
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment, self._bad_record,
                                  out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=cache)
+
+    def _fan_phases(self, config: Config) -> int:
+        """kernel.fan_phases as the kernels take it (0 off, 1 block, 2 grid). Grid-wide phases
+        need every block of the dispatch resident at once: under an MPS share of the SMs the
+        kernels cannot see, a grid of more blocks than the share holds is refused here (the
+        kernel's own check counts every SM)."""
+        mode = FAN_PHASES.index(config.kernel.fan_phases)
+        if mode == 2 and self.world_size == 1:
+            sms = usable_sms(self.device)
+            blocks = min(config.kernel.num_sms, torch.cuda.get_device_properties(self.device).multi_processor_count)
+            if blocks > sms:
+                raise ConfigError("kernel.fan_phases", "grid",
+                                  f"needs every block resident at once: the dispatch runs {blocks} blocks, this "
+                                  f"process holds {sms} SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); lower "
+                                  f"kernel.num_sms to {sms} or use 'block'", config.source)
+        return mode
 
     def _push_stream_blocks(self, config: Config, mem: SymmetricMemory) -> int:
         """Blocks of the streamed push, 0 for push then unpack (``stream_blocks``)."""

@@ -55,7 +55,6 @@ signal still being read).
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -64,7 +63,7 @@ import torch
 from .. import build
 from ..errors import ConfigError, InputError, StallError
 from ..reference import DispatchLayout, RecvResult
-from .base import Protocol, check_combine_slots
+from .base import Protocol, check_combine_slots, usable_sms
 from .counts import (SUMMARY_HEAD, cached_rows, check_summary_head, deferred_error, make_handle, recv_views,
                      summarized_result)
 
@@ -115,15 +114,6 @@ def raise_if_failed(mem: Any, stage: str) -> None:
     mem.runtime.extension().reset_error()  # the kernels' device mirror of the word
     from ..backends.nvshmem import stall
     raise stall(mem, _STAGE_NAMES.get(int(code), stage), int(peer), int(epoch))
-
-
-def usable_sms(device: torch.device) -> int:
-    """SMs this process can occupy at once: all of them, or its MPS share."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    pct = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-    if pct:
-        sms = max(2, sms * int(float(pct)) // 100)
-    return sms
 
 
 def ring_rows(requested: int, pool_rows: int, world_size: int, channels: int) -> int:

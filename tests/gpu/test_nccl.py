@@ -108,6 +108,18 @@ def test_dispatch_combine_bitwise(dtype, seed):
     assert check_dispatch_combine(0, 1, cfg, seed=seed, device="cuda", repeats=2) == len(CHECK_ROUTINGS) * 2 * 2
 
 
+@pytest.mark.parametrize("phases", ["block", "grid"])
+def test_fan_out_in_phases_bitwise(phases, seed):
+    """kernel.fan_phases: the expert-major fan-out in phases of whole rows (several rounds:
+    1024 tokens on 8 blocks), on the window's LSA transport as on torch's."""
+    _nccl()
+    from symmoe.testing import CHECK_ROUTINGS, check_dispatch_combine
+    cfg = _small_config()
+    cfg["buffer"]["max_tokens_per_rank"] = 1024
+    cfg["kernel"]["fan_phases"] = phases
+    assert check_dispatch_combine(0, 1, cfg, seed=seed + 4, device="cuda", layouts=("expert",)) == len(CHECK_ROUTINGS)
+
+
 def test_the_routing_kernel_leaves_the_host_the_matrix_s_summary(seed):
     _nccl()
     from symmoe.testing import CHECK_ROUTINGS, check_counts_summary

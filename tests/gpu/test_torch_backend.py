@@ -254,6 +254,23 @@ def test_receiver_over_capacity_raises_on_every_rank(protocol):
         assert "rank 0 would receive 192 rows" in msg and "recv_capacity" in msg, msg
 
 
+@pytest.mark.parametrize("phases", ["block", "grid"])
+@pytest.mark.parametrize("protocol", ["pull", "push"])
+@pytest.mark.parametrize("hidden", [256, 7168])
+def test_fan_out_in_phases_matches_the_reference(hidden, protocol, phases, seed):
+    """kernel.fan_phases at world size 1: expert-major rows loaded whole into shared memory
+    and stored in phases, over several rounds (up to 1024 tokens on 16 blocks of at most 16
+    rows), bitwise as the reference; then dispatch along a cached handle and num_worst_tokens
+    outputs through the same kernel. The rank-major layout runs the mover beside it."""
+    cfg = gpu_config(protocol=protocol, **{"buffer.hidden": hidden, "buffer.max_tokens_per_rank": 1024,
+                                           "kernel.fan_phases": phases})
+    n = len(CHECK_ROUTINGS)
+    assert _run(1, cfg, seed + 261 + hidden) == [2 * n]
+    layouts = ("rank", "expert")
+    assert _on_ranks(check_cached_dispatch, 1, (cfg, seed + 262, CHECK_ROUTINGS, layouts, "cuda")) == [2 * n]
+    assert _on_ranks(check_num_worst_tokens, 1, (cfg, seed + 263, CHECK_ROUTINGS, layouts, "cuda")) == [2 * n]
+
+
 @pytest.mark.parametrize("protocol", ["pull", "push"])
 def test_rows_split_into_small_copy_pieces(protocol):
     # kernel.copy_bytes=128: each 512-byte row moves as 4 bulk pieces spread over warps.
