@@ -425,6 +425,57 @@ __global__ void phased_fan(const uint8_t* src, uint8_t* dst, const int* idx, int
   if (lane == 0) bulk_wait_all();
 }
 
+// phased_fan_claimed<kGuided>: phased_fan<false>'s block phases, but no rows are assigned up
+// front: each phase, a block claims its next `rows` tokens from a counter, so a block that
+// finished early takes more (the kernels' warps end 97-143 us apart with the rounds shared
+// evenly, session 27 C). kGuided: claims shrink to what is left over twice the blocks (at
+// least one row) once that is fewer than `rows`, so the last phases are short.
+template <bool kGuided>
+__global__ void phased_fan_claimed(const uint8_t* src, uint8_t* dst, const int* idx, int64_t N, int K, int64_t R,
+                                   int rows, unsigned* ctr) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  uint8_t* tile = dyn_smem();
+  uint64_t* bar = reinterpret_cast<uint64_t*>(tile + int64_t(rows) * R);
+  __shared__ int64_t claim[2];  // first token, count
+  if (threadIdx.x < rows) mbar_init(&bar[threadIdx.x], 1);
+  mbar_init_fence();
+  __syncthreads();
+  uint32_t parity = 0;
+  for (;;) {
+    if (threadIdx.x == 0) {
+      int want = rows;
+      if (kGuided) {
+        const int64_t left = N - int64_t(*reinterpret_cast<volatile unsigned*>(ctr));
+        want = int(max(int64_t(1), min(int64_t(rows), left / (2 * int64_t(gridDim.x)))));
+      }
+      const int64_t c = atomicAdd(ctr, unsigned(want));
+      claim[0] = c;
+      claim[1] = max(int64_t(0), min(int64_t(want), N - c));
+    }
+    __syncthreads();
+    const int64_t c = claim[0];
+    const int n = int(claim[1]);
+    if (n == 0) break;  // block-uniform
+    const bool mine = warp < n;
+    if (mine && lane == 0) {
+      mbar_arrive_expect_tx(&bar[warp], uint32_t(R));
+      bulk_load(tile + int64_t(warp) * R, src + (c + warp) * R, uint32_t(R), &bar[warp]);
+      while (!mbar_try_wait(&bar[warp], parity)) {
+      }
+    }
+    if (mine) parity ^= 1u;
+    __syncthreads();
+    if (mine && lane == 0) {
+      for (int k = 0; k < K; ++k)
+        bulk_store(dst + int64_t(idx[(c + warp) * K + k]) * R, tile + int64_t(warp) * R, uint32_t(R));
+      bulk_commit();
+      bulk_wait_read_all();
+    }
+    __syncthreads();  // also: every thread has read claim before thread 0 writes the next
+  }
+  if (lane == 0) bulk_wait_all();
+}
+
 // bulk_store_only<D>: each warp fills one shared tile of `slot` bytes once, then its lane 0
 // stores that tile to every `slot`-byte piece the warp owns, at most D bulk groups unfinished
 // (the tile never changes, so the bound only shapes the queue, as the mover's slots do): the
@@ -878,6 +929,8 @@ int main(int argc, char** argv) {
       fan_phased(phased_fan<true>, "grid");
       fan_phased(phased_fan<false>, "block");
       fan_phased(phased_fan<false>, "block", 15);
+      fan_phased(phased_fan_claimed<false>, "claimed block");
+      fan_phased(phased_fan_claimed<true>, "guided block");
       if (!random) continue;
       fan_mover(uint32_t(R / 2), false);
       fan_ring(std::integral_constant<int, 2>{}, no{}, uint32_t(R), 1);
