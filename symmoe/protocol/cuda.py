@@ -123,6 +123,22 @@ class _RoutingState(NamedTuple):
     selfmap: torch.Tensor   # output row of each (token, slot) this rank kept (combine)
 
 
+def fan_phases_mode(config: Config, world_size: int, sms: int, sms_held: int) -> int:
+    """kernel.fan_phases as the kernels take it (0 off, 1 block, 2 grid), for a GPU of `sms`
+    SMs of which this process holds `sms_held` (its MPS share). Grid-wide phases need every
+    block of the dispatch resident at once: a grid of more blocks than the share holds is
+    refused here (the kernel's own check counts every SM)."""
+    mode = FAN_PHASES.index(config.kernel.fan_phases)
+    if mode == 2 and world_size == 1:
+        blocks = min(config.kernel.num_sms, sms)
+        if blocks > sms_held:
+            raise ConfigError("kernel.fan_phases", "grid",
+                              f"needs every block resident at once: the dispatch runs {blocks} blocks, this "
+                              f"process holds {sms_held} SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); lower "
+                              f"kernel.num_sms to {sms_held} or use 'block'", config.source)
+    return mode
+
+
 class _CudaProtocol(Protocol):
     checks_topk_values = True  # the routing kernel checks the expert ids (counts.bad_input_error)
 
@@ -153,7 +169,9 @@ class _CudaProtocol(Protocol):
                                         self._counters.data_ptr())
         self.ctx.set_copy_bytes(config.kernel.copy_bytes)
         self.ctx.set_copy_depth(config.kernel.copy_depth)
-        self.ctx.set_fan_phases(self._fan_phases(config))
+        self.ctx.set_fan_phases(fan_phases_mode(config, self.world_size,
+                                                torch.cuda.get_device_properties(self.device).multi_processor_count,
+                                                usable_sms(self.device)))
         self._stream_blocks = self._push_stream_blocks(config, mem)
         self._stream_receivers = config.kernel.stream_receivers
         self._epoch = 0
@@ -301,22 +319,6 @@ class _CudaProtocol(Protocol):
         self.check()
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment, self._bad_record,
                                  out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=cache)
-
-    def _fan_phases(self, config: Config) -> int:
-        """kernel.fan_phases as the kernels take it (0 off, 1 block, 2 grid). Grid-wide phases
-        need every block of the dispatch resident at once: under an MPS share of the SMs the
-        kernels cannot see, a grid of more blocks than the share holds is refused here (the
-        kernel's own check counts every SM)."""
-        mode = FAN_PHASES.index(config.kernel.fan_phases)
-        if mode == 2 and self.world_size == 1:
-            sms = usable_sms(self.device)
-            blocks = min(config.kernel.num_sms, torch.cuda.get_device_properties(self.device).multi_processor_count)
-            if blocks > sms:
-                raise ConfigError("kernel.fan_phases", "grid",
-                                  f"needs every block resident at once: the dispatch runs {blocks} blocks, this "
-                                  f"process holds {sms} SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); lower "
-                                  f"kernel.num_sms to {sms} or use 'block'", config.source)
-        return mode
 
     def _push_stream_blocks(self, config: Config, mem: SymmetricMemory) -> int:
         """Blocks of the streamed push, 0 for push then unpack (``stream_blocks``)."""

@@ -1,0 +1,33 @@
+"""kernel.fan_phases: how the world-size-1 expert-major dispatch moves its rows, and the
+configurations refused before any launch. CPU only: the rules, not the kernels
+(tests/gpu/test_torch_backend.py and tests/gpu/test_nccl.py run those)."""
+from __future__ import annotations
+
+import pytest
+
+from symmoe import ConfigError
+from symmoe.config import Config
+from symmoe.protocol.cuda import fan_phases_mode
+
+
+def _config(phases: str, num_sms: int = 132) -> Config:
+    return Config().replace(**{"kernel.fan_phases": phases, "kernel.num_sms": num_sms})
+
+
+@pytest.mark.parametrize("phases,mode", [("off", 0), ("block", 1), ("grid", 2)])
+def test_each_name_is_the_kernels_mode(phases, mode):
+    assert fan_phases_mode(_config(phases), 1, sms=132, sms_held=132) == mode
+
+
+def test_block_is_the_default():
+    assert fan_phases_mode(Config(), 1, sms=132, sms_held=132) == 1
+
+
+def test_grid_needs_every_block_resident_and_names_the_share():
+    with pytest.raises(ConfigError, match="132 blocks, this process holds 33 SMs"):
+        fan_phases_mode(_config("grid"), 1, sms=132, sms_held=33)
+    assert fan_phases_mode(_config("grid", num_sms=33), 1, sms=132, sms_held=33) == 2
+
+
+def test_with_peers_grid_is_not_refused_the_phases_run_alone_only():
+    assert fan_phases_mode(_config("grid"), 4, sms=132, sms_held=33) == 2
