@@ -184,7 +184,7 @@ struct Ctx {
     return m;
   }
   size_t smem_of(const MoveCfg& m) const {
-    if (m.phase_rows > 0) return size_t(m.plan_bytes + int64_t(m.phase_rows) * L.row_bytes() + 8 * kMaxMoverWarps);
+    if (m.phase_rows > 0) return size_t(m.plan_bytes + int64_t(m.phase_rows) * L.row_bytes() + kPhaseBarBytes);
     return size_t(m.plan_bytes + int64_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth));
   }
   // fan_in_phases' geometry in place of the mover's: one warp per row a block holds (rows that
@@ -193,7 +193,7 @@ struct Ctx {
   // says they are not.
   template <typename K>
   void phase_cfg(MoveCfg& m, K kernel) const {
-    const int64_t rows = std::min<int64_t>(kMaxMoverWarps, (data_smem - m.plan_bytes - 8 * kMaxMoverWarps) / L.row_bytes());
+    const int64_t rows = std::min<int64_t>(kMaxMoverWarps, (data_smem - m.plan_bytes - kPhaseBarBytes) / L.row_bytes());
     if (rows < 1) return;
     m.phase_rows = int(rows);
     m.warps = int(rows);

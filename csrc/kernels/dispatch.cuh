@@ -180,6 +180,8 @@ struct MoveCfg {
   int phase_rows = 0;
   bool phase_grid = false;
 };
+// Shared bytes after the phases' rows: one mbarrier per warp (fan_in_phases).
+constexpr int64_t kPhaseBarBytes = 8 * kMaxMoverWarps;
 
 // A warp's row for the phased fan-out: lanes < n hold its destination rows' addresses.
 struct RowDsts {
@@ -193,7 +195,9 @@ struct RowDsts {
 // writes their metadata too, while the load is in flight). With phase_grid every block meets the
 // others after its loads and after its stores, so HBM serves the round's reads, then its
 // writes: the session 26 microbenchmark moved the fan-out's traffic in 137.7 µs that way against
-// 142.5-146.8 interleaved. The rows' smem follows the plan's tables; sy.done is the phases'
+// 142.5-146.8 interleaved. Block phases gain only with two rounds (16 rows a block at the
+// DeepSeek shape on 132 SMs: session 27, 137.0 µs against 141.9 at 15 rows). The rows' smem
+// follows the plan's tables; sy.done is the phases'
 // counter (at world size 1 no cross-rank barrier uses it). Whole block calls; false: a wait
 // expired (recorded in the ErrorWord).
 template <bool kStamps, class Dests>

@@ -377,18 +377,26 @@ __global__ void phased_mix(const int4* src, int4* dst, int64_t N, int K, int64_t
   }
 }
 
-// phased_fan<kGrid>: the fan-out as the kernels would run it in phases, with bulk copies: each
-// block (one per SM) loads up to `rows` whole rows into shared memory (warp w: row w, one bulk
-// load on its mbarrier), then warp w stores its row to its K destination rows (bulk stores),
-// and waits for them to read shared memory before the next round. kGrid: every block meets the
-// others after its loads and after its stores (grid-wide phases: HBM sees reads, then writes);
-// without, each block only runs its own phases. Rounds share the rows evenly.
-template <bool kGrid>
+// How a phased fan-out's blocks get their rows: rounds shared evenly up front, or each phase
+// claimed at run time from a counter (a block done early takes more; the kernels' warps end
+// 97-143 us apart with even rounds, session 27 C); guided claims shrink to what is left over
+// twice the blocks (at least one row) once that is fewer than `rows`, so the last phases are short.
+enum class Claims { kEven, kClaimed, kGuided };
+
+// phased_fan<kGrid, kClaims>: the fan-out as the kernels would run it in phases, with bulk
+// copies: each block (one per SM) loads up to `rows` whole rows into shared memory (warp w: row
+// w, one bulk load on its mbarrier), then warp w stores its row to its K destination rows (bulk
+// stores), and waits for them to read shared memory before the next phase. kGrid: every block
+// meets the others after its loads and after its stores (grid-wide phases: HBM sees reads, then
+// writes; even rounds only); without, each block only runs its own phases. `ctr`: zero at launch.
+template <bool kGrid, Claims kClaims = Claims::kEven>
 __global__ void phased_fan(const uint8_t* src, uint8_t* dst, const int* idx, int64_t N, int K, int64_t R, int rows,
                            unsigned* ctr) {
+  static_assert(!kGrid || kClaims == Claims::kEven, "grid-wide phases need every block in every round");
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   uint8_t* tile = dyn_smem();
   uint64_t* bar = reinterpret_cast<uint64_t*>(tile + int64_t(rows) * R);
+  __shared__ int64_t claim[2];  // claimed phases: first row, count
   if (threadIdx.x < rows) mbar_init(&bar[threadIdx.x], 1);
   mbar_init_fence();
   __syncthreads();
@@ -402,11 +410,31 @@ __global__ void phased_fan(const uint8_t* src, uint8_t* dst, const int* idx, int
   };
   const int64_t per_round = int64_t(gridDim.x) * rows, rounds = (N + per_round - 1) / per_round;
   const int64_t even = (N + rounds - 1) / rounds;  // rows per round, all rounds alike
-  for (int64_t r = 0; r < rounds; ++r) {
-    const int64_t lo = r * even, hi = min(N, lo + even);
-    const int64_t b0 = lo + (hi - lo) * blockIdx.x / gridDim.x, b1 = lo + (hi - lo) * (blockIdx.x + 1) / gridDim.x;
+  for (int64_t r = 0;; ++r) {
+    int64_t b0, n;  // this block's rows of phase r: b0 + [0, n)
+    if (kClaims == Claims::kEven) {
+      if (r >= rounds) break;
+      const int64_t lo = r * even, hi = min(N, lo + even);
+      b0 = lo + (hi - lo) * blockIdx.x / gridDim.x;
+      n = lo + (hi - lo) * (blockIdx.x + 1) / gridDim.x - b0;
+    } else {
+      if (threadIdx.x == 0) {
+        int64_t want = rows;
+        if (kClaims == Claims::kGuided) {
+          const int64_t left = N - int64_t(*reinterpret_cast<volatile unsigned*>(ctr));
+          want = max(int64_t(1), min(int64_t(rows), left / (2 * int64_t(gridDim.x))));
+        }
+        const int64_t c = atomicAdd(ctr, unsigned(want));
+        claim[0] = c;
+        claim[1] = max(int64_t(0), min(want, N - c));
+      }
+      __syncthreads();  // the phase's own barriers keep claim until every thread has read it
+      b0 = claim[0];
+      n = claim[1];
+      if (n == 0) break;  // block-uniform
+    }
     const int64_t row = b0 + warp;
-    const bool mine = row < b1 && warp < rows;
+    const bool mine = warp < n && warp < rows;
     if (mine && lane == 0) {
       mbar_arrive_expect_tx(&bar[warp], uint32_t(R));
       bulk_load(tile + int64_t(warp) * R, src + row * R, uint32_t(R), &bar[warp]);
@@ -421,57 +449,6 @@ __global__ void phased_fan(const uint8_t* src, uint8_t* dst, const int* idx, int
       bulk_wait_read_all();
     }
     grid_sync();
-  }
-  if (lane == 0) bulk_wait_all();
-}
-
-// phased_fan_claimed<kGuided>: phased_fan<false>'s block phases, but no rows are assigned up
-// front: each phase, a block claims its next `rows` tokens from a counter, so a block that
-// finished early takes more (the kernels' warps end 97-143 us apart with the rounds shared
-// evenly, session 27 C). kGuided: claims shrink to what is left over twice the blocks (at
-// least one row) once that is fewer than `rows`, so the last phases are short.
-template <bool kGuided>
-__global__ void phased_fan_claimed(const uint8_t* src, uint8_t* dst, const int* idx, int64_t N, int K, int64_t R,
-                                   int rows, unsigned* ctr) {
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  uint8_t* tile = dyn_smem();
-  uint64_t* bar = reinterpret_cast<uint64_t*>(tile + int64_t(rows) * R);
-  __shared__ int64_t claim[2];  // first token, count
-  if (threadIdx.x < rows) mbar_init(&bar[threadIdx.x], 1);
-  mbar_init_fence();
-  __syncthreads();
-  uint32_t parity = 0;
-  for (;;) {
-    if (threadIdx.x == 0) {
-      int want = rows;
-      if (kGuided) {
-        const int64_t left = N - int64_t(*reinterpret_cast<volatile unsigned*>(ctr));
-        want = int(max(int64_t(1), min(int64_t(rows), left / (2 * int64_t(gridDim.x)))));
-      }
-      const int64_t c = atomicAdd(ctr, unsigned(want));
-      claim[0] = c;
-      claim[1] = max(int64_t(0), min(int64_t(want), N - c));
-    }
-    __syncthreads();
-    const int64_t c = claim[0];
-    const int n = int(claim[1]);
-    if (n == 0) break;  // block-uniform
-    const bool mine = warp < n;
-    if (mine && lane == 0) {
-      mbar_arrive_expect_tx(&bar[warp], uint32_t(R));
-      bulk_load(tile + int64_t(warp) * R, src + (c + warp) * R, uint32_t(R), &bar[warp]);
-      while (!mbar_try_wait(&bar[warp], parity)) {
-      }
-    }
-    if (mine) parity ^= 1u;
-    __syncthreads();
-    if (mine && lane == 0) {
-      for (int k = 0; k < K; ++k)
-        bulk_store(dst + int64_t(idx[(c + warp) * K + k]) * R, tile + int64_t(warp) * R, uint32_t(R));
-      bulk_commit();
-      bulk_wait_read_all();
-    }
-    __syncthreads();  // also: every thread has read claim before thread 0 writes the next
   }
   if (lane == 0) bulk_wait_all();
 }
@@ -929,8 +906,8 @@ int main(int argc, char** argv) {
       fan_phased(phased_fan<true>, "grid");
       fan_phased(phased_fan<false>, "block");
       fan_phased(phased_fan<false>, "block", 15);
-      fan_phased(phased_fan_claimed<false>, "claimed block");
-      fan_phased(phased_fan_claimed<true>, "guided block");
+      fan_phased(phased_fan<false, Claims::kClaimed>, "claimed block");
+      fan_phased(phased_fan<false, Claims::kGuided>, "guided block");
       if (!random) continue;
       fan_mover(uint32_t(R / 2), false);
       fan_ring(std::integral_constant<int, 2>{}, no{}, uint32_t(R), 1);
