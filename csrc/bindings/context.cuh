@@ -184,17 +184,23 @@ struct Ctx {
     return m;
   }
   size_t smem_of(const MoveCfg& m) const {
-    if (m.phase_rows > 0) return size_t(m.plan_bytes + int64_t(m.phase_rows) * L.row_bytes() + kPhaseBarBytes);
+    if (m.phase_rows > 0)
+      return size_t(std::max<int64_t>(m.plan_bytes, m.phase_base + int64_t(m.phase_rows) * L.row_bytes() + kPhaseBarBytes));
     return size_t(m.plan_bytes + int64_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth));
   }
   // fan_in_phases' geometry in place of the mover's: one warp per row a block holds (rows that
   // fit beside the plan, at most kMaxMoverWarps; none: the mover stays). Grid-wide phases need
   // every block resident at once: refused, naming the numbers, when the kernel's occupancy
   // says they are not.
+  // kept: the plan's leading bytes the phases still read; the rows may start over the rest
+  // (torch pull's 256 local experts: 16 rows of hidden 7168 instead of 15, two rounds of 4096
+  // tokens on 132 SMs instead of three).
   template <typename K>
-  void phase_cfg(MoveCfg& m, K kernel) const {
-    const int64_t rows = std::min<int64_t>(kMaxMoverWarps, (data_smem - m.plan_bytes - kPhaseBarBytes) / L.row_bytes());
+  void phase_cfg(MoveCfg& m, K kernel, int64_t kept) const {
+    const int64_t base = std::min<int64_t>(m.plan_bytes, (kept + kSlotAlign - 1) / kSlotAlign * kSlotAlign);
+    const int64_t rows = std::min<int64_t>(kMaxMoverWarps, (data_smem - base - kPhaseBarBytes) / L.row_bytes());
     if (rows < 1) return;
+    m.phase_base = base;
     m.phase_rows = int(rows);
     m.warps = int(rows);
     m.phase_grid = fan_phases == 2;
@@ -307,10 +313,11 @@ struct Ctx {
 
   // pull_kernel and push_kernel share one signature; the stamped build while a timeline is set.
   using DataKernel = void (*)(Transport, Layout, const uint8_t*, Outputs, bool, int, MoveCfg, Sync);
-  void launch_data(DataKernel kernel, int64_t plan_bytes, uintptr_t x, const py::dict& out, bool expert_major,
-                   int alignment, const Sync& sy, uintptr_t stream, const char* what) {
+  // kept: the plan bytes the phased fan-out still reads (phase_cfg).
+  void launch_data(DataKernel kernel, int64_t plan_bytes, int64_t kept, uintptr_t x, const py::dict& out,
+                   bool expert_major, int alignment, const Sync& sy, uintptr_t stream, const char* what) {
     MoveCfg m = move_cfg(plan_bytes, expert_major, true);
-    if (expert_major && L.world_size == 1 && fan_phases) phase_cfg(m, kernel);
+    if (expert_major && L.world_size == 1 && fan_phases) phase_cfg(m, kernel, kept);
     m.stamps = stamps;
     kernel<<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(x), outputs(out), expert_major,
                                                           alignment, m, sy);
@@ -319,12 +326,14 @@ struct Ctx {
 
   void pull(uintptr_t self_x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
     launch_data(stamps ? pull_kernel<Transport, true> : pull_kernel<Transport>,
-                RecvPlan::bytes(int(L.world_size), int(L.local_experts())), self_x, out, expert_major, alignment,
+                RecvPlan::bytes(int(L.world_size), int(L.local_experts())),
+                RecvPlan::kept_bytes(int(L.world_size), int(L.local_experts())), self_x, out, expert_major, alignment,
                 sync(epoch, 1), stream, "pull_kernel launch");
   }
 
   void push(uintptr_t x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
     launch_data(stamps ? push_kernel<Transport, true> : push_kernel<Transport>,
+                SendPlan::bytes(int(L.world_size), int(L.local_experts())),
                 SendPlan::bytes(int(L.world_size), int(L.local_experts())), x, out, expert_major, alignment,
                 sync(epoch, 2), stream, "push_kernel launch");
   }

@@ -179,6 +179,7 @@ struct MoveCfg {
   // (one per warp; warps == phase_rows), and whether all blocks meet between phases.
   int phase_rows = 0;
   bool phase_grid = false;
+  int64_t phase_base = 0;  // where those rows start: the end of the plan tables the phases still read
 };
 // Shared bytes after the phases' rows: one mbarrier per warp (fan_in_phases).
 constexpr int64_t kPhaseBarBytes = 8 * kMaxMoverWarps;
@@ -197,15 +198,19 @@ struct RowDsts {
 // writes: the session 26 microbenchmark moved the fan-out's traffic in 137.7 µs that way against
 // 142.5-146.8 interleaved. Block phases gain only with two rounds (16 rows a block at the
 // DeepSeek shape on 132 SMs: session 27, 137.0 µs against 141.9 at 15 rows). The rows' smem
-// follows the plan's tables; sy.done is the phases'
+// starts at mc.phase_base; sy.done is the phases'
 // counter (at world size 1 no cross-rank barrier uses it). Whole block calls; false: a wait
 // expired (recorded in the ErrorWord).
 template <bool kStamps, class Dests>
 __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const MoveCfg& mc, uint8_t* smem_raw,
                               const Sync& sy, Dests dests, int warp, int lane) {
-  uint8_t* tile = smem_raw + mc.plan_bytes + int64_t(warp) * rb;
-  uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + mc.plan_bytes + int64_t(mc.phase_rows) * rb) + warp;
+  uint8_t* tile = smem_raw + mc.phase_base + int64_t(warp) * rb;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + mc.phase_base + int64_t(mc.phase_rows) * rb) + warp;
+  // The rows and their mbarriers may lie over plan tables that the build and fill_padding
+  // read (RecvPlan::kept_bytes): every warp is past them before the first is overwritten.
+  __syncthreads();
   if (lane == 0) {
+    fence_proxy_async_shared();
     mbar_init(bar, 1);
     mbar_init_fence();
   }

@@ -27,22 +27,26 @@ __device__ __forceinline__ bool counts_valid(const int32_t* counts, const Layout
 struct RecvPlan {
   int64_t* tstart;  // [W + 1] token prefix over sources
   int64_t* rbase;   // [W + 1] rank-major: first row of each source (rbase[W] = rows)
-  int64_t* goff;    // [L + 1] expert-major: padded group starts (goff[L] = rows)
-  int32_t* gcnt;    // [L] unpadded rows per local expert
-  int64_t* tmp;     // scan scratch [33]
   int64_t* tmax;    // [1] the most tokens any source has
+  int64_t* goff;    // [L + 1] expert-major: padded group starts (goff[L] = rows)
+  // Only the build and fill_padding read these two; they come last, so that the phased
+  // fan-out's rows may start over them (kept_bytes).
+  int64_t* tmp;     // scan scratch [33]
+  int32_t* gcnt;    // [L] unpadded rows per local expert
 
   static __host__ __device__ int64_t bytes(int W, int L) {
     return 8 * (int64_t(W + 1) * 2 + (L + 1) + 34) + 4 * int64_t(L) + 16;
   }
+  // The leading bytes read after fill_padding (tstart, rbase, tmax, goff).
+  static __host__ __device__ int64_t kept_bytes(int W, int L) { return 8 * (int64_t(W + 1) * 2 + 1 + (L + 1)); }
 
   __device__ void carve(uint8_t* p, int W, int L) {
     tstart = reinterpret_cast<int64_t*>(p);
     rbase = tstart + W + 1;
-    goff = rbase + W + 1;
+    tmax = rbase + W + 1;
+    goff = tmax + 1;
     tmp = goff + L + 1;
-    tmax = tmp + 33;
-    gcnt = reinterpret_cast<int32_t*>(tmax + 1);
+    gcnt = reinterpret_cast<int32_t*>(tmp + 33);
   }
 
   // Whole block. Returns the rows this receiver gets in `layout` (expert_major or not).
