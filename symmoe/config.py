@@ -201,6 +201,8 @@ def _build(cls: type, data: Any, path: str, source: str | None) -> Any:
 
 
 def _check_scalar(kp: str, value: Any, t: Any, source: str | None) -> Any:
+    if t is str and value is False and "off" in _CHOICES.get(kp, ()):
+        value = "off"  # YAML reads an unquoted off (and no, false) as false
     if t is float and isinstance(value, int) and not isinstance(value, bool):
         value = float(value)
     if t is int and (isinstance(value, bool) or not isinstance(value, int)):

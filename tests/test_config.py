@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import symmoe
-from symmoe.config import from_dict, load
+from symmoe.config import Config, from_dict, load, parse_key_value
 
 
 def write(tmp_path, text, name="c.yaml"):
@@ -82,6 +82,14 @@ def test_bad_config_names_file_key_value_and_allowed(tmp_path, text, key, allowe
         load(path)
     msg = str(e.value)
     assert path in msg and key in msg and allowed in msg, msg
+
+
+def test_an_unquoted_off_is_the_choice_off_not_a_type_error(tmp_path):
+    """YAML reads `off` as false; a key whose choices include "off" takes it as that choice,
+    in a file and in --set alike (true stays an error: there is no "on")."""
+    assert load(write(tmp_path, "kernel:\n  fan_phases: off\n")).kernel.fan_phases == "off"
+    key, value = parse_key_value("kernel.fan_phases=off")
+    assert Config().replace(**{key: value}).kernel.fan_phases == "off"
 
 
 def test_missing_file(tmp_path):
