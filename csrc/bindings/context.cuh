@@ -189,12 +189,11 @@ struct Ctx {
     return size_t(m.plan_bytes + int64_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth));
   }
   // fan_in_phases' geometry in place of the mover's: one warp per row a block holds (rows that
-  // fit beside the plan, at most kMaxMoverWarps; none: the mover stays). Grid-wide phases need
-  // every block resident at once: refused, naming the numbers, when the kernel's occupancy
-  // says they are not.
-  // kept: the plan's leading bytes the phases still read; the rows may start over the rest
-  // (torch pull's 256 local experts: 16 rows of hidden 7168 instead of 15, two rounds of 4096
-  // tokens on 132 SMs instead of three).
+  // fit past the plan's first `kept` bytes, the ones the phases still read, at most
+  // kMaxMoverWarps; none: the mover stays). Starting over the rest gives torch pull's 256 local
+  // experts 16 rows of hidden 7168 instead of 15: two rounds of 4096 tokens on 132 SMs, not
+  // three. Grid-wide phases need every block resident at once: refused, naming the numbers,
+  // when the kernel's occupancy says they are not.
   template <typename K>
   void phase_cfg(MoveCfg& m, K kernel, int64_t kept) const {
     const int64_t base = std::min<int64_t>(m.plan_bytes, (kept + kSlotAlign - 1) / kSlotAlign * kSlotAlign);
@@ -334,8 +333,8 @@ struct Ctx {
   void push(uintptr_t x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
     launch_data(stamps ? push_kernel<Transport, true> : push_kernel<Transport>,
                 SendPlan::bytes(int(L.world_size), int(L.local_experts())),
-                SendPlan::bytes(int(L.world_size), int(L.local_experts())), x, out, expert_major, alignment,
-                sync(epoch, 2), stream, "push_kernel launch");
+                SendPlan::bytes(int(L.world_size), int(L.local_experts())) /* push's phases read all of it */, x, out,
+                expert_major, alignment, sync(epoch, 2), stream, "push_kernel launch");
   }
 
   // Push with peers in one kernel of `senders` sender blocks (the channels) and `receivers`
