@@ -198,9 +198,8 @@ struct RowDsts {
 // writes: the session 26 microbenchmark moved the fan-out's traffic in 137.7 µs that way against
 // 142.5-146.8 interleaved. Block phases gain only with two rounds (16 rows a block at the
 // DeepSeek shape on 132 SMs: session 27, 137.0 µs against 141.9 at 15 rows). The rows' smem
-// starts at mc.phase_base; sy.done is the phases'
-// counter (at world size 1 no cross-rank barrier uses it). Whole block calls; false: a wait
-// expired (recorded in the ErrorWord).
+// starts at mc.phase_base; sy.done is the phases' counter (at world size 1 no cross-rank
+// barrier uses it). Whole block calls; false: a wait expired (recorded in the ErrorWord).
 template <bool kStamps, class Dests>
 __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const MoveCfg& mc, uint8_t* smem_raw,
                               const Sync& sy, Dests dests, int warp, int lane) {

@@ -259,9 +259,10 @@ def test_receiver_over_capacity_raises_on_every_rank(protocol):
 @pytest.mark.parametrize("hidden", [256, 7168])
 def test_fan_out_in_phases_matches_the_reference(hidden, protocol, phases, seed):
     """kernel.fan_phases at world size 1 (block is the default; off runs the bulk-copy mover):
-    expert-major rows loaded whole into shared memory and stored in phases, over several rounds (up to 1024 tokens on 16 blocks of at most 16
-    rows), bitwise as the reference; then dispatch along a cached handle and num_worst_tokens
-    outputs through the same kernel. The rank-major layout runs the mover beside it."""
+    expert-major rows loaded whole into shared memory and stored in phases, over several rounds
+    (up to 1024 tokens on 16 blocks of at most 16 rows), bitwise as the reference; then dispatch
+    along a cached handle and num_worst_tokens outputs through the same kernel. The rank-major
+    layout runs the mover beside it."""
     cfg = gpu_config(protocol=protocol, **{"buffer.hidden": hidden, "buffer.max_tokens_per_rank": 1024,
                                            "kernel.fan_phases": phases})
     n = len(CHECK_ROUTINGS)
