@@ -7,7 +7,7 @@ import pytest
 
 from symmoe import ConfigError
 from symmoe.config import Config
-from symmoe.protocol.cuda import fan_phases_mode
+from symmoe.protocol.base import fan_phases_mode
 
 
 def _config(phases: str, num_sms: int = 132) -> Config:
