@@ -1,13 +1,15 @@
-"""Why nvshmem's phased fan-out (fan_kernel, 203-215 µs) is slower than the same phases in
-torch push (143 µs of kernel; session 28 C-D): the kernel and its module, or the process
-NVSHMEM runs in? One process, world size 1, the bench's DeepSeek-V3 inputs, each cached
-expert-major dispatch timed as the bench times it (a sleep kernel first, then events):
+"""Why nvshmem's phased fan-out was slower than the same phases in torch push (session 28 C-D:
+fan_kernel 203-215 µs built into the NVSHMEM module, relocatable device code; push's phases
+143 µs of kernel). Since then fan_kernel is built into symmoe_cuda like push: does it now run
+as fast, and does the process NVSHMEM runs in slow anything? One process, world size 1, the
+bench's DeepSeek-V3 inputs, each cached expert-major dispatch timed as the bench times it (a
+sleep kernel first, then events):
 
   1. torch push, before NVSHMEM starts in this process;
-  2. nvshmem with kernel.fan_phases block (fan_kernel), then off (dispatch_kernel);
-  3. torch push again, with NVSHMEM running (its Buffer still open).
+  2-4. nvshmem with kernel.fan_phases block (fan_kernel), off (dispatch_kernel), block again;
+  5. torch push again, with NVSHMEM running (its Buffer still open).
 
-If 3 reads like 2's block, the process is the cause; if like 1, the kernel or its module.
+2 and 4 near 1: the module was the cause. 5 slower than 1: the process slows kernels.
     python scripts/nvshmem_fan_probe.py [--repeats 20] [--json out.json]
 """
 from __future__ import annotations

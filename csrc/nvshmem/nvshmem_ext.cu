@@ -16,8 +16,8 @@
 //                delivered), so rows stream per chunk. Block C + c is the receiver of channel
 //                c: it waits on tail[c][s] (timeout) and copies delivered rows into the
 //                outputs. The rows a rank keeps go straight from x to the output.
-//   fan.cuh      fan_kernel, one PE expert-major with kernel.fan_phases: the CUDA protocols'
-//                phased fan-out (common/phases.cuh) from x straight into the outputs.
+//   (alone, expert-major with kernel.fan_phases on: no NVSHMEM call is needed, and the
+//   protocol launches symmoe_cuda's fan_kernel, kernels/fan.cuh, in place of dispatch_kernel)
 //   combine.cuh  combine_send_kernel, C blocks: block c puts channel c of the received rows
 //                back into their sources' combine slots (t * S + slot), signals head[c][me]
 //                at every rank and waits for head[c][*] here. combine_reduce_kernel then
@@ -43,7 +43,6 @@
 #include "combine.cuh"
 #include "device.cuh"
 #include "dispatch.cuh"
-#include "fan.cuh"
 #include "notify.cuh"
 #include "../bindings/host_wait.h"
 #include "../kernels/tail.cuh"
@@ -122,17 +121,6 @@ int route_smem_limit() {
   return limit;
 }
 
-// The fan kernel's dynamic shared memory: the opt-in limit less its own static part (the
-// routing's 1 KiB would cost the phases a row: 15 a block, three rounds instead of two).
-int fan_smem_limit() {
-  static const int limit = [] {
-    cudaFuncAttributes fa{};
-    cuda_check(cudaFuncGetAttributes(&fa, fan_kernel), "cudaFuncGetAttributes(fan_kernel)");
-    return route_smem_limit() + 1024 - int((fa.sharedSizeBytes + 127) / 128 * 128);
-  }();
-  return limit;
-}
-
 // Largest dynamic shared memory the routing and dispatch kernels may ask for (set once).
 void allow_smem() {
   static bool done = false;
@@ -144,7 +132,6 @@ void allow_smem() {
   cuda_check(cudaFuncSetAttribute(plan_kernel<int64_t>, attr, smem), "plan attr");
   cuda_check(cudaFuncSetAttribute(plan_kernel<int32_t>, attr, smem), "plan attr");
   cuda_check(cudaFuncSetAttribute(dispatch_kernel, attr, 64 * 1024), "dispatch attr");
-  cuda_check(cudaFuncSetAttribute(fan_kernel, attr, fan_smem_limit()), "fan attr");
   done = true;
 }
 
@@ -198,48 +185,12 @@ void launch_barrier(int64_t base, const std::vector<int64_t>& lay, int me, int64
 
 // ptrs: x, idx, w, send_ent, pos, counts, out_x, out_idx, out_w, out_rank, out_tok, out_slot, out_offsets, err,
 //       selfmap
-// fan_kernel alone (one PE) when its rows fit in shared memory; false: they do not (the
-// caller launches dispatch_kernel).
-bool launch_fan(const std::vector<int64_t>& lay, int alignment, int64_t capacity, int64_t epoch,
-                uint64_t timeout_ns, const std::vector<int64_t>& p, int fan, int blocks, int64_t done, int64_t stream) {
-  FanArgs a{};
-  a.lay = layout_from(lay);
-  if (a.lay.world_size != 1) return false;
-  MoveCfg m{};
-  m.plan_bytes = FanPlan::bytes(a.lay.num_experts);
-  if (!phase_geometry(m, FanPlan::kept_bytes(a.lay.num_experts), fan_smem_limit(), a.lay.row_bytes(), fan == 2))
-    return false;
-  if (m.phase_grid) {
-    const std::string refusal = phase_grid_refusal(fan_kernel, m, a.lay.row_bytes(), blocks);
-    if (!refusal.empty()) throw std::invalid_argument(refusal);
-  }
-  a.alignment = alignment;
-  a.x = ptr<const uint8_t>(p[0]);
-  a.idx = ptr<const int32_t>(p[1]);
-  a.w = ptr<const float>(p[2]);
-  a.pos = ptr<const int32_t>(p[4]);
-  a.counts = ptr<const int32_t>(p[5]);
-  a.o = Outputs{ptr<uint8_t>(p[6]), ptr<int64_t>(p[7]), ptr<float>(p[8]), ptr<int32_t>(p[9]), ptr<int32_t>(p[10]),
-                ptr<int32_t>(p[11]), ptr<int64_t>(p[12]), ptr<int32_t>(p[14]), capacity};
-  a.mc = m;
-  a.sy = Sync{0, epoch, timeout_ns, error_mirror(), ptr<ErrorWord>(p[13]), ptr<unsigned int>(done)};
-  fan_kernel<<<blocks, m.warps * 32, size_t(phase_smem(m, a.lay.row_bytes())), ptr<CUstream_st>(stream)>>>(a);
-  cuda_check(cudaGetLastError(), "fan_kernel launch");
-  return true;
-}
-
-// fan: kernel.fan_phases (0 off, 1 block, 2 grid), its blocks and their zeroed grid counter;
-// used alone and expert-major (fan_kernel), where a row fits in shared memory.
 void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int channels, int64_t ring, int expert_major,
                      int direct, int alignment, int64_t capacity, int64_t epoch, uint64_t timeout_ns,
-                     const std::vector<int64_t>& p, int fan, int fan_blocks, int64_t fan_done,
+                     const std::vector<int64_t>& p,
                      int64_t stream) {
   if (p.size() != 15) throw std::runtime_error("dispatch: expected 15 pointers");
   allow_smem();
-  if (fan < 0 || fan > 2) throw std::invalid_argument("fan_phases=" + std::to_string(fan) + ": must be 0, 1 or 2");
-  if (fan && expert_major && launch_fan(lay, alignment, capacity, epoch, timeout_ns, p, fan, fan_blocks,
-                                        fan_done, stream))
-    return;
   DispatchArgs a{};
   a.base = ptr<uint8_t>(base);
   a.lay = layout_from(lay);
@@ -369,6 +320,9 @@ PYBIND11_MODULE(symmoe_nvshmem, m) {
   symmoe::bind_wait_mapped(m);
   m.def("route", &launch_route);
   m.def("reset_error", &reset_error);
+  // The kernels' device mirror of the ErrorWord: kernels of other modules launched for this
+  // protocol (symmoe_cuda's fan) poll and record there too.
+  m.def("error_mirror", []() { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(error_mirror())); });
   m.def("route_scratch_ints", &route_scratch_ints);
   m.def("barrier", &launch_barrier);
   m.def("dispatch", &launch_dispatch);

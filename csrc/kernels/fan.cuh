@@ -1,18 +1,20 @@
-// The NVSHMEM protocol's dispatch alone (one PE) into the expert-major layout: no peer, no
-// pool, so every row goes from x straight to the output row of each slot. The phased fan-out
-// of the CUDA protocols (common/phases.cuh, kernel.fan_phases) does it: whole rows loaded into
-// shared memory, then bulk-stored to their rows, where dispatch_kernel's warps copy a row
-// once per slot. The routing tables are the plan kernel's, as dispatch_kernel reads them.
+// A dispatch alone (one rank) into the expert-major layout, from plain routing tables: no peer,
+// no pool, so every row goes from x straight to the output row of each slot, by the phased
+// fan-out (common/phases.cuh, kernel.fan_phases): whole rows loaded into shared memory, then
+// bulk-stored to their rows. The NVSHMEM protocol launches it alone in place of its
+// dispatch_kernel (whose warps copy a row once per slot), with its plan kernel's tables. It
+// needs no transport, so it is built into symmoe_cuda, compiled whole as push's phases are (built
+// into the NVSHMEM module, relocatable device code, it ran 30 % slower than push's phases in
+// session 28, cause unknown).
 #pragma once
 #include <cstdint>
 
+#include "../common/barrier.cuh"
 #include "../common/outputs.cuh"
 #include "../common/phases.cuh"
 #include "../common/scan.cuh"
-#include "device.cuh"
 
 namespace symmoe {
-namespace nv {
 
 struct FanArgs {
   Layout lay;
@@ -24,7 +26,7 @@ struct FanArgs {
   const int32_t* counts;  // [1][2 + E] this dispatch's counts row
   Outputs o;
   MoveCfg mc;
-  Sync sy;  // err: the device mirror (g_err), err_host: the host-mapped word
+  Sync sy;  // err: the device word kernels poll, err_host: the host-mapped one
 };
 
 // Shared tables before the phases' rows: goff [E + 1] (read by the phases), then gcnt [E] and
@@ -46,7 +48,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) fan_kernel(FanArgs a) 
   pl.gcnt = pl.goff + E + 1;
   pl.tmp = pl.gcnt + E;
   __shared__ bool dead;
-  if (threadIdx.x == 0) dead = failed();
+  if (threadIdx.x == 0) dead = error_set(a.sy.err);
   __syncthreads();
   if (dead) return;  // an earlier wait failed: the host raises
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
@@ -89,5 +91,4 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) fan_kernel(FanArgs a) 
                        warp, lane);
 }
 
-}  // namespace nv
 }  // namespace symmoe
