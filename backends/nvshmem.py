@@ -290,7 +290,8 @@ class NvshmemMemory(SymmetricMemory):
 
 def stall(mem: NvshmemMemory, stage: str, peer: int, epoch: int) -> StallError:
     mem.mark_broken()
-    return StallError(mem.rank, stage, mem.timeout_s, f"no arrival from rank {peer} (epoch {epoch})")
+    from ..protocol.base import stall_detail
+    return StallError(mem.rank, stage, mem.timeout_s, stall_detail(stage, peer, epoch))
 
 
 __all__ = ["NvshmemMemory", "stall"]

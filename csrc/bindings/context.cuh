@@ -184,8 +184,7 @@ struct Ctx {
     return m;
   }
   size_t smem_of(const MoveCfg& m) const {
-    if (m.phase_rows > 0)
-      return size_t(std::max<int64_t>(m.plan_bytes, m.phase_base + int64_t(m.phase_rows) * L.row_bytes() + kPhaseBarBytes));
+    if (m.phase_rows > 0) return size_t(phase_smem(m, L.row_bytes()));
     return size_t(m.plan_bytes + int64_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth));
   }
   // fan_in_phases' geometry in place of the mover's: one warp per row a block holds (rows that
@@ -196,22 +195,9 @@ struct Ctx {
   // when the kernel's occupancy says they are not.
   template <typename K>
   void phase_cfg(MoveCfg& m, K kernel, int64_t kept) const {
-    const int64_t base = std::min<int64_t>(m.plan_bytes, (kept + kSlotAlign - 1) / kSlotAlign * kSlotAlign);
-    const int64_t rows = std::min<int64_t>(kMaxMoverWarps, (data_smem - base - kPhaseBarBytes) / L.row_bytes());
-    if (rows < 1) return;
-    m.phase_base = base;
-    m.phase_rows = int(rows);
-    m.warps = int(rows);
-    m.phase_grid = fan_phases == 2;
-    if (!m.phase_grid) return;
-    int per_sm = 0, dev = 0, sms = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, m.warps * 32, smem_of(m)), "occupancy");
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "multiprocessor count");
-    if (int64_t(per_sm) * sms < grid)
-      throw std::invalid_argument("fan_phases=grid: the dispatch kernel's " + std::to_string(grid) +
-                                  " blocks are not all resident at once (" + std::to_string(per_sm) + " per SM x " +
-                                  std::to_string(sms) + " SMs); lower kernel.num_sms or use fan_phases=block");
+    if (!phase_geometry(m, kept, data_smem, L.row_bytes(), fan_phases == 2) || !m.phase_grid) return;
+    const std::string refusal = phase_grid_refusal(kernel, m, L.row_bytes(), grid);
+    if (!refusal.empty()) throw std::invalid_argument(refusal);
   }
 
   Sync sync(int64_t epoch, int which) const { return Sync{rank, epoch, timeout_ns, err, err_host, done + which}; }

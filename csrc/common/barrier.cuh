@@ -121,4 +121,14 @@ __global__ void barrier_kernel(Transport tp, int rank, int world, int64_t flags_
   block_barrier(tp, rank, world, flags_off, epoch, timeout_ns, err, err_host, stage);
 }
 
+// What every kernel that waits with a timeout (and may end with a cross-rank barrier) needs.
+struct Sync {
+  int rank;
+  int64_t epoch;
+  uint64_t timeout_ns;
+  ErrorWord* err;       // device copy: kernels poll it
+  ErrorWord* err_host;  // host-mapped copy: the host reads it
+  unsigned int* done;   // grid completion counter (zero between launches)
+};
+
 }  // namespace symmoe

@@ -34,6 +34,20 @@ struct WarpMoverSmem {
   }
 };
 
+// A data kernel's block: the mover's geometry, or the phased fan-out's (common/phases.cuh).
+struct MoveCfg {
+  uint32_t slot_bytes;  // bulk piece size (multiple of 16)
+  int warps;            // warps per block (each with `depth` slots)
+  int64_t plan_bytes;   // shared bytes before the warps' areas
+  int depth;            // the mover's slots per warp (WarpMover)
+  uint64_t* stamps = nullptr;  // timeline of the call (stamps.cuh): the kStamps kernels' only
+  // kernel.fan_phases (W = 1 expert-major only; 0: the mover): rows a block holds per phase
+  // (one per warp; warps == phase_rows), and whether all blocks meet between phases.
+  int phase_rows = 0;
+  bool phase_grid = false;
+  int64_t phase_base = 0;  // where those rows start: the end of the plan tables the phases still read
+};
+
 struct MoverWatch {  // what a bounded wait needs (from the kernel's Sync)
   uint64_t timeout_ns;
   ErrorWord* err;       // device copy (nullptr: unbounded waits)

@@ -23,6 +23,8 @@
 #include "../common/fanout.cuh"
 #include "../common/layout.cuh"
 #include "../common/mover.cuh"
+#include "../common/outputs.cuh"
+#include "../common/phases.cuh"
 #include "../common/stamps.cuh"
 #include "plan.cuh"
 #include "route.cuh"
@@ -30,15 +32,6 @@
 namespace symmoe {
 
 static_assert(kStampWarps >= kMaxMoverWarps, "a timeline holds every warp of a data kernel");
-
-struct Sync {  // what every kernel that ends with a cross-rank barrier needs
-  int rank;
-  int64_t epoch;
-  uint64_t timeout_ns;
-  ErrorWord* err;       // device copy: kernels poll it
-  ErrorWord* err_host;  // host-mapped copy: the host reads it
-  unsigned int* done;   // grid completion counter (zero between launches)
-};
 
 // The closing barrier of a data kernel: its last block waits for every rank. Alone there is
 // no one to wait for, and the ticket and system fences would only lengthen the kernel's tail
@@ -49,19 +42,6 @@ __device__ __forceinline__ void grid_barrier(const Transport& tp, const Layout& 
   if (L.world_size > 1 && grid_last_block(sy.done) && !dead)
     block_barrier(tp, sy.rank, int(L.world_size), L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, stage);
 }
-
-struct Outputs {  // a receiver's output tensors (worst-case sized by the host)
-  uint8_t* x;          // [cap, H]
-  int64_t* idx;        // [cap, K] rank-major, [cap] expert-major
-  float* w;            // same shape as idx
-  int32_t* src_rank;   // [cap]
-  int32_t* src_token;  // [cap]
-  int32_t* src_slot;   // [cap]
-  int64_t* expert_offsets;  // [L + 1] (expert-major) or nullptr
-  int32_t* selfmap;    // [T * S] output row of each (token, slot) of this rank's own tokens that
-                       // it kept: combine reduces those rows where they lie (nullptr: not kept)
-  int64_t capacity;    // rows the tensors hold
-};
 
 // Pass 2 (same grid): every pair's position in its column, published in the input region;
 // the last block stores this rank's counts row into every peer and runs "dispatch.counts".
@@ -116,31 +96,6 @@ __global__ void __launch_bounds__(kRouteThreads) republish_kernel(Transport tp, 
                 kStageDispatchCounts);
 }
 
-// Zero-filled padding rows of the expert-major output (ids -1, weights 0, sources -1), and
-// the group starts. goff: [Le + 1] padded starts; count(j): group j's unpadded rows. Block
-// blk of nblk shares the groups (default: the whole grid).
-template <class Count>
-__device__ void fill_padding(const int64_t* goff, Count count, int Le, const Outputs& o, int64_t row_bytes,
-                             int blk = -1, int nblk = -1) {
-  if (blk < 0) blk = int(blockIdx.x), nblk = int(gridDim.x);
-  if (blk == 0)
-    for (int j = threadIdx.x; j <= Le; j += blockDim.x) o.expert_offsets[j] = goff[j];
-  for (int j = blk; j < Le; j += nblk) {
-    const int64_t a = goff[j] + count(j), b = goff[j + 1];
-    if (a >= b || b > o.capacity) continue;
-    const int64_t nvec = (b - a) * row_bytes / 16;
-    int4* x = reinterpret_cast<int4*>(o.x + a * row_bytes);
-    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) x[i] = make_int4(0, 0, 0, 0);
-    for (int64_t r = a + threadIdx.x; r < b; r += blockDim.x) {
-      o.idx[r] = -1;
-      o.w[r] = 0.f;
-      o.src_rank[r] = -1;
-      o.src_token[r] = -1;
-      o.src_slot[r] = -1;
-    }
-  }
-}
-
 // One token's routing as a sender reads it: lane k < K its expert id and weight, lane c < PC
 // its position in column c (ranks, then slots). The three loads go out together and one
 // token ahead of the copies, so a copy is never issued behind a metadata round trip.
@@ -168,106 +123,6 @@ struct TokenRoute {
     return c < 32 ? v : (c < PC ? pos_table[t * PC + c] : 0);
   }
 };
-
-struct MoveCfg {
-  uint32_t slot_bytes;  // bulk piece size (multiple of 16)
-  int warps;            // warps per block (each with `depth` slots)
-  int64_t plan_bytes;   // shared bytes before the warps' areas
-  int depth;            // the mover's slots per warp (WarpMover)
-  uint64_t* stamps = nullptr;  // timeline of the call (stamps.cuh): the kStamps kernels' only
-  // kernel.fan_phases (W = 1 expert-major only; 0: the mover): rows a block holds per phase
-  // (one per warp; warps == phase_rows), and whether all blocks meet between phases.
-  int phase_rows = 0;
-  bool phase_grid = false;
-  int64_t phase_base = 0;  // where those rows start: the end of the plan tables the phases still read
-};
-// Shared bytes after the phases' rows: one mbarrier per warp (fan_in_phases).
-constexpr int64_t kPhaseBarBytes = 8 * kMaxMoverWarps;
-
-// A warp's row for the phased fan-out: lanes < n hold its destination rows' addresses.
-struct RowDsts {
-  uint8_t* dst;
-  int n;
-};
-
-// The world-size-1 expert-major dispatch in phases (kernel.fan_phases): tokens [0, T) in
-// rounds shared evenly, block b's part of each round loaded whole into shared memory (warp w:
-// one token's row, one bulk load), then each row bulk-stored to the rows dests(t) names (it
-// writes their metadata too, while the load is in flight). With phase_grid every block meets the
-// others after its loads and after its stores, so HBM serves the round's reads, then its
-// writes: the session 26 microbenchmark moved the fan-out's traffic in 137.7 µs that way against
-// 142.5-146.8 interleaved. Block phases gain only with two rounds (16 rows a block at the
-// DeepSeek shape on 132 SMs: session 27, 137.0 µs against 141.9 at 15 rows). The rows' smem
-// starts at mc.phase_base; sy.done is the phases' counter (at world size 1 no cross-rank
-// barrier uses it). Whole block calls; false: a wait expired (recorded in the ErrorWord).
-template <bool kStamps, class Dests>
-__device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const MoveCfg& mc, uint8_t* smem_raw,
-                              const Sync& sy, Dests dests, int warp, int lane) {
-  uint8_t* tile = smem_raw + mc.phase_base + int64_t(warp) * rb;
-  uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + mc.phase_base + int64_t(mc.phase_rows) * rb) + warp;
-  // The rows and their mbarriers may lie over plan tables that the build and fill_padding
-  // read (RecvPlan::kept_bytes): every warp is past them before the first is overwritten.
-  __syncthreads();
-  if (lane == 0) {
-    fence_proxy_async_shared();
-    mbar_init(bar, 1);
-    mbar_init_fence();
-  }
-  __syncwarp();
-  const MoverWatch watch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch};
-  GridPhases gp{sy.done, 0};
-  // Block-uniform: a block whose load or meeting failed stops moving rows but keeps meeting,
-  // so the other blocks' waits end on time and record nothing over its error.
-  bool ok = true;
-  auto meet = [&](int fine) {
-    ok = __syncthreads_and(ok && fine) != 0;
-    if (mc.phase_grid) ok = gp.sync(sy.timeout_ns, sy.err, sy.err_host, sy.epoch) && ok;
-  };
-  const int64_t G = gridDim.x, per_round = G * mc.phase_rows;
-  const int64_t rounds = (T + per_round - 1) / per_round, even = rounds ? (T + rounds - 1) / rounds : 0;
-  uint32_t parity = 0;
-  for (int64_t r = 0; r < rounds; ++r) {
-    const int64_t lo = r * even, hi = min(T, lo + even);
-    const int64_t b0 = lo + (hi - lo) * blockIdx.x / G, b1 = lo + (hi - lo) * (blockIdx.x + 1) / G;
-    const int64_t t = b0 + warp;
-    const bool mine = ok && t < b1;  // warp-uniform
-    RowDsts d{nullptr, 0};
-    int landed = 1;
-    if (mine) {
-      // This tile's previous stores finished reading it before the last meeting.
-      if (lane == 0) {
-        mbar_arrive_expect_tx(bar, uint32_t(rb));
-        bulk_load(tile, x + t * rb, uint32_t(rb), bar);
-      }
-      d = dests(t);  // routing and metadata while the row loads
-      if (lane == 0) landed = mbar_try_wait(bar, parity) || mbar_wait_bounded(bar, parity, watch);
-      landed = __shfl_sync(0xffffffffu, landed, 0);
-      parity ^= 1u;
-    }
-    meet(landed);
-    if (r == 0) stamp<kStamps>(mc.stamps, kStampRouted);  // the timeline's marks: round 0's loads, then its stores
-    if (mine && ok) {
-      for (int i = 0; i < d.n; ++i) {
-        uint8_t* dst = reinterpret_cast<uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(d.dst), i));
-        if (lane == 0) bulk_store(dst, tile, uint32_t(rb));
-      }
-      if (lane == 0) {
-        bulk_commit();
-        bulk_wait_read_all();
-      }
-      __syncwarp();
-    }
-    meet(1);
-    if (r == 0) stamp<kStamps>(mc.stamps, kStampFirstPush);
-  }
-  if (lane == 0) {
-    bulk_wait_all();
-    fence_proxy_async_global();
-  }
-  __syncwarp();
-  if (mc.phase_grid) gp.finish();
-  return ok;
-}
 
 // ---------------------------------------------------------------------------------------
 // kStamps: the timeline build (stamps.cuh), allowed 16 warps' worth of registers so its stamps

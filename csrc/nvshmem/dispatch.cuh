@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "../common/fanout.cuh"
+#include "../common/outputs.cuh"
 #include "../common/scan.cuh"
 #include "device.cuh"
 
@@ -208,21 +209,11 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
                 *recv_base = geo.recv_base;
   uint64_t* tail = reinterpret_cast<uint64_t*>(a.base + a.lay.tail);
 
-  if (em) {  // group starts, and the padding rows of each group (zeros, ids and sources -1)
-    if (blockIdx.x == 0)
-      for (int j = threadIdx.x; j <= L; j += blockDim.x) a.out_offsets[j] = geo.goff[j];
-    for (int j = blockIdx.x; j < L; j += gridDim.x) {
-      for (int64_t r = geo.goff[j] + geo.gcnt[j] + warp; r < geo.goff[j + 1]; r += kWarps) {
-        int4* row = reinterpret_cast<int4*>(a.out_x + r * rb);
-        for (int v = lane; v < rb / 16; v += 32) row[v] = make_int4(0, 0, 0, 0);
-        if (lane == 0) {
-          a.out_idx[r] = -1;
-          a.out_w[r] = 0.f;
-          a.out_rank[r] = a.out_tok[r] = a.out_slot[r] = -1;
-        }
-      }
-    }
-  }
+  if (em)  // group starts, and the padding rows of each group (zeros, ids and sources -1)
+    fill_padding(geo.goff, [&](int j) { return geo.gcnt[j]; }, L,
+                 Outputs{a.out_x, a.out_idx, a.out_w, a.out_rank, a.out_tok, a.out_slot, a.out_offsets, nullptr,
+                         a.capacity},
+                 rb);
 
   // Rows this rank keeps: x -> output directly, channel c's share. Rank-major with peers the
   // receiver block copies them while the first puts are in flight, so senders start putting at

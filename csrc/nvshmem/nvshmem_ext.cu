@@ -16,6 +16,8 @@
 //                delivered), so rows stream per chunk. Block C + c is the receiver of channel
 //                c: it waits on tail[c][s] (timeout) and copies delivered rows into the
 //                outputs. The rows a rank keeps go straight from x to the output.
+//   (alone, expert-major with kernel.fan_phases on: no NVSHMEM call is needed, and the
+//   protocol launches symmoe_cuda's fan_kernel, kernels/fan.cuh, in place of dispatch_kernel)
 //   combine.cuh  combine_send_kernel, C blocks: block c puts channel c of the received rows
 //                back into their sources' combine slots (t * S + slot), signals head[c][me]
 //                at every rank and waits for head[c][*] here. combine_reduce_kernel then
@@ -318,6 +320,9 @@ PYBIND11_MODULE(symmoe_nvshmem, m) {
   symmoe::bind_wait_mapped(m);
   m.def("route", &launch_route);
   m.def("reset_error", &reset_error);
+  // The kernels' device mirror of the ErrorWord: kernels of other modules launched for this
+  // protocol (symmoe_cuda's fan) poll and record there too.
+  m.def("error_mirror", []() { return static_cast<int64_t>(reinterpret_cast<uintptr_t>(error_mirror())); });
   m.def("route_scratch_ints", &route_scratch_ints);
   m.def("barrier", &launch_barrier);
   m.def("dispatch", &launch_dispatch);

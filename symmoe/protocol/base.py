@@ -13,8 +13,8 @@ from typing import Callable
 
 import torch
 
-from ..config import Config
-from ..errors import InputError
+from ..config import FAN_PHASES, Config
+from ..errors import ConfigError, InputError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
@@ -31,6 +31,32 @@ def usable_sms(device: torch.device) -> int:
     if pct:
         sms = max(2, sms * int(float(pct)) // 100)
     return sms
+
+
+def fan_phases_mode(config: Config, world_size: int, sms: int, sms_held: int) -> int:
+    """kernel.fan_phases as the kernels take it (0 off, 1 block, 2 grid), for a GPU of `sms`
+    SMs of which this process holds `sms_held` (its MPS share). Grid-wide phases need every
+    block of the dispatch resident at once: a grid of more blocks than the share holds is
+    refused here (the kernel's own check counts every SM)."""
+    mode = FAN_PHASES.index(config.kernel.fan_phases)
+    if mode == 2 and world_size == 1:
+        blocks = min(config.kernel.num_sms, sms)
+        if blocks > sms_held:
+            raise ConfigError("kernel.fan_phases", "grid",
+                              f"needs every block resident at once: the dispatch runs {blocks} blocks, this "
+                              f"process holds {sms_held} SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); lower "
+                              f"kernel.num_sms to {sms_held} or use 'block'", config.source)
+    return mode
+
+
+def stall_detail(stage: str, peer: int, epoch: int) -> str:
+    """What an expired device wait recorded at ``stage`` (its ErrorWord's peer and epoch), in words."""
+    if stage == "bulk copy":
+        return f"a bulk (TMA) load of warp {peer} never completed in the kernel of barrier epoch {epoch}"
+    if stage == "dispatch.phase":
+        return (f"not every block of the dispatch kernel reached its phase {peer} (grid-wide kernel.fan_phases "
+                f"needs them all resident at once) in the call of epoch {epoch}")
+    return f"no arrival from rank {peer} at barrier epoch {epoch}"
 
 
 def check_combine_slots(layout: BufferLayout, protocols: str) -> None:

@@ -54,13 +54,13 @@ import numpy as np
 import torch
 
 from .. import build
-from ..config import FAN_PHASES, Config
-from ..errors import ConfigError, InputError, StallError
+from ..config import Config
+from ..errors import InputError, StallError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
-from .base import Protocol, check_combine_slots, usable_sms
+from .base import Protocol, check_combine_slots, fan_phases_mode, stall_detail, usable_sms
 from .counts import (SUMMARY_HEAD, cached_rows, check_summary_head, deferred_error, make_handle, recv_views,
                      summarized_result)
 
@@ -121,22 +121,6 @@ class _RoutingState(NamedTuple):
     routing: torch.Tensor   # copy of the published ids, weights and positions (cached dispatch)
     counts: torch.Tensor    # its counts matrix (unpack, cached dispatch)
     selfmap: torch.Tensor   # output row of each (token, slot) this rank kept (combine)
-
-
-def fan_phases_mode(config: Config, world_size: int, sms: int, sms_held: int) -> int:
-    """kernel.fan_phases as the kernels take it (0 off, 1 block, 2 grid), for a GPU of `sms`
-    SMs of which this process holds `sms_held` (its MPS share). Grid-wide phases need every
-    block of the dispatch resident at once: a grid of more blocks than the share holds is
-    refused here (the kernel's own check counts every SM)."""
-    mode = FAN_PHASES.index(config.kernel.fan_phases)
-    if mode == 2 and world_size == 1:
-        blocks = min(config.kernel.num_sms, sms)
-        if blocks > sms_held:
-            raise ConfigError("kernel.fan_phases", "grid",
-                              f"needs every block resident at once: the dispatch runs {blocks} blocks, this "
-                              f"process holds {sms_held} SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); lower "
-                              f"kernel.num_sms to {sms_held} or use 'block'", config.source)
-    return mode
 
 
 class _CudaProtocol(Protocol):
@@ -224,14 +208,7 @@ class _CudaProtocol(Protocol):
         word = (ctypes.c_int64 * 4).from_address(self._err[0])
         if word[0]:
             stage = self._stage_names.get(int(word[0]), f"stage {int(word[0])}")
-            if stage == "bulk copy":
-                what = (f"a bulk (TMA) load of warp {int(word[1])} never completed in the kernel of barrier "
-                        f"epoch {int(word[2])}")
-            elif stage == "dispatch.phase":
-                what = (f"not every block of the dispatch kernel reached its phase {int(word[1])} (grid-wide "
-                        f"kernel.fan_phases needs them all resident at once) in the call of epoch {int(word[2])}")
-            else:
-                what = f"no arrival from rank {int(word[1])} at barrier epoch {int(word[2])}"
+            what = stall_detail(stage, int(word[1]), int(word[2]))
             raise StallError(self.rank, stage, self.timeout_s, f"{what}; this Buffer is unusable now")
 
     def host_counts(self) -> tuple[np.ndarray, np.ndarray]:

@@ -133,6 +133,26 @@ def test_num_worst_tokens_returns_the_worst_case_outputs_without_a_copy(world_si
     assert got == [CASES] * world_size
 
 
+@pytest.mark.parametrize("phases", ["off", "block", "grid"])
+@pytest.mark.parametrize("hidden", [256, 7168])
+def test_one_pe_fan_out_in_phases_matches_the_reference(hidden, phases, seed):
+    """Alone, the expert-major dispatch runs the CUDA protocols' phased fan-out (fan_kernel;
+    off: dispatch_kernel's warps copy each row once per slot): up to 1024 tokens on 8 blocks of
+    at most 16 rows, so several rounds, bitwise as the reference with the combine after it;
+    then (hidden 256: each spawn starts NVSHMEM, and the row size changes nothing there) a
+    cached dispatch and num_worst_tokens outputs through the same kernel."""
+    _usable()
+    cfg = _config(**{"buffer.hidden": hidden, "buffer.max_tokens_per_rank": 1024, "kernel.fan_phases": phases})
+    layouts = ("rank", "expert")
+    assert _run(1, cfg, seed + 400 + hidden, CHECK_ROUTINGS, layouts, "cuda") == [CASES]
+    if hidden != 256:
+        return
+    for check, offset in ((check_cached_dispatch, 401), (check_num_worst_tokens, 402)):
+        got = spawn(check, 1, args=(cfg, seed + offset + hidden, CHECK_ROUTINGS, layouts, "cuda"), env=_env(1),
+                    timeout_s=180.0)
+        assert got == [CASES]
+
+
 @pytest.mark.parametrize("kind", ["range", "duplicate"])
 def test_bad_expert_id_raises_on_every_rank_and_the_buffer_stays_usable(kind):
     """Expert ids are checked inside the routing kernel: the bad rank names the id and token,

@@ -1,0 +1,142 @@
+// The phased fan-out (kernel.fan_phases) of a world-size-1 expert-major dispatch: whole rows
+// loaded into shared memory, then bulk-stored to every destination row, block by block or with
+// the whole grid meeting between phases. Shared by the CUDA protocols' pull and push kernels
+// and the NVSHMEM protocol's fan kernel, with the host's geometry for them.
+#pragma once
+#include <cstdint>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "barrier.cuh"
+#include "mover.cuh"
+#include "ptx.cuh"
+#include "stamps.cuh"
+
+namespace symmoe {
+
+// Shared bytes after the phases' rows: one mbarrier per warp (fan_in_phases).
+constexpr int64_t kPhaseBarBytes = 8 * kMaxMoverWarps;
+
+// A warp's row for the phased fan-out: lanes < n hold its destination rows' addresses.
+struct RowDsts {
+  uint8_t* dst;
+  int n;
+};
+
+// The world-size-1 expert-major dispatch in phases (kernel.fan_phases): tokens [0, T) in
+// rounds shared evenly, block b's part of each round loaded whole into shared memory (warp w:
+// one token's row, one bulk load), then each row bulk-stored to the rows dests(t) names (it
+// writes their metadata too, while the load is in flight). With phase_grid every block meets the
+// others after its loads and after its stores, so HBM serves the round's reads, then its
+// writes: the session 26 microbenchmark moved the fan-out's traffic in 137.7 µs that way against
+// 142.5-146.8 interleaved. Block phases gain only with two rounds (16 rows a block at the
+// DeepSeek shape on 132 SMs: session 27, 137.0 µs against 141.9 at 15 rows). The rows' smem
+// starts at mc.phase_base; sy.done is the phases' counter (at world size 1 no cross-rank
+// barrier uses it). Whole block calls; false: a wait expired (recorded in the ErrorWord).
+template <bool kStamps, class Dests>
+__device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const MoveCfg& mc, uint8_t* smem_raw,
+                              const Sync& sy, Dests dests, int warp, int lane) {
+  uint8_t* tile = smem_raw + mc.phase_base + int64_t(warp) * rb;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + mc.phase_base + int64_t(mc.phase_rows) * rb) + warp;
+  // The rows and their mbarriers may lie over plan tables that the build and fill_padding
+  // read (RecvPlan::kept_bytes): every warp is past them before the first is overwritten.
+  __syncthreads();
+  if (lane == 0) {
+    fence_proxy_async_shared();
+    mbar_init(bar, 1);
+    mbar_init_fence();
+  }
+  __syncwarp();
+  const MoverWatch watch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch};
+  GridPhases gp{sy.done, 0};
+  // Block-uniform: a block whose load or meeting failed stops moving rows but keeps meeting,
+  // so the other blocks' waits end on time and record nothing over its error.
+  bool ok = true;
+  auto meet = [&](int fine) {
+    ok = __syncthreads_and(ok && fine) != 0;
+    if (mc.phase_grid) ok = gp.sync(sy.timeout_ns, sy.err, sy.err_host, sy.epoch) && ok;
+  };
+  const int64_t G = gridDim.x, per_round = G * mc.phase_rows;
+  const int64_t rounds = (T + per_round - 1) / per_round, even = rounds ? (T + rounds - 1) / rounds : 0;
+  uint32_t parity = 0;
+  for (int64_t r = 0; r < rounds; ++r) {
+    const int64_t lo = r * even, hi = min(T, lo + even);
+    const int64_t b0 = lo + (hi - lo) * blockIdx.x / G, b1 = lo + (hi - lo) * (blockIdx.x + 1) / G;
+    const int64_t t = b0 + warp;
+    const bool mine = ok && t < b1;  // warp-uniform
+    RowDsts d{nullptr, 0};
+    int landed = 1;
+    if (mine) {
+      // This tile's previous stores finished reading it before the last meeting.
+      if (lane == 0) {
+        mbar_arrive_expect_tx(bar, uint32_t(rb));
+        bulk_load(tile, x + t * rb, uint32_t(rb), bar);
+      }
+      d = dests(t);  // routing and metadata while the row loads
+      if (lane == 0) landed = mbar_try_wait(bar, parity) || mbar_wait_bounded(bar, parity, watch);
+      landed = __shfl_sync(0xffffffffu, landed, 0);
+      parity ^= 1u;
+    }
+    meet(landed);
+    if (r == 0) stamp<kStamps>(mc.stamps, kStampRouted);  // the timeline's marks: round 0's loads, then its stores
+    if (mine && ok) {
+      for (int i = 0; i < d.n; ++i) {
+        uint8_t* dst = reinterpret_cast<uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(d.dst), i));
+        if (lane == 0) bulk_store(dst, tile, uint32_t(rb));
+      }
+      if (lane == 0) {
+        bulk_commit();
+        bulk_wait_read_all();
+      }
+      __syncwarp();
+    }
+    meet(1);
+    if (r == 0) stamp<kStamps>(mc.stamps, kStampFirstPush);
+  }
+  if (lane == 0) {
+    bulk_wait_all();
+    fence_proxy_async_global();
+  }
+  __syncwarp();
+  if (mc.phase_grid) gp.finish();
+  return ok;
+}
+
+// fan_in_phases' geometry in m: one row per warp, at most kMaxMoverWarps, in the `smem` bytes a
+// block may take, starting past the first `kept` bytes of the m.plan_bytes tables (the ones the
+// phases still read; the rest may be overwritten). False when not one row fits (the caller
+// keeps its mover).
+inline bool phase_geometry(MoveCfg& m, int64_t kept, int64_t smem, int64_t row_bytes, bool grid) {
+  const int64_t base = std::min<int64_t>(m.plan_bytes, (kept + kSlotAlign - 1) / kSlotAlign * kSlotAlign);
+  const int64_t rows = std::min<int64_t>(kMaxMoverWarps, (smem - base - kPhaseBarBytes) / row_bytes);
+  if (rows < 1) return false;
+  m.phase_base = base;
+  m.phase_rows = int(rows);
+  m.warps = int(rows);
+  m.phase_grid = grid;
+  return true;
+}
+
+// Shared bytes of a block of the phased fan-out.
+inline int64_t phase_smem(const MoveCfg& m, int64_t row_bytes) {
+  return std::max<int64_t>(m.plan_bytes, m.phase_base + int64_t(m.phase_rows) * row_bytes + kPhaseBarBytes);
+}
+
+// Grid-wide phases need every block resident at once: the message that refuses a launch whose
+// `grid` blocks of `kernel` are not (empty when they are).
+template <typename K>
+std::string phase_grid_refusal(K kernel, const MoveCfg& m, int64_t row_bytes, int grid) {
+  int per_sm = 0, dev = 0, sms = 0;
+  if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, m.warps * 32, size_t(phase_smem(m, row_bytes))) !=
+          cudaSuccess ||
+      cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+    return "fan_phases=grid: the occupancy query failed";
+  if (int64_t(per_sm) * sms >= grid) return "";
+  return "fan_phases=grid: the dispatch kernel's " + std::to_string(grid) + " blocks are not all resident at once (" +
+         std::to_string(per_sm) + " per SM x " + std::to_string(sms) + " SMs); lower kernel.num_sms or use fan_phases=block";
+}
+
+}  // namespace symmoe
