@@ -1,12 +1,14 @@
 """Why nvshmem's phased fan-out was slower than the same phases in torch push (session 28 C-D:
 fan_kernel 203-215 µs built into the NVSHMEM module, relocatable device code; push's phases
-143 µs of kernel). Since then fan_kernel is built into symmoe_cuda like push: does it now run
-as fast, and does the process NVSHMEM runs in slow anything? One process, world size 1, the
+143 µs of kernel). Since then it is built into symmoe_cuda like push (alone_fan_kernel,
+csrc/kernels/alone.cuh): does it now run as fast, and does the process NVSHMEM runs in slow
+anything? (Session 29, call A: 142.3 / 142.7 µs against dispatch_kernel's 159.2 and torch push's
+145.4 / 145.0: the module was the cause.) One process, world size 1, the
 bench's DeepSeek-V3 inputs, each cached expert-major dispatch timed as the bench times it (a
 sleep kernel first, then events):
 
   1. torch push, before NVSHMEM starts in this process;
-  2-4. nvshmem with kernel.fan_phases block (fan_kernel), off (dispatch_kernel), block again;
+  2-4. nvshmem with kernel.fan_phases block (alone_fan_kernel), off (dispatch_kernel), block again;
   5. torch push again, with NVSHMEM running (its Buffer still open).
 
 2 and 4 near 1: the module was the cause. 5 slower than 1: the process slows kernels.
@@ -49,8 +51,8 @@ def main() -> None:
     torch_push("1. torch push, before NVSHMEM")
     with Buffer(None, bench_config("push", sms, backend="nvshmem")) as nv:
         pr = nv._protocol
-        for i, (mode, name) in enumerate(((1, "block (fan_kernel)"), (0, "off (dispatch_kernel)"),
-                                          (1, "block (fan_kernel)"))):
+        for i, (mode, name) in enumerate(((1, "block (alone_fan_kernel)"), (0, "off (dispatch_kernel)"),
+                                          (1, "block (alone_fan_kernel)"))):
             pr.fan_phases = mode
             rows.append((f"{i + 2}. nvshmem {name}", cached_us(pr)))
         torch_push("5. torch push, NVSHMEM running")

@@ -34,7 +34,6 @@ T* P(uintptr_t v) {
 
 inline cudaStream_t S(uintptr_t v) { return reinterpret_cast<cudaStream_t>(v); }
 
-constexpr uint32_t kMaxSlotBytes = 16384;
 // Default piece of the expert-major fan-out (one load, up to top-k bulk stores): smaller pieces
 // let 16 warps per block keep stores in flight. Row-copy microbenchmark, 4096 rows of 14336 B
 // to 8 rows each: 147 µs at 3584-byte pieces against 155 µs at whole rows (session 11).
@@ -91,9 +90,9 @@ struct Ctx {
   void set_copy_bytes(int64_t max_piece) {
     if (max_piece < 0 || max_piece % 128)
       throw std::invalid_argument("copy_bytes=" + std::to_string(max_piece) + ": must be 0 or a multiple of 128");
-    move.slot_bytes = piece_bytes(max_piece ? max_piece : kMaxSlotBytes);
+    move.slot_bytes = piece_bytes(L.row_bytes(), max_piece ? max_piece : kMaxSlotBytes);
     move_fan = move;
-    move_fan.slot_bytes = piece_bytes(max_piece ? max_piece : kFanSlotBytes);
+    move_fan.slot_bytes = piece_bytes(L.row_bytes(), max_piece ? max_piece : kFanSlotBytes);
   }
   // Slots per warp of the data kernels' mover: depth - 1 loads in flight per warp. 0: 4 for
   // whole rows (session 12: cached rank dispatch 37.1 -> 36.4 µs push, 38.7 -> 37.4 pull) and 3
@@ -113,12 +112,6 @@ struct Ctx {
     if (mode < 0 || mode > 2)
       throw std::invalid_argument("fan_phases=" + std::to_string(mode) + ": must be 0 (off), 1 (block) or 2 (grid)");
     fan_phases = mode;
-  }
-  uint32_t piece_bytes(int64_t cap) const {
-    const int64_t rb = L.row_bytes();
-    const int64_t pieces = (rb + cap - 1) / cap;
-    const int64_t b = ((rb + pieces - 1) / pieces + 15) / 16 * 16;
-    return uint32_t((b + kSlotAlign - 1) / kSlotAlign * kSlotAlign);
   }
 
   // Static __shared__ bytes count against the opt-in limit too: dynamic may use at most
@@ -171,17 +164,7 @@ struct Ctx {
   // fan: the expert-major dispatch's mover (small pieces, 16 warps), else whole rows.
   // data: the pull and push kernels' limit (data_smem), else every kernel's (max_smem).
   MoveCfg move_cfg(int64_t plan, bool fan = false, bool data = false) const {
-    const int64_t limit = data ? data_smem : max_smem;
-    MoveCfg m = fan ? move_fan : move;
-    m.plan_bytes = (plan + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
-    auto fits = [&] { return (limit - m.plan_bytes) / int64_t(WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth)); };
-    if (depth_auto && m.depth > 2 && fits() < 2) m.depth = 2;  // one warp per block costs more than deep slots win
-    const int64_t fit = fits();
-    if (fit < 1)
-      throw std::invalid_argument("shared memory: plan tables of " + std::to_string(plan) +
-                                  " bytes leave no room for a bulk-copy slot (fewer experts per rank needed)");
-    m.warps = int(std::min<int64_t>(kMaxMoverWarps, fit));
-    return m;
+    return fit_mover(fan ? move_fan : move, plan, data ? data_smem : max_smem, depth_auto);
   }
   size_t smem_of(const MoveCfg& m) const {
     if (m.phase_rows > 0) return size_t(phase_smem(m, L.row_bytes()));

@@ -1,10 +1,10 @@
 // symmoe_cuda: the kernels over the load/store (LSA) transport, for backends whose peers'
 // segments are mapped into this process (torch symmetric memory). Pointers, sizes and CUDA
 // streams cross from Python as integers: no torch headers, so this builds with a CPU torch.
-// Also `fan`, the one-rank expert-major fan-out, which the nvshmem protocol launches alone.
+// Also `alone`, a one-rank dispatch from plain routing tables, which the nvshmem protocol launches alone.
 #include "../common/transport.cuh"
 #include "context.cuh"
-#include "fan_launch.cuh"
+#include "alone_launch.cuh"
 
 using namespace symmoe;
 
@@ -15,9 +15,9 @@ PYBIND11_MODULE(symmoe_cuda, m) {
     return new Ctx<LsaTransport>(layout, rank, LsaTransport{P<uint8_t>(local), P<const int64_t>(peer_bases)}, err,
                                  err_host, timeout_s, num_sms, counters);
   });
-  m.def("fan", &launch_fan, py::arg("layout"), py::arg("alignment"), py::arg("capacity"), py::arg("epoch"),
-        py::arg("timeout_ns"), py::arg("ptrs"), py::arg("mode"), py::arg("blocks"), py::arg("done"), py::arg("err"),
-        py::arg("err_host"), py::arg("stream"),
-        "The one-rank expert-major fan-out (kernels/fan.cuh) from a protocol's own routing tables; False: "
-        "not launched (peers, or no row fits in shared memory).");
+  m.def("alone", &launch_alone, py::arg("layout"), py::arg("expert_major"), py::arg("alignment"), py::arg("capacity"),
+        py::arg("epoch"), py::arg("timeout_ns"), py::arg("ptrs"), py::arg("mode"), py::arg("blocks"), py::arg("done"),
+        py::arg("err"), py::arg("err_host"), py::arg("stream"),
+        "A one-rank dispatch (kernels/alone.cuh) from a protocol's own routing tables: expert-major the phased "
+        "fan-out, rank-major the mover. False: not launched (peers, or no row fits in shared memory).");
 }

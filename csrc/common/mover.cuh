@@ -15,6 +15,10 @@
 #pragma once
 #include <cstdint>
 
+#include <algorithm>
+#include <stdexcept>
+#include <string>
+
 #include "barrier.cuh"
 #include "ptx.cuh"
 
@@ -25,6 +29,7 @@ constexpr int kMaxDepth = 16;  // slots per warp (phase bits of one uint32)
 constexpr int kRowDepth = 4;   // kernel.copy_depth 0: slots per warp for whole rows
 constexpr uint32_t kSlotAlign = 128;
 constexpr int kMaxMoverWarps = 16;  // warps per block of the data kernels (as many as their slots fit)
+constexpr uint32_t kMaxSlotBytes = 16384;  // default piece of whole-row copies (kernel.copy_bytes 0)
 
 struct WarpMoverSmem {
   // Per slot: the piece, its mbarrier, its destinations, its (ndst, bytes).
@@ -154,5 +159,41 @@ struct WarpMover {
     __syncwarp();
   }
 };
+
+// A token's row to the n destinations whose addresses lanes < n hold in dst, in pieces of
+// slot_bytes (all lanes).
+__device__ __forceinline__ void move_row(WarpMover& mv, const uint8_t* src, uint8_t* dst, int n, int64_t rb,
+                                         uint32_t slot_bytes, int lane) {
+  for (int64_t off = 0; off < rb; off += slot_bytes) {
+    const uint32_t bytes = uint32_t(min(int64_t(slot_bytes), rb - off));
+    if (lane < n) mv.next_dsts()[lane] = dst + off;
+    __syncwarp();
+    mv.push(src + off, n, bytes);
+  }
+}
+
+// ---- host: the mover's geometry ---------------------------------------------------------
+// Rows of rb bytes split into equal pieces of at most `cap` bytes, each rounded up to 128 so
+// every warp's slots stay aligned.
+inline uint32_t piece_bytes(int64_t rb, int64_t cap) {
+  const int64_t pieces = (rb + cap - 1) / cap;
+  const int64_t b = ((rb + pieces - 1) / pieces + 15) / 16 * 16;
+  return uint32_t((b + kSlotAlign - 1) / kSlotAlign * kSlotAlign);
+}
+
+// m (slot_bytes, depth) with its warps per block: as many as fit next to `plan` bytes of
+// tables in `limit` bytes of shared memory, at most kMaxMoverWarps. depth_auto: deep slots
+// give way to 2 where they would leave one warp a block (one warp costs more than depth wins).
+inline MoveCfg fit_mover(MoveCfg m, int64_t plan, int64_t limit, bool depth_auto) {
+  m.plan_bytes = (plan + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+  auto fits = [&] { return (limit - m.plan_bytes) / int64_t(WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth)); };
+  if (depth_auto && m.depth > 2 && fits() < 2) m.depth = 2;
+  const int64_t fit = fits();
+  if (fit < 1)
+    throw std::invalid_argument("shared memory: plan tables of " + std::to_string(plan) +
+                                " bytes leave no room for a bulk-copy slot (fewer experts per rank needed)");
+  m.warps = int(std::min<int64_t>(kMaxMoverWarps, fit));
+  return m;
+}
 
 }  // namespace symmoe

@@ -182,4 +182,32 @@ __device__ void route_place_chunk(const RoutingArgs<Idx>& a, const int32_t* base
   __syncthreads();
 }
 
+// One token's routing as a sender reads it: lane k < K its expert id and weight, lane c < PC
+// its position in column c (ranks, then slots). The three loads go out together and one
+// token ahead of the copies, so a copy is never issued behind a metadata round trip.
+struct TokenRoute {
+  int e;
+  float w;
+  int pos;
+
+  __device__ __forceinline__ static TokenRoute load(const int32_t* idx, const float* wt, const int32_t* pos, int64_t t,
+                                                    int K, int PC, int lane, bool in) {
+    TokenRoute r{-1, 0.f, 0};
+    if (in) {
+      if (lane < K) {
+        r.e = idx[t * K + lane];
+        r.w = wt[t * K + lane];
+      }
+      if (lane < PC) r.pos = pos[t * PC + lane];
+    }
+    return r;
+  }
+  // Column c's position (c per lane or uniform; every lane calls). Columns past the warp's
+  // 32 lanes (world + topk > 32) are read from memory.
+  __device__ __forceinline__ int pos_of(const int32_t* pos_table, int64_t t, int PC, int c) const {
+    const int v = __shfl_sync(0xffffffffu, pos, c & 31);
+    return c < 32 ? v : (c < PC ? pos_table[t * PC + c] : 0);
+  }
+};
+
 }  // namespace symmoe

@@ -96,33 +96,6 @@ __global__ void __launch_bounds__(kRouteThreads) republish_kernel(Transport tp, 
                 kStageDispatchCounts);
 }
 
-// One token's routing as a sender reads it: lane k < K its expert id and weight, lane c < PC
-// its position in column c (ranks, then slots). The three loads go out together and one
-// token ahead of the copies, so a copy is never issued behind a metadata round trip.
-struct TokenRoute {
-  int e;
-  float w;
-  int pos;
-
-  __device__ __forceinline__ static TokenRoute load(const int32_t* idx, const float* wt, const int32_t* pos, int64_t t,
-                                                    int K, int PC, int lane, bool in) {
-    TokenRoute r{-1, 0.f, 0};
-    if (in) {
-      if (lane < K) {
-        r.e = idx[t * K + lane];
-        r.w = wt[t * K + lane];
-      }
-      if (lane < PC) r.pos = pos[t * PC + lane];
-    }
-    return r;
-  }
-  // Column c's position (c per lane or uniform; every lane calls). Columns past the warp's
-  // 32 lanes (world + topk > 32) are read from memory.
-  __device__ __forceinline__ int pos_of(const int32_t* pos_table, int64_t t, int PC, int c) const {
-    const int v = __shfl_sync(0xffffffffu, pos, c & 31);
-    return c < 32 ? v : (c < PC ? pos_table[t * PC + c] : 0);
-  }
-};
 
 // ---------------------------------------------------------------------------------------
 // kStamps: the timeline build (stamps.cuh), allowed 16 warps' worth of registers so its stamps
@@ -392,17 +365,6 @@ __device__ __forceinline__ PushDsts push_token(const Transport& tp, const Layout
   return PushDsts{dst_x, n, owner, firsts};
 }
 
-// A token's row from x to the n destinations push_token chose, in pieces of slot_bytes.
-__device__ __forceinline__ void push_row(WarpMover& mv, const uint8_t* src, const PushDsts& d, int64_t rb,
-                                         uint32_t slot_bytes, int lane) {
-  for (int64_t off = 0; off < rb; off += slot_bytes) {
-    const uint32_t bytes = uint32_t(min(int64_t(slot_bytes), rb - off));
-    if (lane < d.n) mv.next_dsts()[lane] = d.dst + off;
-    __syncwarp();
-    mv.push(src + off, d.n, bytes);
-  }
-}
-
 // ---------------------------------------------------------------------------------------
 // The recv pool is rank-major in both layouts: one row per (source, token), the source's
 // block at its rank-major offset. Per row: recv_src = t * S (+ this rank, rank-major) and K
@@ -467,7 +429,7 @@ __global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps 
       next = TokenRoute::load(pidx, pw, ppos, t + nwt, K, PC, lane, t + nwt < T);
       const PushDsts d = push_token(tp, L, pl, counts, ppos, o, cur, t, expert_major, me, true, lane);
       if (t == gw) stamp<kStamps>(mc.stamps, kStampRouted);
-      if (d.n) push_row(mv, x + t * rb, d, rb, mc.slot_bytes, lane);
+      if (d.n) move_row(mv, x + t * rb, d.dst, d.n, rb, mc.slot_bytes, lane);
       if (t == gw) stamp<kStamps>(mc.stamps, kStampFirstPush);
     }
   }

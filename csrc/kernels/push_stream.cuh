@@ -123,7 +123,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32) push_stream_kernel(Transp
           atomicAdd(&st.sent[d.owner], 1);
           atomicMin(&st.start[d.owner], p);
         }
-        if (d.n) push_row(mv, x + t * rb, d, rb, mc.slot_bytes, lane);
+        if (d.n) move_row(mv, x + t * rb, d.dst, d.n, rb, mc.slot_bytes, lane);
       }
       mv.flush();  // this warp's stores are written
       __syncthreads();

@@ -16,8 +16,9 @@
 //                delivered), so rows stream per chunk. Block C + c is the receiver of channel
 //                c: it waits on tail[c][s] (timeout) and copies delivered rows into the
 //                outputs. The rows a rank keeps go straight from x to the output.
-//   (alone, expert-major with kernel.fan_phases on: no NVSHMEM call is needed, and the
-//   protocol launches symmoe_cuda's fan_kernel, kernels/fan.cuh, in place of dispatch_kernel)
+//   (alone, no NVSHMEM call is needed, and the protocol launches symmoe_cuda's alone kernels,
+//   kernels/alone.cuh, in place of dispatch_kernel: rank-major always, expert-major with
+//   kernel.fan_phases on)
 //   combine.cuh  combine_send_kernel, C blocks: block c puts channel c of the received rows
 //                back into their sources' combine slots (t * S + slot), signals head[c][me]
 //                at every rank and waits for head[c][*] here. combine_reduce_kernel then

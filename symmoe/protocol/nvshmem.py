@@ -21,10 +21,12 @@ dispatch
      ``tail[c][s]`` and streams delivered rows into the outputs; expert-major, one copy per
      slot that names a local expert, at the row its sender computed) (stage ``dispatch.data``).
      Bad ids anywhere or a receiver over capacity: no block moves anything.
-     Alone (one PE) and expert-major with ``kernel.fan_phases`` on, symmoe_cuda's ``fan_kernel``
-     instead (``csrc/kernels/fan.cuh``): the CUDA protocols' phased fan-out, whole rows from x
-     into shared memory, then bulk-stored to every slot's row (stages ``bulk copy``,
-     ``dispatch.phase``; it records in the ErrorWord and its device mirror as these kernels do).
+     Alone (one PE), symmoe_cuda's ``alone`` kernels instead (``csrc/kernels/alone.cuh``,
+     compiled whole, not as the NVSHMEM module's relocatable code): rank-major each routed
+     token's row to its output row by the CUDA protocols' bulk-copy mover; expert-major, with
+     ``kernel.fan_phases`` on, their phased fan-out, whole rows from x into shared memory, then
+     bulk-stored to every slot's row (stages ``bulk copy``, ``dispatch.phase``; they record in
+     the ErrorWord and its device mirror as these kernels do).
   4. the host waits for the counts (the one host wait, as DeepEP's normal mode; the data
      kernel runs meanwhile), raises InputError / CapacityError on every rank together, and
      returns views of the first ``rows`` rows.
@@ -164,14 +166,14 @@ class NvshmemPush(Protocol):
         sms = min(k.num_sms, usable_sms(mem.device))
         self.combine_channels = max(1, min(layout.num_channels, sms))
         self.reduce_blocks = 16 * sms
-        # Alone, the expert-major dispatch runs the CUDA protocols' phased fan-out, symmoe_cuda's
-        # fan (kernels/fan.cuh): its mode, its blocks, and the grid counter its grid-wide phases
-        # meet on. The module is loaded (built) only when it will run.
+        # Alone, the dispatch runs symmoe_cuda's alone kernels (kernels/alone.cuh): the mode of
+        # the expert-major phased fan-out, the blocks, and the grid counter grid-wide phases meet
+        # on. The module is loaded (built) only when it will run.
         sms_all = torch.cuda.get_device_properties(mem.device).multi_processor_count
         self.fan_phases = fan_phases_mode(config, W, sms_all, usable_sms(mem.device)) if W == 1 else 0
-        self.fan_blocks = min(k.num_sms, sms_all)
-        self._fan_done = torch.zeros(1, dtype=torch.int32, device=mem.device)
-        self._fan_mod: Any = None
+        self.alone_blocks = min(k.num_sms, sms_all)
+        self._alone_done = torch.zeros(1, dtype=torch.int32, device=mem.device)
+        self._alone_mod: Any = None
         self.timeout_ns = int(k.timeout_s * 1e9)
         self.err = mem.error_word()
         self.me, self.W = mem.rank, W
@@ -320,19 +322,21 @@ class NvshmemPush(Protocol):
               alignment: int, epoch: int, selfmap: torch.Tensor | None) -> None:
         """The dispatch kernel from the routing tables ``plan`` into ``o`` (``cap`` rows),
         recording the rows this rank keeps in ``selfmap`` (None: the same routing recorded them).
-        Alone and expert-major, the phased fan-out instead, where a row fits in shared memory."""
+        Alone, symmoe_cuda's alone kernels instead (expert-major with kernel.fan_phases on,
+        where a row fits in shared memory)."""
         stream = torch.cuda.current_stream(self.device).cuda_stream
-        if em and self.fan_phases:
-            if self._fan_mod is None:
-                self._fan_mod = build.load("symmoe_cuda")
-            if self._fan_mod.fan(self.args, alignment, cap, epoch, self.timeout_ns,
-                                 [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(),
-                                  plan["pos"].data_ptr(), plan["counts"].data_ptr(), o["x"].data_ptr(),
-                                  o["idx"].data_ptr(), o["w"].data_ptr(), o["src_rank"].data_ptr(),
-                                  o["src_token"].data_ptr(), o["src_slot"].data_ptr(), o["expert_offsets"].data_ptr(),
-                                  selfmap.data_ptr() if selfmap is not None else 0],
-                                 self.fan_phases, self.fan_blocks, self._fan_done.data_ptr(), self.ext.error_mirror(),
-                                 self.err.data_ptr(), stream):
+        if self.W == 1 and (not em or self.fan_phases):
+            if self._alone_mod is None:
+                self._alone_mod = build.load("symmoe_cuda")
+            if self._alone_mod.alone(self.args, em, alignment, cap, epoch, self.timeout_ns,
+                                     [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(),
+                                      plan["pos"].data_ptr(), plan["counts"].data_ptr(), o["x"].data_ptr(),
+                                      o["idx"].data_ptr(), o["w"].data_ptr(), o["src_rank"].data_ptr(),
+                                      o["src_token"].data_ptr(), o["src_slot"].data_ptr(),
+                                      o["expert_offsets"].data_ptr() if em else 0,
+                                      selfmap.data_ptr() if selfmap is not None else 0],
+                                     self.fan_phases, self.alone_blocks, self._alone_done.data_ptr(),
+                                     self.ext.error_mirror(), self.err.data_ptr(), stream):
                 return
         self.ext.dispatch(self.mem.local.data_ptr(), self.args, self.me, self.channels, self.ring_rows, int(em),
                           self.direct, alignment, cap, epoch, self.timeout_ns,

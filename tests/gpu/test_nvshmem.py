@@ -136,9 +136,10 @@ def test_num_worst_tokens_returns_the_worst_case_outputs_without_a_copy(world_si
 @pytest.mark.parametrize("phases", ["off", "block", "grid"])
 @pytest.mark.parametrize("hidden", [256, 7168])
 def test_one_pe_fan_out_in_phases_matches_the_reference(hidden, phases, seed):
-    """Alone, the expert-major dispatch runs the CUDA protocols' phased fan-out (fan_kernel;
-    off: dispatch_kernel's warps copy each row once per slot): up to 1024 tokens on 8 blocks of
-    at most 16 rows, so several rounds, bitwise as the reference with the combine after it;
+    """Alone, the expert-major dispatch runs the CUDA protocols' phased fan-out (alone_fan_kernel;
+    off: dispatch_kernel's warps copy each row once per slot) and the rank-major one their mover
+    (alone_rows_kernel, many tokens a warp): up to 1024 tokens on 8 blocks of at most 16 rows,
+    so several rounds, bitwise as the reference with the combine after it;
     then (hidden 256: each spawn starts NVSHMEM, and the row size changes nothing there) a
     cached dispatch and num_worst_tokens outputs through the same kernel."""
     _usable()
@@ -182,6 +183,19 @@ def test_receiver_over_capacity_raises_on_every_rank():
     _usable()
     out = spawn(overflow, 2, args=(_config(**{"buffer.recv_capacity": 40}),), env=_env(2), timeout_s=180.0)
     assert all("recv_capacity" in m for m in out), out
+
+
+def test_one_pe_bad_expert_id_and_over_capacity_move_nothing_and_raise():
+    """Alone (the alone kernels): an out-of-range id raises InputError naming it, and the next
+    dispatch is bitwise exact; every token to one expert past buffer.recv_capacity raises
+    CapacityError."""
+    from symmoe.testing_faults import bad_expert_id, overflow
+    _usable()
+    cfg = _config()
+    (msg,) = spawn(bad_expert_id, 1, args=(cfg, "range", 14), env=_env(1), timeout_s=180.0)
+    assert f"expert id {cfg['buffer']['num_experts'] + 7} (token 3)" in msg and "moved nothing on any rank" in msg, msg
+    (msg,) = spawn(overflow, 1, args=(_config(**{"buffer.recv_capacity": 40}),), env=_env(1), timeout_s=180.0)
+    assert "recv_capacity" in msg, msg
 
 
 def absent_rank(rank: int, world_size: int, config: dict[str, Any]) -> tuple[str, float]:

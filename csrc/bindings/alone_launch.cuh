@@ -1,0 +1,93 @@
+// The launch of kernels/alone.cuh's kernels, bound by symmoe_cuda as `alone` for protocols
+// that have no Context of this module (nvshmem alone).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "../kernels/alone.cuh"
+
+namespace symmoe {
+
+// A kernel's dynamic shared memory: the opt-in limit less its own static part (set on the
+// kernel at its first launch).
+template <class Kernel>
+int alone_smem_limit(Kernel kernel, const char* name) {
+  int dev = 0, max_smem = 0;
+  cudaFuncAttributes fa{};
+  if (cudaGetDevice(&dev) != cudaSuccess ||
+      cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess ||
+      cudaFuncGetAttributes(&fa, kernel) != cudaSuccess)
+    throw std::runtime_error(std::string(name) + ": the shared memory limit query failed");
+  const int lim = max_smem - int((fa.sharedSizeBytes + 127) / 128 * 128);
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, lim) != cudaSuccess)
+    throw std::runtime_error(std::string(name) + ": cudaFuncSetAttribute failed");
+  return lim;
+}
+
+// ptrs: x, idx (int32 [T, K]), w, pos ([T, 1 + K]), counts ([1][2 + E]), out x, idx, w, src_rank,
+// src_token, src_slot, expert_offsets (rank-major: 0), selfmap (0: none). expert_major: the
+// phased fan-out with mode kernel.fan_phases (1 block, 2 grid; done: a zeroed grid counter),
+// else the rows by the mover (mode unused). False, launching nothing, when the layout has peers
+// or, expert-major, not one row fits in shared memory: the caller runs its own kernel.
+inline bool launch_alone(const std::vector<int64_t>& layout, bool expert_major, int alignment, int64_t capacity,
+                         int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int mode, int blocks,
+                         uintptr_t done, uintptr_t err, uintptr_t err_host, uintptr_t stream) {
+  if (layout.size() != size_t(kLayoutArgs))
+    throw std::invalid_argument("alone: layout of " + std::to_string(layout.size()) + " values, expected " +
+                                std::to_string(kLayoutArgs));
+  if (p.size() != 13) throw std::invalid_argument("alone: expected 13 pointers, got " + std::to_string(p.size()));
+  if (expert_major && mode != 1 && mode != 2)
+    throw std::invalid_argument("alone: fan_phases mode " + std::to_string(mode) + ", must be 1 or 2");
+  AloneArgs a{};
+  std::memcpy(&a.lay, layout.data(), sizeof(Layout));
+  if (a.lay.world_size != 1) return false;
+  const int64_t rb = a.lay.row_bytes();
+  MoveCfg m{};
+  size_t smem = 0;
+  if (expert_major) {
+    static const int limit = alone_smem_limit(alone_fan_kernel, "alone_fan_kernel");
+    m.plan_bytes = FanPlan::bytes(a.lay.num_experts);
+    if (!phase_geometry(m, FanPlan::kept_bytes(a.lay.num_experts), limit, rb, mode == 2)) return false;
+    if (m.phase_grid) {
+      const std::string refusal = phase_grid_refusal(alone_fan_kernel, m, rb, blocks);
+      if (!refusal.empty()) throw std::invalid_argument(refusal);
+    }
+    smem = size_t(phase_smem(m, rb));
+  } else {
+    static const int limit = alone_smem_limit(alone_rows_kernel, "alone_rows_kernel");
+    m.slot_bytes = piece_bytes(rb, kMaxSlotBytes);
+    m.depth = kRowDepth;
+    m = fit_mover(m, 0, limit, true);
+    smem = size_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth);
+  }
+  auto ptr = [&](int i) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p[size_t(i)])); };
+  a.alignment = alignment;
+  a.x = static_cast<const uint8_t*>(ptr(0));
+  a.idx = static_cast<const int32_t*>(ptr(1));
+  a.w = static_cast<const float*>(ptr(2));
+  a.pos = static_cast<const int32_t*>(ptr(3));
+  a.counts = static_cast<const int32_t*>(ptr(4));
+  a.o = Outputs{static_cast<uint8_t*>(ptr(5)), static_cast<int64_t*>(ptr(6)), static_cast<float*>(ptr(7)),
+                static_cast<int32_t*>(ptr(8)), static_cast<int32_t*>(ptr(9)), static_cast<int32_t*>(ptr(10)),
+                static_cast<int64_t*>(ptr(11)), static_cast<int32_t*>(ptr(12)), capacity};
+  a.mc = m;
+  a.sy = Sync{0, epoch, timeout_ns, reinterpret_cast<ErrorWord*>(err), reinterpret_cast<ErrorWord*>(err_host),
+              reinterpret_cast<unsigned int*>(done)};
+  const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
+  if (expert_major)
+    alone_fan_kernel<<<blocks, m.warps * 32, smem, s>>>(a);
+  else
+    alone_rows_kernel<<<blocks, m.warps * 32, smem, s>>>(a);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string(expert_major ? "alone_fan_kernel" : "alone_rows_kernel") +
+                             " launch: " + cudaGetErrorString(e));
+  return true;
+}
+
+}  // namespace symmoe

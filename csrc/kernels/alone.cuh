@@ -1,0 +1,137 @@
+// A dispatch alone (one rank), from plain routing tables: no peer, no pool, so every row goes
+// from x straight to its output rows. The NVSHMEM protocol launches these alone in place of
+// its dispatch_kernel, with its plan kernel's tables. They need no transport, so they are
+// built into symmoe_cuda, compiled whole as the CUDA protocols' data kernels are: built into
+// the NVSHMEM module (relocatable device code), the fan-out ran 205 µs against 142 here
+// (sessions 28-29), and that module's dispatch_kernel spills registers.
+//   alone_fan_kernel   expert-major: the phased fan-out (common/phases.cuh, kernel.fan_phases),
+//                      whole rows loaded into shared memory, then bulk-stored to every slot's row;
+//   alone_rows_kernel  rank-major: each routed token's row to its output row by the bulk-copy
+//                      mover (common/mover.cuh), as push's own rows move.
+#pragma once
+#include <cstdint>
+
+#include "../common/barrier.cuh"
+#include "../common/outputs.cuh"
+#include "../common/phases.cuh"
+#include "../common/routing.cuh"
+#include "../common/scan.cuh"
+
+namespace symmoe {
+
+struct AloneArgs {
+  Layout lay;
+  int alignment;
+  const uint8_t* x;       // [T, H]
+  const int32_t* idx;     // [T, K] int32 copy made by the routing
+  const float* w;         // [T, K]
+  const int32_t* pos;     // [T, 1 + K] the token's row (rank-major), each slot's position in its expert's rows
+  const int32_t* counts;  // [1][2 + E] this dispatch's counts row
+  Outputs o;
+  MoveCfg mc;             // the phases' geometry (expert-major) or the mover's (rank-major)
+  Sync sy;  // err: the device word kernels poll, err_host: the host-mapped one
+};
+
+// Shared tables before the phases' rows: goff [E + 1] (read by the phases), then gcnt [E] and
+// the scan's scratch, which only the build and the padding read.
+struct FanPlan {
+  int32_t *goff, *gcnt, *tmp;
+  static constexpr int kScanTmp = kMaxMoverWarps + 1;
+  __host__ __device__ static int64_t kept_bytes(int64_t E) { return 4 * (E + 1); }
+  __host__ __device__ static int64_t bytes(int64_t E) { return 4 * (2 * E + 1 + kScanTmp); }
+};
+
+__global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(AloneArgs a) {
+  const int E = static_cast<int>(a.lay.num_experts), K = static_cast<int>(a.lay.topk);
+  const int S = static_cast<int>(a.lay.combine_slots);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t rb = a.lay.row_bytes();
+  uint8_t* smem = dyn_smem();
+  FanPlan pl{reinterpret_cast<int32_t*>(smem), nullptr, nullptr};
+  pl.gcnt = pl.goff + E + 1;
+  pl.tmp = pl.gcnt + E;
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = error_set(a.sy.err);
+  __syncthreads();
+  if (dead) return;  // an earlier wait failed: the host raises
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    const int32_t g = __ldg(a.counts + 2 + e);
+    pl.gcnt[e] = g;
+    pl.goff[e] = (g + a.alignment - 1) / a.alignment * a.alignment;
+  }
+  __syncthreads();
+  const int32_t rows = block_exclusive_scan(pl.goff, E, pl.tmp);
+  const int64_t T = __ldg(a.counts);
+  if (T < 0 || rows > a.o.capacity) return;  // bad ids or over capacity: every block, the host raises
+  if (threadIdx.x == 0) pl.goff[E] = rows;
+  __syncthreads();
+  fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, E, a.o, rb);
+  const int64_t PC = 1 + K;
+  fan_in_phases<false>(a.x, T, rb, a.mc, smem, a.sy,
+                       [&](int64_t t) {
+                         int e = -1;
+                         float w = 0.f;
+                         int p = 0;
+                         if (lane < K) {
+                           e = a.idx[t * K + lane];
+                           w = a.w[t * K + lane];
+                           p = a.pos[t * PC + 1 + lane];
+                         }
+                         int64_t o = e >= 0 ? int64_t(pl.goff[e]) + p : -1;
+                         if (o >= rows) o = -1;  // only with corrupt inputs; never write out of bounds
+                         if (o >= 0) {
+                           a.o.idx[o] = e;
+                           a.o.w[o] = w;
+                           a.o.src_rank[o] = 0;
+                           a.o.src_token[o] = static_cast<int32_t>(t);
+                           a.o.src_slot[o] = lane;
+                           if (a.o.selfmap != nullptr) a.o.selfmap[t * S + lane] = static_cast<int32_t>(o);
+                         }
+                         int n;
+                         o = compact_lanes(o >= 0, o, lane, n);
+                         return RowDsts{a.o.x + max(o, int64_t(0)) * rb, n};
+                       },
+                       warp, lane);
+}
+
+// Rank-major: token t's row goes to output row pos[t][0] when one of its slots names an expert
+// (alone, every expert is this rank's), with its slots' ids and weights (-1 / 0 for masked
+// slots), source rank 0, token t and slot 0. Each warp takes tokens gw, gw + all warps, ...,
+// the next token's routing in flight under the current row's copy.
+__global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_kernel(AloneArgs a) {
+  const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots), PC = 1 + K;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t rb = a.lay.row_bytes();
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = error_set(a.sy.err);
+  __syncthreads();
+  if (dead) return;  // an earlier wait failed: the host raises
+  const int64_t T = __ldg(a.counts), rows = __ldg(a.counts + 1);
+  if (T < 0 || rows > a.o.capacity) return;  // bad ids or over capacity: every block, the host raises
+  WarpMover mv;
+  mv.init(dyn_smem() + int64_t(warp) * WarpMoverSmem::per_warp_bytes(a.mc.slot_bytes, a.mc.depth), a.mc.slot_bytes,
+          a.mc.depth, MoverWatch{a.sy.timeout_ns, a.sy.err, a.sy.err_host, a.sy.epoch});
+  const int64_t gw = int64_t(blockIdx.x) * a.mc.warps + warp, nw = int64_t(gridDim.x) * a.mc.warps;
+  TokenRoute next = TokenRoute::load(a.idx, a.w, a.pos, gw, K, PC, lane, gw < T);
+  for (int64_t t = gw; t < T; t += nw) {
+    const TokenRoute cur = next;
+    next = TokenRoute::load(a.idx, a.w, a.pos, t + nw, K, PC, lane, t + nw < T);
+    if (!__any_sync(0xffffffffu, lane < K && cur.e >= 0)) continue;  // every slot masked: no row
+    const int64_t o = cur.pos_of(a.pos, t, PC, 0);
+    if (o < 0 || o >= rows) continue;  // only with corrupt inputs; never write out of bounds
+    move_row(mv, a.x + t * rb, a.o.x + o * rb, 1, rb, a.mc.slot_bytes, lane);
+    if (lane < K) {
+      a.o.idx[o * K + lane] = cur.e;
+      a.o.w[o * K + lane] = cur.e >= 0 ? cur.w : 0.f;
+    }
+    if (lane == 0) {
+      a.o.src_rank[o] = 0;
+      a.o.src_token[o] = static_cast<int32_t>(t);
+      a.o.src_slot[o] = 0;
+      if (a.o.selfmap != nullptr) a.o.selfmap[t * S] = static_cast<int32_t>(o);
+    }
+  }
+  mv.flush();
+}
+
+}  // namespace symmoe
