@@ -138,8 +138,8 @@ struct Ctx {
     st = std::max(st, static_smem(combine_send_kernel<Transport>));
     st = std::max(st, static_smem(route_count_kernel<int64_t>));
     st = std::max(st, static_smem(route_count_kernel<int32_t>));
-    st = std::max(st, static_smem(route_place_kernel<Transport, int64_t>));
-    st = std::max(st, static_smem(route_place_kernel<Transport, int32_t>));
+    st = std::max(st, static_smem(route_kernel<Transport, int64_t>));
+    st = std::max(st, static_smem(route_kernel<Transport, int32_t>));
     max_smem -= (st + 127) / 128 * 128;
     check(cudaFuncSetAttribute(pull_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, data_smem), "pull attr");
     check(cudaFuncSetAttribute(push_kernel<Transport>, cudaFuncAttributeMaxDynamicSharedMemorySize, data_smem), "push attr");
@@ -154,9 +154,9 @@ struct Ctx {
           "combine attr");
     check(cudaFuncSetAttribute(route_count_kernel<int64_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "route attr");
     check(cudaFuncSetAttribute(route_count_kernel<int32_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem), "route attr");
-    check(cudaFuncSetAttribute(route_place_kernel<Transport, int64_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
+    check(cudaFuncSetAttribute(route_kernel<Transport, int64_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
           "route attr");
-    check(cudaFuncSetAttribute(route_place_kernel<Transport, int32_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
+    check(cudaFuncSetAttribute(route_kernel<Transport, int32_t>, cudaFuncAttributeMaxDynamicSharedMemorySize, max_smem),
           "route attr");
   }
 
@@ -194,21 +194,23 @@ struct Ctx {
   int route_blocks(int64_t T) const {
     return int(std::max<int64_t>(1, std::min<int64_t>(route_max_blocks(), (T + 127) / 128)));
   }
-  // Bytes of global routing scratch the caller allocates once (RouteScratch).
+  // Bytes of global routing scratch the caller allocates once, zeroed (RouteScratch: the
+  // chunks' counted epochs first, then the int32 tables).
   int64_t layout_scratch_bytes() const {
     const int64_t C = route_columns(), B = route_max_blocks();
-    return 4 * (B * C + C + (route_big() ? B * (kRouteWarps + 1) * C : 0));
+    return 8 * B + 4 * (B * C + C + (route_big() ? B * (kRouteWarps + 1) * C : 0));
   }
 
   template <typename Idx>
   void route(const Idx* idx, const float* w, int64_t T, int32_t* scratch, bool* in_rank, int32_t* per_rank,
              int32_t* per_expert, bool publish, int64_t epoch, cudaStream_t st) {
-    const int64_t C = route_columns();
+    const int64_t C = route_columns(), MB = route_max_blocks();
     const int B = route_blocks(T);
     const bool big = route_big();
-    RouteScratch sc{scratch, scratch + int64_t(route_max_blocks()) * C,
-                    big ? scratch + int64_t(route_max_blocks()) * C + C : nullptr, counts_host, counts_snap,
-                    publish ? counts_ready : nullptr, publish ? summary : CountsSummary{}};
+    int64_t* counted = reinterpret_cast<int64_t*>(scratch);
+    int32_t* tables = scratch + 2 * MB;
+    RouteScratch sc{tables, tables + MB * C, big ? tables + MB * C + C : nullptr, counts_host, counts_snap,
+                    publish ? counts_ready : nullptr, publish ? summary : CountsSummary{}, counted, done + 7};
     RoutingArgs<Idx> a{idx, w, int(T), int(L.topk), int(L.world_size), int(L.num_experts), nullptr, in_rank, nullptr, nullptr,
                        BadInput{nullptr, nullptr}};
     if (publish) {
@@ -219,15 +221,14 @@ struct Ctx {
       a.pub_base = tp.local + L.in_idx;
     }
     const int threads = big ? kRouteThreads : route_threads(C, max_smem);
-    route_count_kernel<Idx><<<B, threads, big ? 0 : size_t(C * 4), st>>>(a, sc, per_rank, per_expert, err, done + 5);
-    check(cudaGetLastError(), "route_count_kernel launch");
-    if (!publish) return;
-    a.pub_idx = nullptr;
-    a.pub_w = nullptr;
-    a.in_rank = nullptr;
-    route_place_kernel<Transport, Idx><<<B, threads, big ? 0 : size_t((threads / 32 + 1) * C * 4), st>>>(
-        tp, L, a, sc, sync(epoch, 0));
-    check(cudaGetLastError(), "route_place_kernel launch");
+    if (!publish) {  // the layout alone (get_dispatch_layout): the count pass
+      route_count_kernel<Idx><<<B, threads, big ? 0 : size_t(C * 4), st>>>(a, sc, per_rank, per_expert, err, done + 5);
+      check(cudaGetLastError(), "route_count_kernel launch");
+      return;
+    }
+    route_kernel<Transport, Idx><<<B, threads, big ? 0 : size_t((threads / 32 + 1) * C * 4), st>>>(
+        tp, L, a, sc, per_rank, per_expert, sync(epoch, 0));
+    check(cudaGetLastError(), "route_kernel launch");
   }
 
   // Where the next dispatch's routing kernels leave the counts matrix ([W][1 + W + E] int32:

@@ -5,7 +5,8 @@
 //
 // Columns: c < W are ranks (a token counts once per rank: at its first slot owned by that
 // rank), c = W + e are experts. The tokens are split into one chunk per block, in two passes
-// so that every block works at once (one block walking all T*K pairs took ~100 us):
+// so that every block works at once (one block walking all T*K pairs took ~100 us; the CUDA
+// protocols run both in one launch, kernels/dispatch.cuh's route_kernel):
 //   count  (route_count_chunk)  each block counts its chunk's columns -> part[b][C];
 //   place  (route_place_chunk)  each block starts from the columns' counts in the chunks
 //                               before it and numbers its own pairs in token order.
@@ -67,14 +68,14 @@ __device__ __forceinline__ bool first_slot_of_owner(const Idx* row, int k, int o
   return true;
 }
 
-// Pass 1, whole block: this block's chunk -> cnt[C] (shared, zeroed here); publishes the
-// int32 ids / weights and writes is_token_in_rank for the chunk.
+// Pass 1, whole block: chunk b -> cnt[C] (shared, zeroed here); publishes the int32 ids /
+// weights and writes is_token_in_rank for the chunk.
 template <typename Idx>
-__device__ void route_count_chunk(const RoutingArgs<Idx>& a, int32_t* cnt) {
+__device__ void route_count_chunk(const RoutingArgs<Idx>& a, int32_t* cnt, int b) {
   const int C = a.columns(), L = a.E / a.W;
   for (int c = threadIdx.x; c < C; c += blockDim.x) cnt[c] = 0;
   __syncthreads();
-  const int t0 = a.chunk_begin(blockIdx.x), t1 = a.chunk_begin(blockIdx.x + 1);
+  const int t0 = a.chunk_begin(b), t1 = a.chunk_begin(b + 1);
   for (int64_t p = int64_t(t0) * a.K + threadIdx.x; p < int64_t(t1) * a.K; p += blockDim.x) {
     const int t = int(p / a.K), k = int(p % a.K);
     const Idx v = a.idx[p];
@@ -116,16 +117,17 @@ __device__ void route_count_chunk(const RoutingArgs<Idx>& a, int32_t* cnt) {
   __syncthreads();
 }
 
-// Pass 2, whole block: positions of this block's pairs. base[C]: pairs of each column in
-// the chunks before this one. hist: [nwarps][C] scratch (shared, or global when C is large).
+// Pass 2, whole block: positions of chunk b's pairs. base[C]: pairs of each column in the
+// chunks before it. hist: [nwarps][C] scratch (shared, or global when C is large). Ids out of
+// range are no pair here (the count pass reported them; nothing will read these positions).
 template <typename Idx>
-__device__ void route_place_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int32_t* hist) {
+__device__ void route_place_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int32_t* hist, int b) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
   const int C = a.columns(), L = a.E / a.W, PC = a.W + a.K;
   for (int i = tid; i < nw * C; i += blockDim.x) hist[i] = 0;
   __syncthreads();
 
-  const int c0 = a.chunk_begin(blockIdx.x), c1 = a.chunk_begin(blockIdx.x + 1);
+  const int c0 = a.chunk_begin(b), c1 = a.chunk_begin(b + 1);
   const int per_warp = (c1 - c0 + nw - 1) / nw;
   const int64_t t0 = min(c1, c0 + warp * per_warp), t1 = min(int64_t(c1), t0 + per_warp);
   const int64_t p0 = t0 * a.K, p1 = t1 * a.K;
@@ -136,7 +138,8 @@ __device__ void route_place_chunk(const RoutingArgs<Idx>& a, const int32_t* base
     const int64_t p = start + lane;
     const bool valid = p < p1;
     const int t = valid ? int(p / a.K) : 0, k = valid ? int(p % a.K) : 0;
-    const int e = valid ? static_cast<int>(a.idx[p]) : -1;
+    int e = valid ? static_cast<int>(a.idx[p]) : -1;
+    if (e >= a.E) e = -1;
     const int o = e >= 0 ? e / L : -1;
     const bool first = o >= 0 && first_slot_of_owner(a.idx + int64_t(t) * a.K, k, o, L);
     const int ce = e >= 0 ? a.W + e : -1;
@@ -170,7 +173,7 @@ __device__ void route_place_chunk(const RoutingArgs<Idx>& a, const int32_t* base
     if (p >= p1) continue;
     const int t = int(p / a.K), k = int(p % a.K);
     const int e = static_cast<int>(a.idx[p]);
-    if (e < 0) continue;
+    if (e < 0 || e >= a.E) continue;
     const int o = e / L;
     int32_t* pe = a.pos + int64_t(t) * PC + a.W + k;
     a.publish(pe, *pe + h[a.W + e]);

@@ -1,10 +1,11 @@
 // Dispatch kernels, templates on the device transport (csrc/common/transport.cuh):
 //
-//   route_count_kernel (route.cuh, shared with the NVSHMEM protocol) / route_place_kernel
-//                   routing counts and positions of this rank's tokens (csrc/common/routing.cuh),
-//                   one chunk of tokens per block; for a dispatch they publish topk (int32) /
-//                   weights / positions in the input region, store this rank's counts row into
-//                   every peer, and run the barrier "dispatch.counts".
+//   route_kernel    routing counts and positions of this rank's tokens (csrc/common/routing.cuh),
+//                   one chunk of tokens per block, both passes in one launch; publishes topk
+//                   (int32) / weights / positions in the input region, stores this rank's counts
+//                   row into every peer, and runs the barrier "dispatch.counts". The layout
+//                   alone (get_dispatch_layout) runs the count pass, route.cuh's
+//                   route_count_kernel, shared with the NVSHMEM protocol.
 //   pull_kernel     receivers fetch the rows meant for them from every source's input region
 //                   with bulk copies (peer global -> shared -> local output), the sources'
 //                   tokens visited round-robin (RecvPlan::visit), write metadata and zero
@@ -43,31 +44,77 @@ __device__ __forceinline__ void grid_barrier(const Transport& tp, const Layout& 
     block_barrier(tp, sy.rank, int(L.world_size), L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, stage);
 }
 
-// Pass 2 (same grid): every pair's position in its column, published in the input region;
-// the last block stores this rank's counts row into every peer and runs "dispatch.counts".
+// The routing of a dispatch in one launch: each block takes the next chunk of tokens (a
+// ticket, so it waits only for chunks that running blocks hold), counts its pairs per column
+// (route_count_chunk), marks them counted, waits until every earlier chunk is counted, then
+// places its pairs after theirs (route_place_chunk) and publishes the positions in the input
+// region. The last block to finish stores this rank's counts row into every peer and runs
+// "dispatch.counts". Two launches, a count kernel and a place kernel, took 7 + 13-16 µs at
+// W=1 (session 28).
 template <class Transport, typename Idx>
-__global__ void __launch_bounds__(kRouteMaxThreads) route_place_kernel(Transport tp, Layout L, RoutingArgs<Idx> a,
-                                                                   RouteScratch sc, Sync sy) {
+__global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, Layout L, RoutingArgs<Idx> a,
+                                                             RouteScratch sc, int32_t* out_per_rank,
+                                                             int32_t* out_per_expert, Sync sy) {
   const int C = a.columns();
   __shared__ bool dead;
-  if (threadIdx.x == 0) dead = error_set(sy.err);
+  __shared__ int chunk;
+  if (threadIdx.x == 0) {
+    dead = error_set(sy.err);  // set before the launch: the same for every block
+    if (!dead) chunk = int(atomicAdd(sc.ticket, 1u));
+  }
   __syncthreads();
   if (dead) return;
-  // Written by the count pass (an earlier launch): the same value in every block.
-  const bool bad = a.bad.flag != nullptr && *a.bad.flag != 0;
-  int32_t* base = sc.big ? sc.big + int64_t(blockIdx.x) * (kRouteWarps + 1) * C : reinterpret_cast<int32_t*>(dyn_smem());
-  if (!bad) chunk_base(sc, C, base);
+  const int b = chunk;
+  int32_t* part = sc.part + int64_t(b) * C;
+  int32_t* tables = sc.big ? sc.big + int64_t(b) * (kRouteWarps + 1) * C : reinterpret_cast<int32_t*>(dyn_smem());
+  int32_t* cnt = sc.big ? part : tables;
+  route_count_chunk(a, cnt, b);
+  if (!sc.big)
+    for (int c = threadIdx.x; c < C; c += blockDim.x) part[c] = cnt[c];
   __syncthreads();
-  a.pos = reinterpret_cast<int32_t*>(tp.local + L.in_pos);
-  if (!bad) route_place_chunk(a, base, base + C);
-  if (!grid_last_block(sy.done)) return;
-  if (bad && threadIdx.x == 0) *a.bad.flag = 0;  // every block has read it
-  const int64_t row = 1 + C;
-  for (int64_t i = threadIdx.x; i < int64_t(a.W) * row; i += blockDim.x) {
-    const int p = int(i / row), c = int(i % row);
-    int32_t* dst = reinterpret_cast<int32_t*>(tp.map(p, L.counts)) + int64_t(sy.rank) * row + c;
-    *dst = c == 0 ? (bad ? -1 : a.T) : sc.totals[c - 1];
+  if (threadIdx.x == 0) {
+    __threadfence();
+    st_release_gpu(sc.counted + b, sy.epoch);
   }
+  // Chunks before b belong to blocks that took their tickets first: each is running.
+  bool ok = true;
+  for (int i = threadIdx.x; i < b && ok; i += blockDim.x) {
+    const uint64_t start = global_timer_ns();
+    uint32_t spins = 0;
+    while (ld_acquire_gpu(sc.counted + i) < sy.epoch) {
+      if ((++spins & 63) == 0 && global_timer_ns() - start > sy.timeout_ns) {
+        report_error(sy.err, sy.err_host, kStageDispatchCounts, sy.rank, sy.epoch);
+        ok = false;
+        break;
+      }
+    }
+  }
+  ok = __syncthreads_and(ok) != 0;
+  a.pos = reinterpret_cast<int32_t*>(tp.local + L.in_pos);
+  if (ok) {
+    chunk_base(sc, C, tables, b);
+    __syncthreads();
+    route_place_chunk(a, tables, tables + C, b);
+  }
+  if (!grid_last_block(sy.done)) return;
+  const bool bad = a.bad.flag != nullptr && *a.bad.flag != 0;  // every block has counted
+  if (bad && threadIdx.x == 0) *a.bad.flag = 0;
+  if (threadIdx.x == 0) *sc.ticket = 0u;  // every block has taken its ticket
+  const int64_t row = 1 + C;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    int32_t sum = 0;
+#pragma unroll 8
+    for (int i = 0; i < int(gridDim.x); ++i) sum += __ldcg(sc.part + int64_t(i) * C + c);
+    if (c < a.W) {
+      if (out_per_rank) out_per_rank[c] = sum;
+    } else if (out_per_expert) {
+      out_per_expert[c - a.W] = sum;
+    }
+    for (int p = 0; p < a.W; ++p)
+      reinterpret_cast<int32_t*>(tp.map(p, L.counts))[int64_t(sy.rank) * row + 1 + c] = sum;
+  }
+  for (int p = threadIdx.x; p < a.W; p += blockDim.x)
+    reinterpret_cast<int32_t*>(tp.map(p, L.counts))[int64_t(sy.rank) * row] = bad ? -1 : a.T;
   block_barrier(tp, sy.rank, a.W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageDispatchCounts);
   // Every row has arrived: hand the matrix to the host (mapped memory: no copy launch) and
   // to the snapshot, before a peer's next dispatch can overwrite it.
@@ -77,7 +124,7 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_place_kernel(Transport
 
 // Cached dispatch (dispatch(x, handle=...)): the routing a handle kept goes back where the
 // routing kernels leave it (published ids, weights, positions; the counts matrix), then the
-// barrier "dispatch.counts" as at the end of route_place_kernel. One launch: no routing, and
+// barrier "dispatch.counts" as at the end of route_kernel. One launch: no routing, and
 // no copies through torch (which block the host on symmetric memory).
 template <class Transport>
 __global__ void __launch_bounds__(kRouteThreads) republish_kernel(Transport tp, Layout L, const int4* routing,

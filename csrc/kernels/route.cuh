@@ -75,7 +75,7 @@ __device__ __forceinline__ void summarize_counts(const int32_t* m, int W, int E,
   }
 }
 
-struct RouteScratch {  // global scratch of the two routing kernels (sized by the host)
+struct RouteScratch {  // global scratch of the routing kernels (sized by the host)
   int32_t* part;    // [blocks][C] each chunk's column counts
   int32_t* totals;  // [C] this rank's column totals
   int32_t* big;     // nullptr, or [blocks][kRouteWarps + 1][C] when C is too large for shared memory
@@ -83,6 +83,8 @@ struct RouteScratch {  // global scratch of the two routing kernels (sized by th
   int32_t* counts_snap;  // device copy of it, for kernels that run after peers moved on (or nullptr)
   int64_t* counts_ready;  // host-mapped: the dispatch's epoch once counts_host is complete (or nullptr)
   CountsSummary summary;  // written with counts_host, before the epoch (summary.host nullptr: none)
+  int64_t* counted = nullptr;  // [blocks] route_kernel: the epoch once chunk i's part is written (zeroed once)
+  unsigned int* ticket = nullptr;  // route_kernel: chunks taken so far (zero between launches)
 };
 
 // The exchanged counts matrix m ([W][1 + W + E]) into host-mapped memory and the device
@@ -117,7 +119,7 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingAr
   if (dead) return;  // an earlier wait failed (the same for every block): the host raises
   int32_t* part = sc.part + int64_t(blockIdx.x) * C;
   int32_t* cnt = sc.big ? part : reinterpret_cast<int32_t*>(dyn_smem());
-  route_count_chunk(a, cnt);
+  route_count_chunk(a, cnt, blockIdx.x);
   if (!sc.big)
     for (int c = threadIdx.x; c < C; c += blockDim.x) part[c] = cnt[c];
   if (!grid_last_block(done)) return;
@@ -134,12 +136,12 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingAr
   }
 }
 
-// Place pass prologue, whole block: base[c] = pairs of column c in the chunks before this one.
-__device__ __forceinline__ void chunk_base(const RouteScratch& sc, int C, int32_t* base) {
+// Place pass prologue, whole block: base[c] = pairs of column c in the chunks before chunk b.
+__device__ __forceinline__ void chunk_base(const RouteScratch& sc, int C, int32_t* base, int b) {
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     int32_t sum = 0;
 #pragma unroll 8
-    for (int b = 0; b < int(blockIdx.x); ++b) sum += sc.part[int64_t(b) * C + c];
+    for (int i = 0; i < b; ++i) sum += __ldcg(sc.part + int64_t(i) * C + c);
     base[c] = sum;
   }
 }

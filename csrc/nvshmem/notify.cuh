@@ -65,9 +65,9 @@ __global__ void __launch_bounds__(kRouteMaxThreads) plan_kernel(RoutingArgs<Idx>
   const bool bad = a.bad.flag != nullptr && *a.bad.flag != 0;  // set by the count pass
   int32_t* base = reinterpret_cast<int32_t*>(dyn_smem());     // [C] + [warps][C]
   if (!bad) {
-    chunk_base(sc, C, base);
+    chunk_base(sc, C, base, blockIdx.x);
     __syncthreads();
-    route_place_chunk(a, base, base + C);
+    route_place_chunk(a, base, base + C, blockIdx.x);
     // start[d]: this rank's rows for ranks before d. Rank-major for both output layouts: a
     // row crosses to each destination rank once (expert-major outputs are filled there).
     int32_t* start = base;

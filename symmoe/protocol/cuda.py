@@ -161,7 +161,8 @@ class _CudaProtocol(Protocol):
         self._epoch = 0
         W, E = layout.world_size, layout.num_experts
         self._published: torch.Tensor | None = None  # the routing copy now in the input region
-        self._route_scratch = torch.empty(self.ctx.layout_scratch_bytes() // 4, dtype=torch.int32, device=self.device)
+        # zeroed: route_kernel's chunk marks start below every epoch
+        self._route_scratch = torch.zeros(self.ctx.layout_scratch_bytes() // 4, dtype=torch.int32, device=self.device)
         # The routing kernel leaves the exchanged counts matrix in host-mapped memory (and, for
         # push, a device snapshot): no copy launches between the routing and the data kernels.
         cells = W * (1 + W + E)
