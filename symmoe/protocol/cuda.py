@@ -1,7 +1,8 @@
 """push and pull on the GPU: the flow of ``host.py``, run by the CUDA kernels in ``csrc/``.
 
 dispatch (both protocols)
-  1. routing kernels (one chunk of tokens per block, two passes): routing counts and each
+  1. the routing kernel (one launch, one chunk of tokens per block, two passes: a block places
+     its chunk once every earlier chunk is counted): routing counts and each
      (token, rank) / (token, slot) position among this rank's tokens, expert ids checked;
      publishes topk (int32), weights and positions in the ``input`` region, stores its counts
      row into every peer, barrier "dispatch.counts", then leaves the whole matrix in
@@ -272,7 +273,7 @@ class _CudaProtocol(Protocol):
         # may have moved on; a cached dispatch reuses it), written by the routing kernel.
         counts_dev = torch.empty(self._counts_shape, dtype=torch.int32, device=self.device)
         # The published routing, for a cached dispatch after other dispatches overwrote it:
-        # the routing kernels store this copy as they publish (no copy launch).
+        # the routing kernel stores this copy as it publishes (no copy launch).
         routing = torch.empty(self._routing_bytes(T), dtype=torch.uint8, device=self.device)
         # num_worst_tokens: no host wait, so no host copy of the counts either.
         self.ctx.set_routing_outputs(0 if worst else self._counts_mapped[1], counts_dev.data_ptr(), routing.data_ptr(),
@@ -338,7 +339,7 @@ class _CudaProtocol(Protocol):
                 self.ctx.unpack(counts_dev.data_ptr(), args, expert_major, alignment, sp)
 
     def _routing_bytes(self, T: int) -> int:
-        """Bytes of the input region, from ``in_idx`` on, that the routing kernels publish (ids,
+        """Bytes of the input region, from ``in_idx`` on, that the routing kernel publishes (ids,
         weights, then the positions of T tokens; whole 16-byte vectors): what the data kernels
         read besides x and the counts."""
         start, pos = self._offs["in_idx"], self._offs["in_pos"]
