@@ -50,10 +50,11 @@ class KernelConfig:
     timeout_s: float = 30.0
     copy_bytes: int = 0  # bulk-copy piece (multiple of 128); 0 = whole rows up to 16 KB, 3584 B expert-major
     copy_depth: int = 0  # bulk-copy slots per warp (torch/nccl), depth - 1 loads in flight; 0 = 4 rank-major, 3 expert-major
-    # world-size-1 expert-major dispatch (torch/nccl): "block" = each block loads whole rows into
-    # shared memory, then stores each to its rows (at the DeepSeek shape push 153 -> 146 us,
-    # session 27, pull 152 -> 145, session 28); "grid" = the same with every block meeting the
-    # others between loads and stores (all resident at once); "off" = the bulk-copy mover
+    # world-size-1 expert-major dispatch (every backend): "block" = each block loads whole rows
+    # into shared memory, then stores each to its rows (at the DeepSeek shape push 153 -> 146 us,
+    # session 27, pull 152 -> 145, session 28; nvshmem 159 -> 143, session 29); "grid" = the same
+    # with every block meeting the others between loads and stores (all resident at once);
+    # "off" = the bulk-copy mover (nvshmem: its dispatch kernel)
     fan_phases: str = "block"
     # push with peers (torch/nccl): "unpack" = push kernel, barrier, then a kernel copies the
     # pool out; "stream" = one kernel of sender and receiver channels, the pool copied out as
