@@ -49,8 +49,9 @@ __device__ __forceinline__ void grid_barrier(const Transport& tp, const Layout& 
 // (route_count_chunk), marks them counted, waits until every earlier chunk is counted, then
 // places its pairs after theirs (route_place_chunk) and publishes the positions in the input
 // region. The last block to finish stores this rank's counts row into every peer and runs
-// "dispatch.counts". Two launches, a count kernel and a place kernel, took 7 + 13-16 µs at
-// W=1 (session 28).
+// "dispatch.counts". At W=1 it takes 22.3 µs (19.7 without the host's copy of the counts)
+// where the count and place kernels it replaced took 7.1 + 16.0 (13.5): the gap between two
+// launches was not where the routing's time goes (session 29).
 template <class Transport, typename Idx>
 __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, Layout L, RoutingArgs<Idx> a,
                                                              RouteScratch sc, int32_t* out_per_rank,
@@ -97,7 +98,7 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, L
     route_place_chunk(a, tables, tables + C, b);
   }
   if (!grid_last_block(sy.done)) return;
-  const bool bad = a.bad.flag != nullptr && *a.bad.flag != 0;  // every block has counted
+  const bool bad = a.bad.flag != nullptr && __ldcg(a.bad.flag) != 0;  // every block has counted
   if (bad && threadIdx.x == 0) *a.bad.flag = 0;
   if (threadIdx.x == 0) *sc.ticket = 0u;  // every block has taken its ticket
   const int64_t row = 1 + C;
