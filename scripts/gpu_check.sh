@@ -80,7 +80,7 @@ for s in "${SECTIONS[@]}"; do
       ws=${BENCH_WORLD_SIZES:-1,4}; rep=${BENCH_REPEATS:-30}; protos=${BENCH_PROTOCOLS:-pull,push}
       backends=${BENCH_BACKENDS:-torch,nvshmem,nccl}
       [ "$s" = bench-quick ] && { ws=1; rep=10; }
-      export SYMMOE_BENCH_COMMAND="scripts/gpu_check.sh $s"
+      export SYMMOE_BENCH_COMMAND="$(bench_command scripts/gpu_check.sh "$s")"
       sets=(); for kv in ${BENCH_SET:-}; do sets+=(--set "$kv"); done
       pin=(); [ -n "${BENCH_CPU:-}" ] && command -v taskset >/dev/null && pin=(taskset -c "$BENCH_CPU")
       ${pin[@]+"${pin[@]}"} python3 -m symmoe.bench --backends $backends --world-sizes $ws --protocols $protos --repeats $rep "${sets[@]}" \

@@ -25,6 +25,16 @@ python3 -m pip install -q -e . --no-deps --no-build-isolation >"$LOG/pip.log" 2>
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$LOG/device.txt"
 python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda)" | tee -a "$LOG/device.txt"
 
+# The command a results JSON records (SYMMOE_BENCH_COMMAND): the script and section, after the
+# variables that chose the run (BENCH_*, MPS), so the JSON alone says how to reproduce it.
+bench_command() {
+  local v pre=""
+  for v in BENCH_WORLD_SIZES BENCH_BACKENDS BENCH_PROTOCOLS BENCH_REPEATS BENCH_SET BENCH_X_IN_BUFFER BENCH_CPU MPS; do
+    [ -n "${!v:-}" ] && pre+="$v='${!v}' "
+  done
+  echo "${pre}$*"
+}
+
 # Every extension compiled (symmoe build), its log in $LOG/build.log; returns non-zero on failure.
 build_kernels() {
   local t0=$SECONDS

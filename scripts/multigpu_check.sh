@@ -66,7 +66,7 @@ for s in "${STEPS[@]}"; do
       run -m symmoe.baselines --json "$LOG/baselines.json" 2>&1 | tee "$LOG/baselines.log"
       rc=${PIPESTATUS[0]}; note "baselines (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     bench)
-      export SYMMOE_BENCH_COMMAND="scripts/multigpu_check.sh bench"
+      export SYMMOE_BENCH_COMMAND="$(bench_command scripts/multigpu_check.sh bench)"
       python3 -m symmoe.bench --backends "${BENCH_BACKENDS:-torch,nvshmem,nccl}" --protocols "${BENCH_PROTOCOLS:-pull,push}" \
         --world-sizes "$N" --x-in-buffer "${BENCH_X_IN_BUFFER:-no}" \
         --repeats "${BENCH_REPEATS:-20}" --json "$LOG/bench.json" 2>&1 | tee "$LOG/bench.log"
