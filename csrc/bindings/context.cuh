@@ -412,7 +412,8 @@ void bind_context(py::module_& m, Init init) {
                               py::arg("combine.done") = int(kStageCombineDone),
                               py::arg("barrier") = int(kStageMemoryBarrier),
                               py::arg("bulk copy") = int(kStageBulkCopy),
-                              py::arg("dispatch.phase") = int(kStageFanPhase));
+                              py::arg("dispatch.phase") = int(kStageFanPhase),
+                              py::arg("dispatch.route") = int(kStageRouteChunk));
   m.attr("DEFERRED") = py::dict(py::arg("capacity") = int(kDeferredCapacity), py::arg("bad_ids") = int(kDeferredBadIds));
   bind_wait_mapped(m);
   m.def("host_alloc_mapped", [](size_t nbytes) {

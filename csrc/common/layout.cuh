@@ -38,6 +38,7 @@ enum Stage : int {
   kStageMemoryBarrier = 6,   // SymmetricMemory.barrier()
   kStageBulkCopy = 7,        // a bulk (TMA) load into a warp's shared slot never completed
   kStageFanPhase = 8,        // a block of the phased fan-out never reached a phase (not resident)
+  kStageRouteChunk = 9,      // a chunk of the routing kernel was never counted (its block never ran)
 };
 
 // Host-mapped error record the device writes when a wait expires: never hang, tell the host.

@@ -84,7 +84,7 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, L
     uint32_t spins = 0;
     while (ld_acquire_gpu(sc.counted + i) < sy.epoch) {
       if ((++spins & 63) == 0 && global_timer_ns() - start > sy.timeout_ns) {
-        report_error(sy.err, sy.err_host, kStageDispatchCounts, sy.rank, sy.epoch);
+        report_error(sy.err, sy.err_host, kStageRouteChunk, i, sy.epoch);
         ok = false;
         break;
       }

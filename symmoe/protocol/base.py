@@ -53,6 +53,8 @@ def stall_detail(stage: str, peer: int, epoch: int) -> str:
     """What an expired device wait recorded at ``stage`` (its ErrorWord's peer and epoch), in words."""
     if stage == "bulk copy":
         return f"a bulk (TMA) load of warp {peer} never completed in the kernel of barrier epoch {epoch}"
+    if stage == "dispatch.route":
+        return f"chunk {peer} of the routing kernel was never counted (its block did not run) in the dispatch of epoch {epoch}"
     if stage == "dispatch.phase":
         return (f"not every block of the dispatch kernel reached its phase {peer} (grid-wide kernel.fan_phases "
                 f"needs them all resident at once) in the call of epoch {epoch}")
