@@ -66,7 +66,7 @@ def register(spec: ExtensionSpec) -> ExtensionSpec:
 register(ExtensionSpec(
     name="symmoe_cuda",
     sources=("bindings/symmoe_cuda.cu",),
-    description="kernels over load/store peers (torch symmetric memory); the one-rank fan-out (nvshmem alone)",
+    description="kernels over load/store peers (torch symmetric memory); the one-rank dispatch kernels (nvshmem alone)",
 ))
 
 

@@ -78,6 +78,22 @@ __device__ __forceinline__ bool grid_last_block(unsigned int* counter) {
   return last;
 }
 
+// One thread: spin (gpu-scope acquire) until *p >= target; past timeout_ns record (stage, peer,
+// epoch) and return false. For waits on other blocks of the same grid.
+template <class T>
+__device__ bool wait_at_least_gpu(const T* p, T target, uint64_t timeout_ns, ErrorWord* err, ErrorWord* err_host,
+                                  int stage, int peer, int64_t epoch) {
+  const uint64_t start = global_timer_ns();
+  uint32_t spins = 0;
+  while (ld_acquire_gpu(p) < target) {
+    if ((++spins & 63) == 0 && global_timer_ns() - start > timeout_ns) {
+      report_error(err, err_host, stage, peer, epoch);
+      return false;
+    }
+  }
+  return true;
+}
+
 // Every block of one grid meets at each phase: block-uniform calls, every block resident at
 // once (the caller's launch guarantees it, or the wait expires and records kStageFanPhase with
 // the phase number as the peer). `counter` is zero at launch; finish() leaves it zero for the
@@ -91,19 +107,9 @@ struct GridPhases {
     __syncthreads();
     ++phase;
     if (threadIdx.x == 0) {
-      ok = 1;
       __threadfence();
       atomicAdd(counter, 1u);
-      const unsigned int target = phase * gridDim.x;
-      const uint64_t start = global_timer_ns();
-      uint32_t spins = 0;
-      while (ld_acquire_gpu(counter) < target) {
-        if ((++spins & 63) == 0 && global_timer_ns() - start > timeout_ns) {
-          report_error(err, err_host, kStageFanPhase, int(phase), epoch);
-          ok = 0;
-          break;
-        }
-      }
+      ok = wait_at_least_gpu(counter, phase * gridDim.x, timeout_ns, err, err_host, kStageFanPhase, int(phase), epoch);
     }
     __syncthreads();
     return ok != 0;

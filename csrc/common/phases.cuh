@@ -1,7 +1,7 @@
 // The phased fan-out (kernel.fan_phases) of a world-size-1 expert-major dispatch: whole rows
 // loaded into shared memory, then bulk-stored to every destination row, block by block or with
 // the whole grid meeting between phases. Shared by the CUDA protocols' pull and push kernels
-// and the NVSHMEM protocol's fan kernel, with the host's geometry for them.
+// and kernels/alone.cuh's alone_fan_kernel (nvshmem alone), with the host's geometry for them.
 #pragma once
 #include <cstdint>
 #include <cuda_runtime.h>

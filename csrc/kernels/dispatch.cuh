@@ -79,17 +79,8 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, L
   }
   // Chunks before b belong to blocks that took their tickets first: each is running.
   bool ok = true;
-  for (int i = threadIdx.x; i < b && ok; i += blockDim.x) {
-    const uint64_t start = global_timer_ns();
-    uint32_t spins = 0;
-    while (ld_acquire_gpu(sc.counted + i) < sy.epoch) {
-      if ((++spins & 63) == 0 && global_timer_ns() - start > sy.timeout_ns) {
-        report_error(sy.err, sy.err_host, kStageRouteChunk, i, sy.epoch);
-        ok = false;
-        break;
-      }
-    }
-  }
+  for (int i = threadIdx.x; i < b && ok; i += blockDim.x)
+    ok = wait_at_least_gpu(sc.counted + i, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageRouteChunk, i, sy.epoch);
   ok = __syncthreads_and(ok) != 0;
   a.pos = reinterpret_cast<int32_t*>(tp.local + L.in_pos);
   if (ok) {
@@ -103,14 +94,7 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, L
   if (threadIdx.x == 0) *sc.ticket = 0u;  // every block has taken its ticket
   const int64_t row = 1 + C;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    int32_t sum = 0;
-#pragma unroll 8
-    for (int i = 0; i < int(gridDim.x); ++i) sum += __ldcg(sc.part + int64_t(i) * C + c);
-    if (c < a.W) {
-      if (out_per_rank) out_per_rank[c] = sum;
-    } else if (out_per_expert) {
-      out_per_expert[c - a.W] = sum;
-    }
+    const int32_t sum = column_total(sc, C, a.W, c, out_per_rank, out_per_expert);
     for (int p = 0; p < a.W; ++p)
       reinterpret_cast<int32_t*>(tp.map(p, L.counts))[int64_t(sy.rank) * row + 1 + c] = sum;
   }

@@ -106,6 +106,21 @@ __device__ __forceinline__ void hand_counts(const int32_t* m, int W, int E, int3
   if (threadIdx.x == 0) *reinterpret_cast<volatile int64_t*>(ready) = epoch;
 }
 
+// The last block, column c: its pairs over every chunk, also stored in the layout's per-rank /
+// per-expert counts where asked for (nullptr: not).
+__device__ __forceinline__ int32_t column_total(const RouteScratch& sc, int C, int W, int c, int32_t* per_rank,
+                                                int32_t* per_expert) {
+  int32_t sum = 0;
+#pragma unroll 8
+  for (int i = 0; i < int(gridDim.x); ++i) sum += __ldcg(sc.part + int64_t(i) * C + c);
+  if (c < W) {
+    if (per_rank) per_rank[c] = sum;
+  } else if (per_expert) {
+    per_expert[c - W] = sum;
+  }
+  return sum;
+}
+
 // Pass 1 (grid of blocks, one chunk of tokens each): column counts per chunk, the published
 // int32 ids / weights, is_token_in_rank; the last block to finish sums the chunks' counts.
 template <typename Idx>
@@ -123,17 +138,7 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingAr
   if (!sc.big)
     for (int c = threadIdx.x; c < C; c += blockDim.x) part[c] = cnt[c];
   if (!grid_last_block(done)) return;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    int32_t sum = 0;
-#pragma unroll 8
-    for (int b = 0; b < int(gridDim.x); ++b) sum += __ldcg(sc.part + int64_t(b) * C + c);
-    sc.totals[c] = sum;
-    if (c < a.W) {
-      if (out_per_rank) out_per_rank[c] = sum;
-    } else if (out_per_expert) {
-      out_per_expert[c - a.W] = sum;
-    }
-  }
+  for (int c = threadIdx.x; c < C; c += blockDim.x) sc.totals[c] = column_total(sc, C, a.W, c, out_per_rank, out_per_expert);
 }
 
 // Place pass prologue, whole block: base[c] = pairs of column c in the chunks before chunk b.
