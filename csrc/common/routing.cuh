@@ -4,15 +4,15 @@
 // (senders) and pull (receivers) alike.
 //
 // Columns: c < W are ranks (a token counts once per rank: at its first slot owned by that
-// rank), c = W + e are experts. The tokens are split into one chunk per block, in two passes
-// so that every block works at once (one block walking all T*K pairs took ~100 us; the CUDA
-// protocols run both in one launch, kernels/dispatch.cuh's route_kernel):
-//   count  (route_count_chunk)  each block counts its chunk's columns -> part[b][C];
-//   place  (route_place_chunk)  each block starts from the columns' counts in the chunks
-//                               before it and numbers its own pairs in token order.
-// Inside a chunk, pairs are walked flattened, p = t * K + k, 32 per warp step;
+// rank), c = W + e are experts. The tokens are split into one chunk per block so that every
+// block works at once (one block walking all T*K pairs took ~100 us). route_chunk numbers a
+// chunk's pairs inside the chunk (each warp its own run of tokens, 32 pairs a step; then the
+// warps' counts are scanned per column), waits for the counts of the chunks before it and
+// publishes the positions after theirs: the CUDA protocols' route_kernel (kernels/dispatch.cuh)
+// does all of it in one launch. The NVSHMEM plan counts first (route_count_chunk, its own
+// kernel) and places after (route_place_chunk).
 // __match_any_sync ranks equal columns inside a step. Because an expert (and, by the
-// first-slot rule, a rank) occurs at most once per token, rank by p equals rank by t.
+// first-slot rule, a rank) occurs at most once per token, rank by p = t * K + k equals rank by t.
 #pragma once
 #include <cstdint>
 
@@ -68,55 +68,6 @@ __device__ __forceinline__ bool first_slot_of_owner(const Idx* row, int k, int o
   return true;
 }
 
-// Pass 1, whole block: chunk b -> cnt[C] (shared, zeroed here); publishes the int32 ids /
-// weights and writes is_token_in_rank for the chunk.
-template <typename Idx>
-__device__ void route_count_chunk(const RoutingArgs<Idx>& a, int32_t* cnt, int b) {
-  const int C = a.columns(), L = a.E / a.W;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) cnt[c] = 0;
-  __syncthreads();
-  const int t0 = a.chunk_begin(b), t1 = a.chunk_begin(b + 1);
-  for (int64_t p = int64_t(t0) * a.K + threadIdx.x; p < int64_t(t1) * a.K; p += blockDim.x) {
-    const int t = int(p / a.K), k = int(p % a.K);
-    const Idx v = a.idx[p];
-    const int e = static_cast<int>(v);
-    if (a.pub_idx) {
-      a.publish(a.pub_idx + p, e);
-      a.publish(a.pub_w + p, a.w[p]);
-    }
-    if (a.bad.flag) {
-      int64_t kind = (v < -1 || v >= a.E) ? kBadRange : 0;
-      for (int kk = 0; kk < k && kind == 0 && v >= 0; ++kk)
-        if (a.idx[int64_t(t) * a.K + kk] == v) kind = kBadDuplicate;
-      if (kind) {
-        if (atomicCAS(a.bad.flag, 0, 1) == 0) {
-          a.bad.info[0] = kind;
-          a.bad.info[1] = t;
-          a.bad.info[2] = k;
-          a.bad.info[3] = int64_t(v);
-        }
-        continue;  // never index the tables with it
-      }
-    }
-    if (e < 0) continue;
-    atomicAdd(&cnt[a.W + e], 1);
-    const int o = e / L;
-    if (first_slot_of_owner(a.idx + int64_t(t) * a.K, k, o, L)) atomicAdd(&cnt[o], 1);
-  }
-  if (a.in_rank) {
-    for (int64_t i = int64_t(t0) * a.W + threadIdx.x; i < int64_t(t1) * a.W; i += blockDim.x) {
-      const int t = int(i / a.W), o = int(i % a.W);
-      bool hit = false;
-      for (int k = 0; k < a.K; ++k) {
-        const int e = static_cast<int>(a.idx[int64_t(t) * a.K + k]);
-        hit = hit || (e >= 0 && e / L == o);
-      }
-      a.in_rank[i] = hit;
-    }
-  }
-  __syncthreads();
-}
-
 // The place pass works warp by warp: warp w takes a contiguous run of the chunk's tokens and
 // walks their pairs 32 at a time. One pair of such a step: its token and slot, its expert and
 // rank columns (-1: none) and its rank among the warp's pairs of each column.
@@ -169,6 +120,24 @@ __device__ __forceinline__ void pair_columns(const RoutingArgs<Idx>& a, int64_t 
   const int e = static_cast<int>(v), o = e / L;
   q.ce = a.W + e;
   q.cr = first_slot_of_owner(row, q.k, o, L) ? o : -1;
+}
+
+// is_token_in_rank for chunk b's tokens (a.in_rank nullptr: skip), whole block.
+template <typename Idx>
+__device__ __forceinline__ void chunk_in_rank(const RoutingArgs<Idx>& a, int b) {
+  if (a.in_rank == nullptr) return;
+  const int L = a.E / a.W;
+  const int64_t t0 = a.chunk_begin(b), t1 = a.chunk_begin(b + 1);
+  for (int64_t i = t0 * a.W + threadIdx.x; i < t1 * a.W; i += blockDim.x) {
+    const int64_t t = i / a.W;
+    const int o = int(i % a.W);
+    bool hit = false;
+    for (int k = 0; k < a.K; ++k) {
+      const Idx e = a.idx[t * a.K + k];
+      hit = hit || (e >= 0 && e < a.E && int(e) / L == o);
+    }
+    a.in_rank[i] = hit;
+  }
 }
 
 // Pass 1, whole warp: the pairs [start, start + 32) ∩ [.., p1), one per lane, numbered among
@@ -231,20 +200,7 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
     if (q.ce >= 0) a.pos[int64_t(q.t) * PC + a.W + q.k] = q.le;
     if (q.cr >= 0) a.pos[int64_t(q.t) * PC + q.cr] = q.lr;
   }
-  if (kCount && a.in_rank) {
-    const int L = a.E / a.W;
-    const int64_t t0 = a.chunk_begin(b), t1 = a.chunk_begin(b + 1);
-    for (int64_t i = t0 * a.W + tid; i < t1 * a.W; i += blockDim.x) {
-      const int64_t t = i / a.W;
-      const int o = int(i % a.W);
-      bool hit = false;
-      for (int k = 0; k < a.K; ++k) {
-        const Idx e = a.idx[t * a.K + k];
-        hit = hit || (e >= 0 && e < a.E && int(e) / L == o);
-      }
-      a.in_rank[i] = hit;
-    }
-  }
+  if (kCount) chunk_in_rank(a, b);
   __syncthreads();
   for (int c = tid; c < C; c += blockDim.x) {
     int32_t run = 0;
@@ -276,6 +232,24 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
 template <typename Idx>
 __device__ void route_place_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int32_t* hist, int b) {
   route_chunk<false>(a, base, hist, nullptr, b, [] { return true; });
+}
+
+// The count pass alone (get_dispatch_layout, and the NVSHMEM plan's first kernel), whole
+// block: chunk b -> cnt[C] (shared, zeroed here), with the ids published and checked and
+// is_token_in_rank written as route_chunk's first walk does.
+template <typename Idx>
+__device__ void route_count_chunk(const RoutingArgs<Idx>& a, int32_t* cnt, int b) {
+  for (int c = threadIdx.x; c < a.columns(); c += blockDim.x) cnt[c] = 0;
+  __syncthreads();
+  const int t0 = a.chunk_begin(b), t1 = a.chunk_begin(b + 1);
+  for (int64_t p = int64_t(t0) * a.K + threadIdx.x; p < int64_t(t1) * a.K; p += blockDim.x) {
+    PairPlace q;
+    pair_columns<true>(a, p, q);
+    if (q.ce >= 0) atomicAdd(&cnt[q.ce], 1);
+    if (q.cr >= 0) atomicAdd(&cnt[q.cr], 1);
+  }
+  chunk_in_rank(a, b);
+  __syncthreads();
 }
 
 // One token's routing as a sender reads it: lane k < K its expert id and weight, lane c < PC
