@@ -4,15 +4,15 @@
 // (senders) and pull (receivers) alike.
 //
 // Columns: c < W are ranks (a token counts once per rank: at its first slot owned by that
-// rank), c = W + e are experts. The tokens are split into one chunk per block, in two passes
-// so that every block works at once (one block walking all T*K pairs took ~100 us; the CUDA
-// protocols run both in one launch, kernels/dispatch.cuh's route_kernel):
-//   count  (route_count_chunk)  each block counts its chunk's columns -> part[b][C];
-//   place  (route_place_chunk)  each block starts from the columns' counts in the chunks
-//                               before it and numbers its own pairs in token order.
-// Inside a chunk, pairs are walked flattened, p = t * K + k, 32 per warp step;
+// rank), c = W + e are experts. The tokens are split into one chunk per block so that every
+// block works at once (one block walking all T*K pairs took ~100 us). route_chunk numbers a
+// chunk's pairs inside the chunk (each warp its own run of tokens, 32 pairs a step; then the
+// warps' counts are scanned per column), waits for the counts of the chunks before it and
+// publishes the positions after theirs: the CUDA protocols' route_kernel (kernels/dispatch.cuh)
+// does all of it in one launch. The NVSHMEM plan counts first (route_count_chunk, its own
+// kernel) and places after (route_place_chunk).
 // __match_any_sync ranks equal columns inside a step. Because an expert (and, by the
-// first-slot rule, a rank) occurs at most once per token, rank by p equals rank by t.
+// first-slot rule, a rank) occurs at most once per token, rank by p = t * K + k equals rank by t.
 #pragma once
 #include <cstdint>
 
@@ -68,120 +68,187 @@ __device__ __forceinline__ bool first_slot_of_owner(const Idx* row, int k, int o
   return true;
 }
 
-// Pass 1, whole block: chunk b -> cnt[C] (shared, zeroed here); publishes the int32 ids /
-// weights and writes is_token_in_rank for the chunk.
+// The place pass works warp by warp: warp w takes a contiguous run of the chunk's tokens and
+// walks their pairs 32 at a time. One pair of such a step: its token and slot, its expert and
+// rank columns (-1: none) and its rank among the warp's pairs of each column.
+struct PairPlace {
+  int t = 0, k = 0, ce = -1, cr = -1, le = 0, lr = 0;
+};
+
+// The pairs [p0, p1) of chunk b that warp `warp` of `nw` places.
 template <typename Idx>
-__device__ void route_count_chunk(const RoutingArgs<Idx>& a, int32_t* cnt, int b) {
-  const int C = a.columns(), L = a.E / a.W;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) cnt[c] = 0;
-  __syncthreads();
-  const int t0 = a.chunk_begin(b), t1 = a.chunk_begin(b + 1);
-  for (int64_t p = int64_t(t0) * a.K + threadIdx.x; p < int64_t(t1) * a.K; p += blockDim.x) {
-    const int t = int(p / a.K), k = int(p % a.K);
-    const Idx v = a.idx[p];
-    const int e = static_cast<int>(v);
+__device__ __forceinline__ void warp_pairs(const RoutingArgs<Idx>& a, int b, int warp, int nw, int64_t& p0,
+                                           int64_t& p1) {
+  const int c0 = a.chunk_begin(b), c1 = a.chunk_begin(b + 1);
+  const int per_warp = (c1 - c0 + nw - 1) / nw;
+  const int64_t t0 = min(c1, c0 + warp * per_warp), t1 = min(int64_t(c1), t0 + per_warp);
+  p0 = t0 * a.K;
+  p1 = t1 * a.K;
+}
+
+// A pair's columns. kCount: the routing's first look at the pair, which also publishes its
+// int32 id and weight and checks it (a bad pair is reported and is no pair here); otherwise
+// out-of-range ids are no pair (the count pass reported them; nothing reads their positions).
+template <bool kCount, typename Idx>
+__device__ __forceinline__ void pair_columns(const RoutingArgs<Idx>& a, int64_t p, PairPlace& q) {
+  const int L = a.E / a.W;
+  q.t = int(p / a.K);
+  q.k = int(p % a.K);
+  const Idx v = a.idx[p];
+  const Idx* row = a.idx + int64_t(q.t) * a.K;
+  if constexpr (kCount) {
     if (a.pub_idx) {
-      a.publish(a.pub_idx + p, e);
+      a.publish(a.pub_idx + p, static_cast<int32_t>(v));
       a.publish(a.pub_w + p, a.w[p]);
     }
     if (a.bad.flag) {
       int64_t kind = (v < -1 || v >= a.E) ? kBadRange : 0;
-      for (int kk = 0; kk < k && kind == 0 && v >= 0; ++kk)
-        if (a.idx[int64_t(t) * a.K + kk] == v) kind = kBadDuplicate;
+      for (int kk = 0; kk < q.k && kind == 0 && v >= 0; ++kk)
+        if (row[kk] == v) kind = kBadDuplicate;
       if (kind) {
         if (atomicCAS(a.bad.flag, 0, 1) == 0) {
           a.bad.info[0] = kind;
-          a.bad.info[1] = t;
-          a.bad.info[2] = k;
+          a.bad.info[1] = q.t;
+          a.bad.info[2] = q.k;
           a.bad.info[3] = int64_t(v);
         }
-        continue;  // never index the tables with it
+        return;  // never index the tables with it
       }
     }
-    if (e < 0) continue;
-    atomicAdd(&cnt[a.W + e], 1);
-    const int o = e / L;
-    if (first_slot_of_owner(a.idx + int64_t(t) * a.K, k, o, L)) atomicAdd(&cnt[o], 1);
   }
-  if (a.in_rank) {
-    for (int64_t i = int64_t(t0) * a.W + threadIdx.x; i < int64_t(t1) * a.W; i += blockDim.x) {
-      const int t = int(i / a.W), o = int(i % a.W);
-      bool hit = false;
-      for (int k = 0; k < a.K; ++k) {
-        const int e = static_cast<int>(a.idx[int64_t(t) * a.K + k]);
-        hit = hit || (e >= 0 && e / L == o);
-      }
-      a.in_rank[i] = hit;
-    }
-  }
-  __syncthreads();
+  if (v < 0 || v >= a.E) return;
+  const int e = static_cast<int>(v), o = e / L;
+  q.ce = a.W + e;
+  q.cr = first_slot_of_owner(row, q.k, o, L) ? o : -1;
 }
 
-// Pass 2, whole block: positions of chunk b's pairs. base[C]: pairs of each column in the
-// chunks before it. hist: [nwarps][C] scratch (shared, or global when C is large). Ids out of
-// range are no pair here (the count pass reported them; nothing will read these positions).
+// is_token_in_rank for chunk b's tokens (a.in_rank nullptr: skip), whole block.
 template <typename Idx>
-__device__ void route_place_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int32_t* hist, int b) {
+__device__ __forceinline__ void chunk_in_rank(const RoutingArgs<Idx>& a, int b) {
+  if (a.in_rank == nullptr) return;
+  const int L = a.E / a.W;
+  const int64_t t0 = a.chunk_begin(b), t1 = a.chunk_begin(b + 1);
+  for (int64_t i = t0 * a.W + threadIdx.x; i < t1 * a.W; i += blockDim.x) {
+    const int64_t t = i / a.W;
+    const int o = int(i % a.W);
+    bool hit = false;
+    for (int k = 0; k < a.K; ++k) {
+      const Idx e = a.idx[t * a.K + k];
+      hit = hit || (e >= 0 && e < a.E && int(e) / L == o);
+    }
+    a.in_rank[i] = hit;
+  }
+}
+
+// Pass 1, whole warp: the pairs [start, start + 32) ∩ [.., p1), one per lane, numbered among
+// the warp's pairs of their columns so far; h: the warp's [C] counts, advanced here.
+// __match_any_sync ranks equal columns inside the step.
+template <bool kCount, typename Idx>
+__device__ __forceinline__ PairPlace place_step(const RoutingArgs<Idx>& a, int32_t* h, int64_t start, int64_t p1,
+                                                int lane) {
+  PairPlace q;
+  const int64_t p = start + lane;
+  if (p < p1) pair_columns<kCount>(a, p, q);
+  const uint32_t me = __match_any_sync(0xffffffffu, q.ce);
+  const uint32_t mr = __match_any_sync(0xffffffffu, q.cr);
+  const int32_t be = q.ce >= 0 ? h[q.ce] : 0;
+  const int32_t br = q.cr >= 0 ? h[q.cr] : 0;
+  __syncwarp();
+  if (q.ce >= 0 && lane == 31 - __clz(me)) h[q.ce] = be + __popc(me);
+  if (q.cr >= 0 && lane == 31 - __clz(mr)) h[q.cr] = br + __popc(mr);
+  __syncwarp();
+  q.le = be + __popc(me & lanemask_lt());
+  q.lr = br + __popc(mr & lanemask_lt());
+  return q;
+}
+
+// Pass 2: the pair's positions, base[c] (the earlier chunks) + hw[c] (the earlier warps of this
+// chunk) + its rank inside the warp, published.
+template <typename Idx>
+__device__ __forceinline__ void place_final(const RoutingArgs<Idx>& a, const int32_t* base, const int32_t* hw,
+                                            const PairPlace& q) {
+  const int64_t row = int64_t(q.t) * (a.W + a.K);
+  if (q.ce >= 0) a.publish(a.pos + row + a.W + q.k, base[q.ce] + hw[q.ce] + q.le);
+  if (q.cr >= 0) a.publish(a.pos + row + q.cr, base[q.cr] + hw[q.cr] + q.lr);
+}
+
+// Positions of chunk b's pairs, whole block; hist: [nwarps][C] scratch (shared, or global when C
+// is large). Pass 1 numbers each warp's pairs; then each column's per-warp counts become the
+// warps' starts inside the chunk and its chunk total goes to `total` (nullptr: not kept);
+// `between()` (whole block) then leaves in base[C] the pairs of each column in the chunks
+// before b, or returns false (a wait failed: no position is written); pass 2 publishes the positions. The first kKeep steps of a warp stay in registers
+// (at 128 tokens a chunk, top-8, 32 warps: one step); later ones park their ranks in `pos`.
+// kCount: this is the routing's only look at the ids (route_kernel): it also publishes them,
+// checks them and writes is_token_in_rank.
+template <bool kCount, typename Idx, typename Between>
+__device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int32_t* hist, int32_t* total, int b,
+                            Between&& between) {
+  constexpr int kKeep = 2;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
-  const int C = a.columns(), L = a.E / a.W, PC = a.W + a.K;
+  const int C = a.columns(), PC = a.W + a.K;
   for (int i = tid; i < nw * C; i += blockDim.x) hist[i] = 0;
   __syncthreads();
-
-  const int c0 = a.chunk_begin(b), c1 = a.chunk_begin(b + 1);
-  const int per_warp = (c1 - c0 + nw - 1) / nw;
-  const int64_t t0 = min(c1, c0 + warp * per_warp), t1 = min(int64_t(c1), t0 + per_warp);
-  const int64_t p0 = t0 * a.K, p1 = t1 * a.K;
+  int64_t p0, p1;
+  warp_pairs(a, b, warp, nw, p0, p1);
   int32_t* h = hist + int64_t(warp) * C;
-
-  // Positions inside this warp's tokens; per-warp column counts.
-  for (int64_t start = p0; start < p1; start += 32) {
-    const int64_t p = start + lane;
-    const bool valid = p < p1;
-    const int t = valid ? int(p / a.K) : 0, k = valid ? int(p % a.K) : 0;
-    int e = valid ? static_cast<int>(a.idx[p]) : -1;
-    if (e >= a.E) e = -1;
-    const int o = e >= 0 ? e / L : -1;
-    const bool first = o >= 0 && first_slot_of_owner(a.idx + int64_t(t) * a.K, k, o, L);
-    const int ce = e >= 0 ? a.W + e : -1;
-    const int cr = first ? o : -1;
-    const uint32_t me = __match_any_sync(0xffffffffu, ce);
-    const uint32_t mr = __match_any_sync(0xffffffffu, cr);
-    const int32_t be = ce >= 0 ? h[ce] : 0;
-    const int32_t br = cr >= 0 ? h[cr] : 0;
-    __syncwarp();
-    if (ce >= 0 && lane == 31 - __clz(me)) h[ce] = be + __popc(me);
-    if (cr >= 0 && lane == 31 - __clz(mr)) h[cr] = br + __popc(mr);
-    __syncwarp();
-    if (ce >= 0) a.pos[int64_t(t) * PC + a.W + k] = be + __popc(me & lanemask_lt());
-    if (cr >= 0) a.pos[int64_t(t) * PC + o] = br + __popc(mr & lanemask_lt());
+  PairPlace kept[kKeep];
+#pragma unroll
+  for (int s = 0; s < kKeep; ++s)
+    if (p0 + 32 * s < p1) kept[s] = place_step<kCount>(a, h, p0 + 32 * s, p1, lane);
+  for (int64_t start = p0 + 32 * kKeep; start < p1; start += 32) {
+    const PairPlace q = place_step<kCount>(a, h, start, p1, lane);
+    if (q.ce >= 0) a.pos[int64_t(q.t) * PC + a.W + q.k] = q.le;
+    if (q.cr >= 0) a.pos[int64_t(q.t) * PC + q.cr] = q.lr;
   }
+  if (kCount) chunk_in_rank(a, b);
   __syncthreads();
-
-  // Each warp's start in each column: the earlier chunks, then the earlier warps.
   for (int c = tid; c < C; c += blockDim.x) {
-    int32_t run = base[c];
+    int32_t run = 0;
     for (int w = 0; w < nw; ++w) {
       const int32_t v = hist[int64_t(w) * C + c];
       hist[int64_t(w) * C + c] = run;
       run += v;
     }
+    if (total) total[c] = run;
   }
   __syncthreads();
-
-  for (int64_t start = p0; start < p1; start += 32) {
-    const int64_t p = start + lane;
-    if (p >= p1) continue;
-    const int t = int(p / a.K), k = int(p % a.K);
-    const int e = static_cast<int>(a.idx[p]);
-    if (e < 0 || e >= a.E) continue;
-    const int o = e / L;
-    int32_t* pe = a.pos + int64_t(t) * PC + a.W + k;
-    a.publish(pe, *pe + h[a.W + e]);
-    if (first_slot_of_owner(a.idx + int64_t(t) * a.K, k, o, L)) {
-      int32_t* pr = a.pos + int64_t(t) * PC + o;
-      a.publish(pr, *pr + h[o]);
-    }
+  if (!between()) return;  // a wait failed: the host raises; no position is written
+  __syncthreads();
+#pragma unroll
+  for (int s = 0; s < kKeep; ++s)
+    if (p0 + 32 * s < p1) place_final(a, base, h, kept[s]);
+  for (int64_t p = p0 + 32 * kKeep + lane; p < p1; p += 32) {
+    PairPlace q;
+    pair_columns<false>(a, p, q);
+    if (q.ce >= 0) q.le = a.pos[int64_t(q.t) * PC + a.W + q.k];
+    if (q.cr >= 0) q.lr = a.pos[int64_t(q.t) * PC + q.cr];
+    place_final(a, base, h, q);
   }
+  __syncthreads();
+}
+
+// Pass 2 of the two-kernel routing (the NVSHMEM plan): positions of chunk b's pairs after
+// base[C], the pairs of each column in the chunks before it, which the count pass gave.
+template <typename Idx>
+__device__ void route_place_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int32_t* hist, int b) {
+  route_chunk<false>(a, base, hist, nullptr, b, [] { return true; });
+}
+
+// The count pass alone (get_dispatch_layout, and the NVSHMEM plan's first kernel), whole
+// block: chunk b -> cnt[C] (shared, zeroed here), with the ids published and checked and
+// is_token_in_rank written as route_chunk's first walk does.
+template <typename Idx>
+__device__ void route_count_chunk(const RoutingArgs<Idx>& a, int32_t* cnt, int b) {
+  for (int c = threadIdx.x; c < a.columns(); c += blockDim.x) cnt[c] = 0;
+  __syncthreads();
+  const int t0 = a.chunk_begin(b), t1 = a.chunk_begin(b + 1);
+  for (int64_t p = int64_t(t0) * a.K + threadIdx.x; p < int64_t(t1) * a.K; p += blockDim.x) {
+    PairPlace q;
+    pair_columns<true>(a, p, q);
+    if (q.ce >= 0) atomicAdd(&cnt[q.ce], 1);
+    if (q.cr >= 0) atomicAdd(&cnt[q.cr], 1);
+  }
+  chunk_in_rank(a, b);
   __syncthreads();
 }
 

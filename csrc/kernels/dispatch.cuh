@@ -45,13 +45,15 @@ __device__ __forceinline__ void grid_barrier(const Transport& tp, const Layout& 
 }
 
 // The routing of a dispatch in one launch: each block takes the next chunk of tokens (a
-// ticket, so it waits only for chunks that running blocks hold), counts its pairs per column
-// (route_count_chunk), marks them counted, waits until every earlier chunk is counted, then
-// places its pairs after theirs (route_place_chunk) and publishes the positions in the input
-// region. The last block to finish stores this rank's counts row into every peer and runs
-// "dispatch.counts". At W=1 it takes 22.3 µs (19.7 without the host's copy of the counts)
-// where the count and place kernels it replaced took 7.1 + 16.0 (13.5): the gap between two
-// launches was not where the routing's time goes (session 29).
+// ticket, so it waits only for chunks that running blocks hold), numbers its pairs per column
+// inside the chunk (route_chunk's pass 1, which also publishes and checks the ids), marks the
+// chunk's counts ready, waits until every earlier chunk's are, then publishes its positions
+// after theirs in the input region. The block of the last chunk also leaves the column totals
+// (its base plus its own counts); the last block to finish stores this rank's counts row into
+// every peer and runs "dispatch.counts", so peers pull only once every position is written.
+// Session 30 measured the two-pass kernel (22.7 µs at W=1) phase by phase: ticket 1, count
+// 3.5, chunk wait 2, base 2, place 5, totals 3.3, barrier 2.5, hand-over 3; the count pass
+// and the place pass's first walk are now one, and the totals are summed once.
 template <class Transport, typename Idx>
 __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, Layout L, RoutingArgs<Idx> a,
                                                              RouteScratch sc, int32_t* out_per_rank,
@@ -68,33 +70,32 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, L
   const int b = chunk;
   int32_t* part = sc.part + int64_t(b) * C;
   int32_t* tables = sc.big ? sc.big + int64_t(b) * (kRouteWarps + 1) * C : reinterpret_cast<int32_t*>(dyn_smem());
-  int32_t* cnt = sc.big ? part : tables;
-  route_count_chunk(a, cnt, b);
-  if (!sc.big)
-    for (int c = threadIdx.x; c < C; c += blockDim.x) part[c] = cnt[c];
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    st_release_gpu(sc.counted + b, sy.epoch);
-  }
-  // Chunks before b belong to blocks that took their tickets first: each is running.
-  bool ok = true;
-  for (int i = threadIdx.x; i < b && ok; i += blockDim.x)
-    ok = wait_at_least_gpu(sc.counted + i, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageRouteChunk, i, sy.epoch);
-  ok = __syncthreads_and(ok) != 0;
   a.pos = reinterpret_cast<int32_t*>(tp.local + L.in_pos);
-  if (ok) {
+  route_chunk<true>(a, tables, tables + C, part, b, [&] {
+    if (threadIdx.x == 0) {
+      __threadfence();  // cumulative: the block's counts in `part` before the mark
+      st_release_gpu(sc.counted + b, sy.epoch);
+    }
+    // Chunks before b belong to blocks that took their tickets first: each is running.
+    bool ok = true;
+    for (int i = threadIdx.x; i < b && ok; i += blockDim.x)
+      ok = wait_at_least_gpu(sc.counted + i, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageRouteChunk, i,
+                             sy.epoch);
+    ok = __syncthreads_and(ok) != 0;
+    if (!ok) return false;
     chunk_base(sc, C, tables, b);
-    __syncthreads();
-    route_place_chunk(a, tables, tables + C, b);
-  }
+    if (b == int(gridDim.x) - 1)
+      for (int c = threadIdx.x; c < C; c += blockDim.x) sc.totals[c] = tables[c] + part[c];
+    return true;
+  });
   if (!grid_last_block(sy.done)) return;
   const bool bad = a.bad.flag != nullptr && __ldcg(a.bad.flag) != 0;  // every block has counted
   if (bad && threadIdx.x == 0) *a.bad.flag = 0;
   if (threadIdx.x == 0) *sc.ticket = 0u;  // every block has taken its ticket
   const int64_t row = 1 + C;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    const int32_t sum = column_total(sc, C, a.W, c, out_per_rank, out_per_expert);
+    const int32_t sum = __ldcg(sc.totals + c);
+    keep_total(a.W, c, sum, out_per_rank, out_per_expert);
     for (int p = 0; p < a.W; ++p)
       reinterpret_cast<int32_t*>(tp.map(p, L.counts))[int64_t(sy.rank) * row + 1 + c] = sum;
   }

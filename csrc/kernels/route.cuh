@@ -101,24 +101,21 @@ __device__ __forceinline__ void hand_counts(const int32_t* m, int W, int E, int3
   }
   if (summary.host) summarize_counts(m, W, E, summary);
   if (ready == nullptr) return;
-  __threadfence_system();  // this thread's part of the matrix is visible to the host first
   __syncthreads();
-  if (threadIdx.x == 0) *reinterpret_cast<volatile int64_t*>(ready) = epoch;
+  if (threadIdx.x == 0) {
+    fence_sys();  // cumulative: every thread's part of the matrix reaches the host first
+    *reinterpret_cast<volatile int64_t*>(ready) = epoch;
+  }
 }
 
-// The last block, column c: its pairs over every chunk, also stored in the layout's per-rank /
-// per-expert counts where asked for (nullptr: not).
-__device__ __forceinline__ int32_t column_total(const RouteScratch& sc, int C, int W, int c, int32_t* per_rank,
-                                                int32_t* per_expert) {
-  int32_t sum = 0;
-#pragma unroll 8
-  for (int i = 0; i < int(gridDim.x); ++i) sum += __ldcg(sc.part + int64_t(i) * C + c);
+// Column c's total over every chunk into the layout's per-rank / per-expert counts where
+// asked for (nullptr: not).
+__device__ __forceinline__ void keep_total(int W, int c, int32_t sum, int32_t* per_rank, int32_t* per_expert) {
   if (c < W) {
     if (per_rank) per_rank[c] = sum;
   } else if (per_expert) {
     per_expert[c - W] = sum;
   }
-  return sum;
 }
 
 // Pass 1 (grid of blocks, one chunk of tokens each): column counts per chunk, the published
@@ -138,7 +135,13 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingAr
   if (!sc.big)
     for (int c = threadIdx.x; c < C; c += blockDim.x) part[c] = cnt[c];
   if (!grid_last_block(done)) return;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) sc.totals[c] = column_total(sc, C, a.W, c, out_per_rank, out_per_expert);
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    int32_t sum = 0;
+#pragma unroll 8
+    for (int i = 0; i < int(gridDim.x); ++i) sum += __ldcg(sc.part + int64_t(i) * C + c);
+    sc.totals[c] = sum;
+    keep_total(a.W, c, sum, out_per_rank, out_per_expert);
+  }
 }
 
 // Place pass prologue, whole block: base[c] = pairs of column c in the chunks before chunk b.
