@@ -1,8 +1,8 @@
 """push and pull on the GPU: the flow of ``host.py``, run by the CUDA kernels in ``csrc/``.
 
 dispatch (both protocols)
-  1. the routing kernel (one launch, one chunk of tokens per block, two passes: a block places
-     its chunk once every earlier chunk is counted): routing counts and each
+  1. the routing kernel (one launch, one chunk of tokens per block, walked once: a block numbers
+     its pairs inside the chunk, then places them once every earlier chunk is counted): routing counts and each
      (token, rank) / (token, slot) position among this rank's tokens, expert ids checked;
      publishes topk (int32), weights and positions in the ``input`` region, stores its counts
      row into every peer, barrier "dispatch.counts", then leaves the whole matrix in
