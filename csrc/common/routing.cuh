@@ -176,8 +176,9 @@ __device__ __forceinline__ void place_final(const RoutingArgs<Idx>& a, const int
 // is large). Pass 1 numbers each warp's pairs; then each column's per-warp counts become the
 // warps' starts inside the chunk and its chunk total goes to `total` (nullptr: not kept);
 // `between()` (whole block) then leaves in base[C] the pairs of each column in the chunks
-// before b, or returns false (a wait failed: no position is written); pass 2 publishes the positions. The first kKeep steps of a warp stay in registers
-// (at 128 tokens a chunk, top-8, 32 warps: one step); later ones park their ranks in `pos`.
+// before b, or returns false (a wait failed: no position is written); pass 2 publishes the
+// positions. The first kKeep steps of a warp stay in registers (at 128 tokens a chunk, top-8,
+// 32 warps: one step); later ones park their ranks in `pos`.
 // kCount: this is the routing's only look at the ids (route_kernel): it also publishes them,
 // checks them and writes is_token_in_rank.
 template <bool kCount, typename Idx, typename Between>
