@@ -72,6 +72,18 @@ def test_routing_split_over_many_chunks(world_size, protocol, seed):
     assert _run(world_size, cfg, seed + 555 + world_size, CHECK_ROUTINGS[:4]) == [8] * world_size
 
 
+@pytest.mark.parametrize("protocol", ["pull", "push"])
+@pytest.mark.parametrize("num_sms, steps", [(8, 2), (4, 4)])
+def test_routing_chunks_of_many_steps_a_warp(num_sms, steps, protocol, seed):
+    """Few blocks, many tokens: up to 2048 tokens a rank in num_sms chunks, so each of a routing
+    block's 32 warps numbers up to `steps` runs of 32 pairs (top-8: 2048 / num_sms / 32 * 8 / 32).
+    route_chunk keeps a warp's first two steps in registers and parks the later ones' ranks in
+    the positions table: both must number rows as the reference does."""
+    cfg = gpu_config(protocol=protocol, **{"buffer.hidden": 64, "buffer.max_tokens_per_rank": 2048,
+                                          "kernel.num_sms": num_sms})
+    assert _run(2, cfg, seed + 556 + steps, CHECK_ROUTINGS[:4]) == [8, 8]
+
+
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_other_payload_dtypes(dtype, seed):
     cfg = gpu_config(**{"buffer.dtype": dtype, "buffer.hidden": 136})
