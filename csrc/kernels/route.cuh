@@ -108,6 +108,17 @@ __device__ __forceinline__ void hand_counts(const int32_t* m, int W, int E, int3
   }
 }
 
+// Whole block: base[c] = pairs of column c in the chunks before chunk b (b = every chunk: the
+// column totals).
+__device__ __forceinline__ void chunk_base(const RouteScratch& sc, int C, int32_t* base, int b) {
+  for (int c = threadIdx.x; c < C; c += blockDim.x) {
+    int32_t sum = 0;
+#pragma unroll 8
+    for (int i = 0; i < b; ++i) sum += __ldcg(sc.part + int64_t(i) * C + c);
+    base[c] = sum;
+  }
+}
+
 // Column c's total over every chunk into the layout's per-rank / per-expert counts where
 // asked for (nullptr: not).
 __device__ __forceinline__ void keep_total(int W, int c, int32_t sum, int32_t* per_rank, int32_t* per_expert) {
@@ -135,23 +146,9 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingAr
   if (!sc.big)
     for (int c = threadIdx.x; c < C; c += blockDim.x) part[c] = cnt[c];
   if (!grid_last_block(done)) return;
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    int32_t sum = 0;
-#pragma unroll 8
-    for (int i = 0; i < int(gridDim.x); ++i) sum += __ldcg(sc.part + int64_t(i) * C + c);
-    sc.totals[c] = sum;
-    keep_total(a.W, c, sum, out_per_rank, out_per_expert);
-  }
+  chunk_base(sc, C, sc.totals, int(gridDim.x));  // every chunk's: the totals
+  for (int c = threadIdx.x; c < C; c += blockDim.x) keep_total(a.W, c, sc.totals[c], out_per_rank, out_per_expert);
 }
 
-// Place pass prologue, whole block: base[c] = pairs of column c in the chunks before chunk b.
-__device__ __forceinline__ void chunk_base(const RouteScratch& sc, int C, int32_t* base, int b) {
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    int32_t sum = 0;
-#pragma unroll 8
-    for (int i = 0; i < b; ++i) sum += __ldcg(sc.part + int64_t(i) * C + c);
-    base[c] = sum;
-  }
-}
 
 }  // namespace symmoe

@@ -2,10 +2,10 @@
 
 dispatch (both protocols)
   1. the routing kernel (one launch, one chunk of tokens per block, walked once: a block numbers
-     its pairs inside the chunk, then places them once every earlier chunk is counted): routing counts and each
-     (token, rank) / (token, slot) position among this rank's tokens, expert ids checked;
-     publishes topk (int32), weights and positions in the ``input`` region, stores its counts
-     row into every peer, barrier "dispatch.counts", then leaves the whole matrix in
+     its pairs inside the chunk, then places them once every earlier chunk is counted): routing
+     counts and each (token, rank) / (token, slot) position among this rank's tokens, expert ids
+     checked; publishes topk (int32), weights and positions in the ``input`` region, stores its
+     counts row into every peer, barrier "dispatch.counts", then leaves the whole matrix in
      host-mapped memory. Pull also publishes x there when there are peers (zero-copy notes).
   2. the data kernel is launched right behind, into outputs sized for the worst case, so
      the host's wait for the matrix overlaps the data movement instead of idling the GPU.
