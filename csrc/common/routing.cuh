@@ -8,9 +8,9 @@
 // block works at once (one block walking all T*K pairs took ~100 us). route_chunk numbers a
 // chunk's pairs inside the chunk (each warp its own run of tokens, 32 pairs a step; then the
 // warps' counts are scanned per column), waits for the counts of the chunks before it and
-// publishes the positions after theirs: the CUDA protocols' route_kernel (kernels/dispatch.cuh)
-// does all of it in one launch. The NVSHMEM plan counts first (route_count_chunk, its own
-// kernel) and places after (route_place_chunk).
+// publishes the positions after theirs: kernels/route.cuh's route_ticketed, in one launch, for
+// the CUDA protocols' route_kernel and the NVSHMEM plan_kernel. get_dispatch_layout counts
+// only (route_count_chunk).
 // __match_any_sync ranks equal columns inside a step. Because an expert (and, by the
 // first-slot rule, a rank) occurs at most once per token, rank by p = t * K + k equals rank by t.
 #pragma once
@@ -228,14 +228,7 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
   __syncthreads();
 }
 
-// Pass 2 of the two-kernel routing (the NVSHMEM plan): positions of chunk b's pairs after
-// base[C], the pairs of each column in the chunks before it, which the count pass gave.
-template <typename Idx>
-__device__ void route_place_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int32_t* hist, int b) {
-  route_chunk<false>(a, base, hist, nullptr, b, [] { return true; });
-}
-
-// The count pass alone (get_dispatch_layout, and the NVSHMEM plan's first kernel), whole
+// The count pass alone (get_dispatch_layout), whole
 // block: chunk b -> cnt[C] (shared, zeroed here), with the ids published and checked and
 // is_token_in_rank written as route_chunk's first walk does.
 template <typename Idx>

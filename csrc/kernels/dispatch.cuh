@@ -44,13 +44,10 @@ __device__ __forceinline__ void grid_barrier(const Transport& tp, const Layout& 
     block_barrier(tp, sy.rank, int(L.world_size), L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, stage);
 }
 
-// The routing of a dispatch in one launch: each block takes the next chunk of tokens (a
-// ticket, so it waits only for chunks that running blocks hold), numbers its pairs per column
-// inside the chunk (route_chunk's pass 1, which also publishes and checks the ids), marks the
-// chunk's counts ready, waits until every earlier chunk's are, then publishes its positions
-// after theirs in the input region. The block of the last chunk also leaves the column totals
-// (its base plus its own counts); the last block to finish stores this rank's counts row into
-// every peer and runs "dispatch.counts", so peers pull only once every position is written.
+// The routing of a dispatch in one launch: each block routes a chunk (route.cuh's
+// route_ticketed: one walk over its ids, then its positions after the earlier chunks'); the
+// last block to finish stores this rank's counts row into every peer and runs
+// "dispatch.counts", so peers pull only once every position is written.
 // Session 30 stamped the two-pass kernel (22.7 µs at W=1) phase by phase: ticket 1, count
 // 3.5, chunk wait 2, base 2, place 5, totals 3.3, barrier 2.5, hand-over 3. With the count
 // pass and the place pass's first walk made one, the totals summed once and no barrier alone,
@@ -61,34 +58,11 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, L
                                                              int32_t* out_per_expert, Sync sy) {
   const int C = a.columns();
   __shared__ bool dead;
-  __shared__ int chunk;
-  if (threadIdx.x == 0) {
-    dead = error_set(sy.err);  // set before the launch: the same for every block
-    if (!dead) chunk = int(atomicAdd(sc.ticket, 1u));
-  }
+  if (threadIdx.x == 0) dead = error_set(sy.err);  // set before the launch: the same for every block
   __syncthreads();
   if (dead) return;
-  const int b = chunk;
-  int32_t* part = sc.part + int64_t(b) * C;
-  int32_t* tables = sc.big ? sc.big + int64_t(b) * (kRouteWarps + 1) * C : reinterpret_cast<int32_t*>(dyn_smem());
   a.pos = reinterpret_cast<int32_t*>(tp.local + L.in_pos);
-  route_chunk<true>(a, tables, tables + C, part, b, [&] {
-    if (threadIdx.x == 0) {
-      __threadfence();  // cumulative: the block's counts in `part` before the mark
-      st_release_gpu(sc.counted + b, sy.epoch);
-    }
-    // Chunks before b belong to blocks that took their tickets first: each is running.
-    bool ok = true;
-    for (int i = threadIdx.x; i < b && ok; i += blockDim.x)
-      ok = wait_at_least_gpu(sc.counted + i, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageRouteChunk, i,
-                             sy.epoch);
-    ok = __syncthreads_and(ok) != 0;
-    if (!ok) return false;
-    chunk_base(sc, C, tables, b);
-    if (b == int(gridDim.x) - 1)
-      for (int c = threadIdx.x; c < C; c += blockDim.x) sc.totals[c] = tables[c] + part[c];
-    return true;
-  });
+  route_ticketed(a, sc, sy.epoch, sy.timeout_ns, sy.err, sy.err_host);
   if (!grid_last_block(sy.done)) return;
   const bool bad = a.bad.flag != nullptr && __ldcg(a.bad.flag) != 0;  // every block has counted
   if (bad && threadIdx.x == 0) *a.bad.flag = 0;

@@ -151,4 +151,39 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingAr
 }
 
 
+// The routing of one dispatch in one launch, for a block (route_kernel, the NVSHMEM plan_kernel):
+// the block takes the next chunk of tokens (a ticket, so it waits only for chunks that running
+// blocks hold), numbers its pairs inside the chunk (route_chunk's first walk, which also
+// publishes and checks the ids), marks the chunk's counts ready, waits until every earlier
+// chunk's are, then publishes its positions after theirs. The block of the last chunk also
+// leaves the column totals in sc.totals (its base plus its own counts). Returns the chunk.
+// Whole block; the caller checked its error word.
+template <typename Idx>
+__device__ int route_ticketed(const RoutingArgs<Idx>& a, const RouteScratch& sc, int64_t epoch, uint64_t timeout_ns,
+                              ErrorWord* err, ErrorWord* err_host) {
+  __shared__ int chunk;
+  if (threadIdx.x == 0) chunk = int(atomicAdd(sc.ticket, 1u));
+  __syncthreads();
+  const int b = chunk, C = a.columns();
+  int32_t* part = sc.part + int64_t(b) * C;
+  int32_t* tables = sc.big ? sc.big + int64_t(b) * (kRouteWarps + 1) * C : reinterpret_cast<int32_t*>(dyn_smem());
+  route_chunk<true>(a, tables, tables + C, part, b, [&] {
+    if (threadIdx.x == 0) {
+      __threadfence();  // cumulative: the block's counts in `part` before the mark
+      st_release_gpu(sc.counted + b, epoch);
+    }
+    // Chunks before b belong to blocks that took their tickets first: each is running.
+    bool ok = true;
+    for (int i = threadIdx.x; i < b && ok; i += blockDim.x)
+      ok = wait_at_least_gpu(sc.counted + i, epoch, timeout_ns, err, err_host, kStageRouteChunk, i, epoch);
+    ok = __syncthreads_and(ok) != 0;
+    if (!ok) return false;
+    chunk_base(sc, C, tables, b);
+    if (b == int(gridDim.x) - 1)
+      for (int c = threadIdx.x; c < C; c += blockDim.x) sc.totals[c] = tables[c] + part[c];
+    return true;
+  });
+  return b;
+}
+
 }  // namespace symmoe

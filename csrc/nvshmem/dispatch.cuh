@@ -74,10 +74,10 @@ struct Geometry {
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-      int32_t so = 0, rb = 0;
+      const int32_t T = max(0, cnt(me, 0));  // the send list: destination d's rows from d * T on
+      int32_t rb = 0;
       for (int d = 0; d < W; ++d) {
-        send_off[d] = so;
-        so += send_cnt[d];
+        send_off[d] = d * T;
         recv_base[d] = rb;
         rb += recv_cnt[d];
         if (cnt(d, 0) < 0 || rows_of[d] > cap) ok = 0;
@@ -100,7 +100,7 @@ struct DispatchArgs {
   const uint8_t* x;          // [T, H] rows to send (x itself, or a symmetric staging copy)
   const int32_t* idx;        // [T, K] int32 copy made by the routing
   const float* w;            // [T, K]
-  const int32_t* send_ent;   // [P] t * S + destination, grouped by destination, then token
+  const int32_t* send_ent;   // [W][T] t * S + destination: destination d's from d * T on, by token
   const int32_t* pos;        // [T, W + K] the routing's positions (expert-major: of each slot)
   const int32_t* counts;     // [W][1 + W + E] this dispatch's counts matrix
   uint8_t* out_x;

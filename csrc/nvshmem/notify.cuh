@@ -42,7 +42,7 @@ struct PlanArgs {
   int me;
   int64_t epoch;
   uint64_t timeout_ns;
-  int32_t* send_ent;     // [T * W] this rank's rows in send order, each t * S + destination
+  int32_t* send_ent;     // [W][T] this rank's rows for each destination, by token, each t * S + destination
   int32_t* counts_snap;  // [W][1 + W + E] device copy of the exchanged matrix (this dispatch's own)
   int32_t* counts_host;  // the same, host-mapped
   int64_t* counts_ready;  // host-mapped: the epoch once counts_host is complete (the host's one wait)
@@ -50,9 +50,11 @@ struct PlanArgs {
   CountsSummary summary;  // what the host reads of the matrix (summary.host nullptr: none)
 };
 
-// Place pass of the routing (same grid as route_count_kernel), then each block scatters its
-// tokens into the send list, by destination, then token. The last block publishes the counts row and waits for
-// the peers' rows (stage dispatch.counts), then leaves the matrix in the snapshot and in
+// The whole planning of a dispatch in one launch: each block routes a chunk of tokens
+// (route.cuh's route_ticketed, as the CUDA protocols' route_kernel), then scatters its tokens
+// into the send list: destination d's rows from d * T on (a fixed stride, so no block waits
+// for the other chunks' totals), by token. The last block publishes the counts row and waits
+// for the peers' rows (stage dispatch.counts), then leaves the matrix in the snapshot and in
 // host-mapped memory. A rank with bad expert ids publishes tokens = -1: nobody moves data.
 template <typename Idx>
 __global__ void __launch_bounds__(kRouteMaxThreads) plan_kernel(RoutingArgs<Idx> a, RouteScratch sc, PlanArgs p,
@@ -62,27 +64,21 @@ __global__ void __launch_bounds__(kRouteMaxThreads) plan_kernel(RoutingArgs<Idx>
   if (threadIdx.x == 0) dead = failed();
   __syncthreads();
   if (dead) return;
-  const bool bad = a.bad.flag != nullptr && *a.bad.flag != 0;  // set by the count pass
-  int32_t* base = reinterpret_cast<int32_t*>(dyn_smem());     // [C] + [warps][C]
-  if (!bad) {
-    chunk_base(sc, C, base, blockIdx.x);
-    __syncthreads();
-    route_place_chunk(a, base, base + C, blockIdx.x);
-    // start[d]: this rank's rows for ranks before d. Rank-major for both output layouts: a
-    // row crosses to each destination rank once (expert-major outputs are filled there).
-    int32_t* start = base;
-    for (int d = threadIdx.x; d < W; d += blockDim.x) start[d] = __ldcg(sc.totals + d);
-    __syncthreads();
-    block_exclusive_scan(start, W, base + C);
-    const int64_t t0 = a.chunk_begin(blockIdx.x), t1 = a.chunk_begin(blockIdx.x + 1), PC = W + K;
-    for (int64_t i = t0 * W + threadIdx.x; i < t1 * W; i += blockDim.x) {
-      const int64_t t = i / W;
-      const int d = static_cast<int>(i % W);
-      if (a.in_rank[i]) p.send_ent[start[d] + a.pos[t * PC + d]] = static_cast<int32_t>(t * S + d);
-    }
+  const int b = route_ticketed(a, sc, p.epoch, p.timeout_ns, &g_err, p.err);
+  // Rank-major for both output layouts: a row crosses to each destination rank once
+  // (expert-major outputs are filled there). Positions of a failed wait or of bad ids are
+  // never used (the host raises); the bound keeps their stores inside the list.
+  const int64_t t0 = a.chunk_begin(b), t1 = a.chunk_begin(b + 1), PC = W + K;
+  for (int64_t i = t0 * W + threadIdx.x; i < t1 * W; i += blockDim.x) {
+    const int64_t t = i / W;
+    const int d = static_cast<int>(i % W);
+    const int32_t j = a.in_rank[i] ? a.pos[t * PC + d] : -1;
+    if (j >= 0 && j < a.T) p.send_ent[int64_t(d) * a.T + j] = static_cast<int32_t>(t * S + d);
   }
   if (!grid_last_block(done)) return;
-  if (bad && threadIdx.x == 0) *a.bad.flag = 0;  // every block has read it
+  const bool bad = a.bad.flag != nullptr && __ldcg(a.bad.flag) != 0;  // every block has counted
+  if (bad && threadIdx.x == 0) *a.bad.flag = 0;
+  if (threadIdx.x == 0) *sc.ticket = 0u;  // every block has taken its ticket
   const int64_t row = 1 + C;
   int32_t* m = reinterpret_cast<int32_t*>(p.base + p.lay.counts);
   for (int c = threadIdx.x; c < row; c += blockDim.x)

@@ -6,8 +6,8 @@
 // module's device state) and `finalize()` before nvshmem.core.finalize().
 //
 // The kernels (every step also documented in symmoe/protocol/nvshmem.py):
-//   notify.cuh   plan_kernel after the shared route_count_kernel: positions, the send list,
-//                the counts row to every peer by put-with-signal (`ready[me]` = epoch), the
+//   notify.cuh   plan_kernel, one launch: the routing (route.cuh's route_ticketed, as the
+//                CUDA protocols'), the send list, the counts row to every peer by put-with-signal (`ready[me]` = epoch), the
 //                wait for every peer's row, the matrix in a device snapshot and pinned memory.
 //   dispatch.cuh one kernel, 2*C blocks. Block c < C is the sender of channel c: for each
 //                destination d, warps of one group put their rows into d's receive pool
@@ -96,7 +96,9 @@ ErrorWord* error_mirror() {
 // After the host raised a recorded failure (it clears its copy too).
 void reset_error() { cuda_check(cudaMemset(error_mirror(), 0, sizeof(ErrorWord)), "cudaMemset(g_err)"); }
 
-// Routing scratch: part [max_blocks][C], totals [C] (int32), and the routing grid.
+// Routing scratch, zeroed once by the caller: each chunk's counted epoch [max_blocks] (int64),
+// the plan's ticket (8 bytes), then part [max_blocks][C] and totals [C] (int32); and the
+// routing grid.
 int route_max_blocks() {
   int dev = 0, sms = 0;
   cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
@@ -107,7 +109,7 @@ int route_max_blocks() {
 int64_t route_scratch_ints(const std::vector<int64_t>& lay) {
   Layout l = layout_from(lay);
   const int64_t C = l.world_size + l.num_experts;
-  return int64_t(route_max_blocks()) * C + C;
+  return 2 * int64_t(route_max_blocks()) + 2 + int64_t(route_max_blocks()) * C + C;
 }
 
 // Dynamic shared memory the routing kernels may ask for: the opt-in limit less 1 KiB for their
@@ -136,7 +138,8 @@ void allow_smem() {
   done = true;
 }
 
-// Routing of one dispatch (plan = true: count + place/send list/counts exchange) or of
+// Routing of one dispatch (plan = true: plan_kernel, one launch: routing, send list, counts
+// exchange) or of
 // get_dispatch_layout (plan = false: counts and is_token_in_rank only).
 // ptrs: idx, w, scratch, in_rank, per_rank, per_expert, pub_idx, pub_w, pos, send_ent,
 //       counts_snap, counts_host, bad_flag, bad_info, err, done, counts_ready, summary
@@ -147,8 +150,11 @@ void route(const Layout& l, int64_t base, int me, int64_t T, bool plan, int64_t 
   allow_smem();
   const int C = static_cast<int>(l.world_size + l.num_experts);
   const int B = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(route_max_blocks(), (T + 127) / 128)));
-  RouteScratch sc{ptr<int32_t>(p[2]), ptr<int32_t>(p[2]) + int64_t(route_max_blocks()) * C, nullptr, nullptr, nullptr,
-                  nullptr};
+  const int64_t MB = route_max_blocks();
+  int32_t* scratch = ptr<int32_t>(p[2]);
+  int32_t* part = scratch + 2 * MB + 2;
+  RouteScratch sc{part, part + MB * C, nullptr, nullptr, nullptr, nullptr, CountsSummary{},
+                  reinterpret_cast<int64_t*>(scratch), reinterpret_cast<unsigned int*>(scratch + 2 * MB)};
   RoutingArgs<Idx> a{ptr<const Idx>(p[0]), ptr<const float>(p[1]), static_cast<int>(T), static_cast<int>(l.topk),
                      static_cast<int>(l.world_size), static_cast<int>(l.num_experts), ptr<int32_t>(p[8]),
                      ptr<bool>(p[3]), ptr<int32_t>(p[6]), ptr<float>(p[7]),
@@ -156,10 +162,12 @@ void route(const Layout& l, int64_t base, int me, int64_t T, bool plan, int64_t 
   auto* err = ptr<ErrorWord>(p[14]);
   auto* done = ptr<unsigned int>(p[15]);
   const int threads = route_threads(C, route_smem_limit());
-  route_count_kernel<Idx><<<B, threads, size_t(C) * 4, st>>>(a, sc, ptr<int32_t>(p[4]), ptr<int32_t>(p[5]),
-                                                                  error_mirror(), done);
-  cuda_check(cudaGetLastError(), "route_count_kernel launch");
-  if (!plan) return;
+  if (!plan) {
+    route_count_kernel<Idx><<<B, threads, size_t(C) * 4, st>>>(a, sc, ptr<int32_t>(p[4]), ptr<int32_t>(p[5]),
+                                                                    error_mirror(), done);
+    cuda_check(cudaGetLastError(), "route_count_kernel launch");
+    return;
+  }
   PlanArgs pa{ptr<uint8_t>(base), l, me, epoch, timeout_ns, ptr<int32_t>(p[9]), ptr<int32_t>(p[10]),
               ptr<int32_t>(p[11]), ptr<int64_t>(p[16]), err, CountsSummary{ptr<int32_t>(p[17]), me, alignment}};
   plan_kernel<Idx><<<B, threads, size_t(threads / 32 + 1) * C * 4, st>>>(a, sc, pa, done);

@@ -4,13 +4,15 @@ Kernels: ``csrc/nvshmem/`` (``device.cuh`` waits and signals, ``notify.cuh`` pla
 ``dispatch.cuh``, ``combine.cuh``; bindings in ``nvshmem_ext.cu``: module ``symmoe_nvshmem``, built by
 ``symmoe.build`` with relocatable device code and a device link against
 ``libnvshmem_device.a``). Every table is computed on the GPU, as DeepEP's layout and notify
-kernels do; the host launches three kernels and waits once, for the counts.
+kernels do; the host launches two kernels and waits once, for the counts.
 
 dispatch
-  1. ``route_count_kernel`` (shared with the CUDA protocols, ``csrc/kernels/route.cuh``):
-     routing counts per chunk of tokens, is_token_in_rank, int32 ids, expert ids checked.
-  2. ``plan_kernel``: each pair's position in its column, the send list (by destination,
-     then token: one row per (token, destination rank) in both layouts); the last block puts this rank's counts row into every peer
+  1-2. ``plan_kernel``, one launch: the routing of the CUDA protocols' route_kernel
+     (``route_ticketed`` in ``csrc/kernels/route.cuh``: each block a chunk of tokens, walked
+     once; routing counts, is_token_in_rank, int32 ids, expert ids checked, each pair's
+     position in its column after the earlier chunks'), then the send list (destination d's
+     rows from d * T on, by token: one row per (token, destination rank) in both layouts);
+     the last block puts this rank's counts row into every peer
      with put-with-signal on ``ready`` and waits for theirs (stage ``dispatch.counts``), then
      leaves the matrix in a device snapshot (this dispatch's own) and in host-mapped memory.
   3. ``dispatch_kernel``, launched right behind into outputs sized for the worst case: every
@@ -31,7 +33,7 @@ dispatch
      kernel runs meanwhile), raises InputError / CapacityError on every rank together, and
      returns views of the first ``rows`` rows.
 cached dispatch (``dispatch(x, handle=...)``)
-  the routing tables of step 2 are per-dispatch tensors the handle keeps: the device barrier
+  the routing tables of steps 1-2 are per-dispatch tensors the handle keeps: the device barrier
   ``dispatch.counts`` (pools may still be read by an earlier dispatch), then step 3 with them.
 combine
   5. after another combine only: the device barrier ``combine.done`` (peers may still be
@@ -75,7 +77,7 @@ from .counts import (SUMMARY_HEAD, cached_rows, check_summary_head, deferred_err
 
 # Stage codes, as in csrc/common/layout.cuh (enum Stage).
 STAGES = {"dispatch.counts": 1, "dispatch.data": 2, "combine.data": 4, "combine.done": 5, "barrier": 6,
-          "bulk copy": 7, "dispatch.phase": 8}
+          "bulk copy": 7, "dispatch.phase": 8, "dispatch.route": 9}
 _STAGE_NAMES = {v: k for k, v in STAGES.items()}
 _ELEM_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 # The place pass keeps (8 warps + 1) x (W + E) int32 tables in shared memory, the dispatch
@@ -181,7 +183,8 @@ class NvshmemPush(Protocol):
         self._dispatches = 0
         self._combines = 0
         self._last_op = ""  # "dispatch" | "combine": a combine right after a combine needs a barrier
-        self._route_scratch = torch.empty(self.ext.route_scratch_ints(self.args), dtype=torch.int32, device=dev)
+        # zeroed: the plan's chunk marks start below every epoch, its ticket at 0
+        self._route_scratch = torch.zeros(self.ext.route_scratch_ints(self.args), dtype=torch.int32, device=dev)
         self._done = torch.zeros(1, dtype=torch.int32, device=dev)  # grid completion counter of the routing
         self._bad_flag = torch.zeros(1, dtype=torch.int32, device=dev)
         # Pinned host memory is device-accessible at the same address (unified addressing):
