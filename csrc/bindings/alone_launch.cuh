@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "../kernels/alone.cuh"
+#include "follow_launch.h"
 
 namespace symmoe {
 
@@ -79,11 +80,8 @@ inline bool launch_alone(const std::vector<int64_t>& layout, bool expert_major, 
   a.sy = Sync{0, epoch, timeout_ns, reinterpret_cast<ErrorWord*>(err), reinterpret_cast<ErrorWord*>(err_host),
               reinterpret_cast<unsigned int*>(done)};
   const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  if (expert_major)
-    alone_fan_kernel<<<blocks, m.warps * 32, smem, s>>>(a);
-  else
-    alone_rows_kernel<<<blocks, m.warps * 32, smem, s>>>(a);
-  const cudaError_t e = cudaGetLastError();
+  const cudaError_t e =
+      launch_following(expert_major ? alone_fan_kernel : alone_rows_kernel, blocks, m.warps * 32, smem, s, a);
   if (e != cudaSuccess)
     throw std::runtime_error(std::string(expert_major ? "alone_fan_kernel" : "alone_rows_kernel") +
                              " launch: " + cudaGetErrorString(e));

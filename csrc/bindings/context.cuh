@@ -18,6 +18,7 @@
 #include "../kernels/dispatch.cuh"
 #include "../kernels/push_stream.cuh"
 #include "../kernels/tail.cuh"
+#include "follow_launch.h"
 #include "host_wait.h"
 
 namespace symmoe {
@@ -288,9 +289,9 @@ struct Ctx {
     MoveCfg m = move_cfg(plan_bytes, expert_major, true);
     if (expert_major && L.world_size == 1 && fan_phases) phase_cfg(m, kernel, kept);
     m.stamps = stamps;
-    kernel<<<grid, m.warps * 32, smem_of(m), S(stream)>>>(tp, L, P<const uint8_t>(x), outputs(out), expert_major,
-                                                          alignment, m, sy);
-    check(cudaGetLastError(), what);
+    check(launch_following(kernel, grid, m.warps * 32, smem_of(m), S(stream), tp, L, P<const uint8_t>(x), outputs(out),
+                           expert_major, alignment, m, sy),
+          what);
   }
 
   void pull(uintptr_t self_x, const py::dict& out, bool expert_major, int alignment, int64_t epoch, uintptr_t stream) {
@@ -322,9 +323,10 @@ struct Ctx {
     // 3 warps a block).
     const MoveCfg m = move_cfg(push_stream_plan_bytes(int(L.world_size), int(L.local_experts()), senders, receivers),
                                /*fan=*/true);
-    push_stream_kernel<Transport><<<senders + receivers, m.warps * 32, smem_of(m), S(stream)>>>(
-        tp, L, P<const uint8_t>(x), outputs(out), expert_major, alignment, m, sync(epoch, 2), senders, receivers);
-    check(cudaGetLastError(), "push_stream_kernel launch");
+    check(launch_following(push_stream_kernel<Transport>, senders + receivers, m.warps * 32, smem_of(m), S(stream), tp, L,
+                           P<const uint8_t>(x), outputs(out), expert_major, alignment, m, sync(epoch, 2), senders,
+                           receivers),
+          "push_stream_kernel launch");
   }
 
   void unpack(uintptr_t counts, const py::dict& out, bool expert_major, int alignment, uintptr_t stream) {

@@ -87,8 +87,11 @@ __device__ __forceinline__ void warp_pairs(const RoutingArgs<Idx>& a, int b, int
 }
 
 // A pair's columns. kCount: the routing's first look at the pair, which also publishes its
-// int32 id and weight and checks it (a bad pair is reported and is no pair here); otherwise
-// out-of-range ids are no pair (the count pass reported them; nothing reads their positions).
+// int32 id and weight, checks it (a bad pair is reported and is no pair here) and marks
+// is_token_in_rank (the chunk's entries were cleared: in_rank_clear); otherwise out-of-range
+// ids are no pair (the first look reported them; nothing reads their positions). Every load
+// comes before the first store: a store may alias what a later load reads, which kept the
+// compiler from issuing the weight's load beside the id's.
 template <bool kCount, typename Idx>
 __device__ __forceinline__ void pair_columns(const RoutingArgs<Idx>& a, int64_t p, PairPlace& q) {
   const int L = a.E / a.W;
@@ -96,48 +99,44 @@ __device__ __forceinline__ void pair_columns(const RoutingArgs<Idx>& a, int64_t 
   q.k = int(p % a.K);
   const Idx v = a.idx[p];
   const Idx* row = a.idx + int64_t(q.t) * a.K;
+  float w = 0.f;
+  int64_t kind = 0;
+  if constexpr (kCount) {
+    if (a.pub_idx) w = a.w[p];
+    if (a.bad.flag) {
+      kind = (v < -1 || v >= a.E) ? kBadRange : 0;
+      for (int kk = 0; kk < q.k && kind == 0 && v >= 0; ++kk)
+        if (row[kk] == v) kind = kBadDuplicate;
+    }
+  }
+  if (kind == 0 && v >= 0 && v < a.E) {
+    const int e = static_cast<int>(v), o = e / L;
+    q.ce = a.W + e;
+    q.cr = first_slot_of_owner(row, q.k, o, L) ? o : -1;
+  }
   if constexpr (kCount) {
     if (a.pub_idx) {
       a.publish(a.pub_idx + p, static_cast<int32_t>(v));
-      a.publish(a.pub_w + p, a.w[p]);
+      a.publish(a.pub_w + p, w);
     }
-    if (a.bad.flag) {
-      int64_t kind = (v < -1 || v >= a.E) ? kBadRange : 0;
-      for (int kk = 0; kk < q.k && kind == 0 && v >= 0; ++kk)
-        if (row[kk] == v) kind = kBadDuplicate;
-      if (kind) {
-        if (atomicCAS(a.bad.flag, 0, 1) == 0) {
-          a.bad.info[0] = kind;
-          a.bad.info[1] = q.t;
-          a.bad.info[2] = q.k;
-          a.bad.info[3] = int64_t(v);
-        }
-        return;  // never index the tables with it
-      }
+    if (a.in_rank && q.cr >= 0) a.in_rank[int64_t(q.t) * a.W + q.cr] = true;
+    if (kind && atomicCAS(a.bad.flag, 0, 1) == 0) {
+      a.bad.info[0] = kind;
+      a.bad.info[1] = q.t;
+      a.bad.info[2] = q.k;
+      a.bad.info[3] = int64_t(v);
     }
   }
-  if (v < 0 || v >= a.E) return;
-  const int e = static_cast<int>(v), o = e / L;
-  q.ce = a.W + e;
-  q.cr = first_slot_of_owner(row, q.k, o, L) ? o : -1;
 }
 
-// is_token_in_rank for chunk b's tokens (a.in_rank nullptr: skip), whole block.
+// Clears is_token_in_rank for chunk b's tokens (a.in_rank nullptr: none), whole block; the
+// first look at the pairs then marks the (token, rank) hits, after a barrier. A token's first
+// slot owned by a rank is a hit, so the marks are exactly the pairs' rank columns.
 template <typename Idx>
-__device__ __forceinline__ void chunk_in_rank(const RoutingArgs<Idx>& a, int b) {
+__device__ __forceinline__ void in_rank_clear(const RoutingArgs<Idx>& a, int b) {
   if (a.in_rank == nullptr) return;
-  const int L = a.E / a.W;
   const int64_t t0 = a.chunk_begin(b), t1 = a.chunk_begin(b + 1);
-  for (int64_t i = t0 * a.W + threadIdx.x; i < t1 * a.W; i += blockDim.x) {
-    const int64_t t = i / a.W;
-    const int o = int(i % a.W);
-    bool hit = false;
-    for (int k = 0; k < a.K; ++k) {
-      const Idx e = a.idx[t * a.K + k];
-      hit = hit || (e >= 0 && e < a.E && int(e) / L == o);
-    }
-    a.in_rank[i] = hit;
-  }
+  for (int64_t i = t0 * a.W + threadIdx.x; i < t1 * a.W; i += blockDim.x) a.in_rank[i] = false;
 }
 
 // Pass 1, whole warp: the pairs [start, start + 32) ∩ [.., p1), one per lane, numbered among
@@ -188,6 +187,7 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
   const int C = a.columns(), PC = a.W + a.K;
   for (int i = tid; i < nw * C; i += blockDim.x) hist[i] = 0;
+  if (kCount) in_rank_clear(a, b);
   __syncthreads();
   int64_t p0, p1;
   warp_pairs(a, b, warp, nw, p0, p1);
@@ -201,7 +201,6 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
     if (q.ce >= 0) a.pos[int64_t(q.t) * PC + a.W + q.k] = q.le;
     if (q.cr >= 0) a.pos[int64_t(q.t) * PC + q.cr] = q.lr;
   }
-  if (kCount) chunk_in_rank(a, b);
   __syncthreads();
   for (int c = tid; c < C; c += blockDim.x) {
     int32_t run = 0;
@@ -229,11 +228,12 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
 }
 
 // The count pass alone (get_dispatch_layout), whole
-// block: chunk b -> cnt[C] (shared, zeroed here), with the ids published and checked and
+// block: chunk b -> cnt[C] (zeroed here), with the ids published and checked and
 // is_token_in_rank written as route_chunk's first walk does.
 template <typename Idx>
 __device__ void route_count_chunk(const RoutingArgs<Idx>& a, int32_t* cnt, int b) {
   for (int c = threadIdx.x; c < a.columns(); c += blockDim.x) cnt[c] = 0;
+  in_rank_clear(a, b);
   __syncthreads();
   const int t0 = a.chunk_begin(b), t1 = a.chunk_begin(b + 1);
   for (int64_t p = int64_t(t0) * a.K + threadIdx.x; p < int64_t(t1) * a.K; p += blockDim.x) {
@@ -242,7 +242,6 @@ __device__ void route_count_chunk(const RoutingArgs<Idx>& a, int32_t* cnt, int b
     if (q.ce >= 0) atomicAdd(&cnt[q.ce], 1);
     if (q.cr >= 0) atomicAdd(&cnt[q.cr], 1);
   }
-  chunk_in_rank(a, b);
   __syncthreads();
 }
 

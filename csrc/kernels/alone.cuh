@@ -42,6 +42,7 @@ struct FanPlan {
 };
 
 __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(AloneArgs a) {
+  wait_prior_grid();  // first: launched to follow the routing (or republish) kernel, which may still run
   const int E = static_cast<int>(a.lay.num_experts), K = static_cast<int>(a.lay.topk);
   const int S = static_cast<int>(a.lay.combine_slots);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -99,6 +100,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(Alone
 // slots), source rank 0, token t and slot 0. Each warp takes tokens gw, gw + all warps, ...,
 // the next token's routing in flight under the current row's copy.
 __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_kernel(AloneArgs a) {
+  wait_prior_grid();  // first: launched to follow the routing (or republish) kernel, which may still run
   const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots), PC = 1 + K;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t rb = a.lay.row_bytes();

@@ -56,6 +56,7 @@ template <class Transport, typename Idx>
 __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, Layout L, RoutingArgs<Idx> a,
                                                              RouteScratch sc, int32_t* out_per_rank,
                                                              int32_t* out_per_expert, Sync sy) {
+  start_following_grid();  // the data kernel's blocks take the SMs this grid leaves free
   const int C = a.columns();
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);  // set before the launch: the same for every block
@@ -90,6 +91,7 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, L
 template <class Transport>
 __global__ void __launch_bounds__(kRouteThreads) republish_kernel(Transport tp, Layout L, const int4* routing,
                                                                 int64_t routing_vecs, const int32_t* counts, Sync sy) {
+  start_following_grid();
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
@@ -112,6 +114,7 @@ template <class Transport, bool kStamps = false>
 __global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps ? 1 : 0)
     pull_kernel(Transport tp, Layout L, const uint8_t* self_x, Outputs o, bool expert_major, int alignment,
                 MoveCfg mc, Sync sy) {
+  wait_prior_grid();  // first: launched to follow the routing (or republish) kernel, which may still run
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), r = sy.rank;
   const int PC = int(L.pos_cols()), S = int(L.combine_slots);
@@ -384,6 +387,7 @@ template <class Transport, bool kStamps = false>
 __global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps ? 1 : 0)
     push_kernel(Transport tp, Layout L, const uint8_t* x, Outputs o, bool expert_major, int alignment,
                 MoveCfg mc, Sync sy) {
+  wait_prior_grid();  // first: launched to follow the routing (or republish) kernel, which may still run
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), me = sy.rank;
   const int PC = int(L.pos_cols());

@@ -68,6 +68,7 @@ template <class Transport>
 __global__ void __launch_bounds__(kMaxMoverWarps * 32) push_stream_kernel(Transport tp, Layout L, const uint8_t* x, Outputs o,
                                                            bool expert_major, int alignment, MoveCfg mc, Sync sy,
                                                            int C, int R) {
+  wait_prior_grid();  // first: launched to follow the routing (or republish) kernel, which may still run
   uint8_t* smem_raw = dyn_smem();
   const int W = int(L.world_size), K = int(L.topk), Le = int(L.local_experts()), me = sy.rank;
   const int PC = int(L.pos_cols());

@@ -36,45 +36,6 @@ struct CountsSummary {
   int alignment = 1;
 };
 
-// Whole block, the matrix m ([W][1 + W + E]) complete, W <= kMaxSlots. Thread i takes
-// expert columns i, i + blockDim, ... (each summed over the sources, then padded into its
-// receiver's total) and receiver i's rank-major rows: at W = 1 one warp walking the 256 experts
-// took a load round trip per 32 of them.
-__device__ __forceinline__ void summarize_counts(const int32_t* m, int W, int E, const CountsSummary& s) {
-  __shared__ int32_t rank_rows[kMaxSlots], expert_rows[kMaxSlots];
-  const int L = E / W;
-  const int64_t row = 1 + W + E;
-  for (int d = threadIdx.x; d < W; d += blockDim.x) expert_rows[d] = 0;
-  __syncthreads();
-  for (int i = threadIdx.x; i < E; i += blockDim.x) {
-    int32_t v = 0;
-    for (int src = 0; src < W; ++src) v += __ldcg(m + src * row + 1 + W + i);
-    const int d = i / L;
-    if (d == s.rank) s.host[kSummaryHead + i - d * L] = v;
-    atomicAdd(&expert_rows[d], (v + s.alignment - 1) / s.alignment * s.alignment);
-  }
-  bool bad = false;
-  for (int d = threadIdx.x; d < W; d += blockDim.x) {
-    int32_t r = 0;
-    for (int src = 0; src < W; ++src) r += __ldcg(m + src * row + 1 + d);
-    rank_rows[d] = r;
-    bad = bad || __ldcg(m + d * row) < 0;  // row d's token count: -1 when d's ids were bad
-  }
-  bad = __syncthreads_or(bad);  // also orders every thread's totals before thread 0 reads them
-  if (threadIdx.x == 0) {
-    int32_t most_r = 0, most_e = 0;
-    for (int d = 0; d < W; ++d) {
-      most_r = max(most_r, rank_rows[d]);
-      most_e = max(most_e, expert_rows[d]);
-    }
-    s.host[0] = bad ? 1 : 0;
-    s.host[1] = rank_rows[s.rank];
-    s.host[2] = most_r;
-    s.host[3] = expert_rows[s.rank];
-    s.host[4] = most_e;
-  }
-}
-
 struct RouteScratch {  // global scratch of the routing kernels (sized by the host)
   int32_t* part;    // [blocks][C] each chunk's column counts
   int32_t* totals;  // [C] this rank's column totals
@@ -87,19 +48,59 @@ struct RouteScratch {  // global scratch of the routing kernels (sized by the ho
   unsigned int* ticket = nullptr;  // route_kernel: chunks taken so far (zero between launches)
 };
 
-// The exchanged counts matrix m ([W][1 + W + E]) into host-mapped memory and the device
-// snapshot (each may be nullptr) with its summary (when summary.host is set), then the epoch
-// into the host-mapped `ready` word. The host spins on that word: waiting for an event after
-// the routing kernels took tens of µs to wake. Whole block calls.
+// The exchanged counts matrix m ([W][1 + W + E], W <= kMaxSlots) into host-mapped memory
+// and the device snapshot (each may be nullptr) with its summary (when summary.host is set),
+// then the epoch into the host-mapped `ready` word. The host spins on that word: waiting for
+// an event after the routing kernels took tens of µs to wake. Whole block calls.
+// Thread j takes column j of every row: it copies them and sums them (expert columns are
+// padded into their receiver's total; rank columns are the rank-major rows; column 0 holds
+// -1 for a rank whose ids were bad), so the matrix is read once, in one round trip. Copying
+// first and summing after read it twice and took 2.3 µs of the routing kernel at W = 1.
 __device__ __forceinline__ void hand_counts(const int32_t* m, int W, int E, int32_t* host, int32_t* snap,
-                                            int64_t* ready, int64_t epoch, const CountsSummary& summary) {
-  const int64_t n = int64_t(W) * (1 + W + E);
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
-    const int32_t v = __ldcg(m + i);
-    if (host) host[i] = v;
-    if (snap) snap[i] = v;
+                                            int64_t* ready, int64_t epoch, const CountsSummary& s) {
+  __shared__ int32_t rank_rows[kMaxSlots], expert_rows[kMaxSlots];
+  const int L = E / W, cols = 1 + W + E, lane = threadIdx.x & 31;
+  if (s.host)
+    for (int d = threadIdx.x; d < W; d += blockDim.x) expert_rows[d] = 0;
+  __syncthreads();
+  bool bad = false;
+  // Warp-uniform trips: the expert columns' padded sums are reduced per receiver in the warp.
+  for (int j0 = threadIdx.x - lane; j0 < cols; j0 += blockDim.x) {
+    const int j = j0 + lane;
+    int32_t sum = 0;
+    if (j < cols) {
+#pragma unroll 4
+      for (int src = 0; src < W; ++src) {
+        const int32_t v = __ldcg(m + int64_t(src) * cols + j);
+        if (host) host[int64_t(src) * cols + j] = v;
+        if (snap) snap[int64_t(src) * cols + j] = v;
+        sum += v;
+        bad = bad || (j == 0 && v < 0);
+      }
+    }
+    if (s.host == nullptr) continue;
+    const int d = (j > W && j < cols) ? (j - 1 - W) / L : -1;  // the expert's receiver
+    if (d == s.rank) s.host[kSummaryHead + j - 1 - W - d * L] = sum;
+    if (j >= 1 && j <= W) rank_rows[j - 1] = sum;
+    const uint32_t same = __match_any_sync(0xffffffffu, d);
+    const int32_t padded = __reduce_add_sync(same, d >= 0 ? (sum + s.alignment - 1) / s.alignment * s.alignment : 0);
+    if (d >= 0 && lane == __ffs(same) - 1) atomicAdd(&expert_rows[d], padded);
   }
-  if (summary.host) summarize_counts(m, W, E, summary);
+  if (s.host) {
+    bad = __syncthreads_or(bad);  // also orders every thread's sums before thread 0 reads them
+    if (threadIdx.x == 0) {
+      int32_t most_r = 0, most_e = 0;
+      for (int d = 0; d < W; ++d) {
+        most_r = max(most_r, rank_rows[d]);
+        most_e = max(most_e, expert_rows[d]);
+      }
+      s.host[0] = bad ? 1 : 0;
+      s.host[1] = rank_rows[s.rank];
+      s.host[2] = most_r;
+      s.host[3] = expert_rows[s.rank];
+      s.host[4] = most_e;
+    }
+  }
   if (ready == nullptr) return;
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -109,14 +110,23 @@ __device__ __forceinline__ void hand_counts(const int32_t* m, int W, int E, int3
 }
 
 // Whole block: base[c] = pairs of column c in the chunks before chunk b (b = every chunk: the
-// column totals).
+// column totals). The chunks' rows lie one after another: every thread loads its share of
+// them at once (coalesced) and adds into base with atomics. One column a thread, summing its
+// chunks in turn, took 2 µs for the last of 32 chunks.
 __device__ __forceinline__ void chunk_base(const RouteScratch& sc, int C, int32_t* base, int b) {
-  for (int c = threadIdx.x; c < C; c += blockDim.x) {
-    int32_t sum = 0;
-#pragma unroll 8
-    for (int i = 0; i < b; ++i) sum += __ldcg(sc.part + int64_t(i) * C + c);
-    base[c] = sum;
+  for (int c = threadIdx.x; c < C; c += blockDim.x) base[c] = 0;
+  __syncthreads();
+  constexpr int kLoads = 8;
+  const int n = b * C, step = blockDim.x;  // b * C is the scratch's size: an int
+  for (int f0 = threadIdx.x; f0 < n; f0 += kLoads * step) {
+    int32_t v[kLoads];
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u) v[u] = f0 + u * step < n ? __ldcg(sc.part + f0 + u * step) : 0;
+#pragma unroll
+    for (int u = 0; u < kLoads; ++u)
+      if (v[u] != 0) atomicAdd(base + (f0 + u * step) % C, v[u]);
   }
+  __syncthreads();
 }
 
 // Column c's total over every chunk into the layout's per-rank / per-expert counts where

@@ -191,6 +191,7 @@ __device__ __forceinline__ void deliver_row(const DispatchArgs& a, const Geometr
 }
 
 __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
+  wait_prior_grid();  // first: launched to follow the routing (or republish) kernel, which may still run
   const int W = static_cast<int>(a.lay.world_size), C = a.C, me = a.me;
   const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots);
   const int L = static_cast<int>(a.lay.local_experts());

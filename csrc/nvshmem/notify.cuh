@@ -59,6 +59,7 @@ struct PlanArgs {
 template <typename Idx>
 __global__ void __launch_bounds__(kRouteMaxThreads) plan_kernel(RoutingArgs<Idx> a, RouteScratch sc, PlanArgs p,
                                                              unsigned int* done) {
+  start_following_grid();  // the dispatch kernel's blocks take the SMs this grid leaves free
   const int C = a.columns(), W = a.W, K = a.K, S = static_cast<int>(p.lay.combine_slots);
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = failed();

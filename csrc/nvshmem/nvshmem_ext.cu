@@ -45,6 +45,7 @@
 #include "device.cuh"
 #include "dispatch.cuh"
 #include "notify.cuh"
+#include "../bindings/follow_launch.h"
 #include "../bindings/host_wait.h"
 #include "../kernels/tail.cuh"
 
@@ -231,8 +232,8 @@ void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int 
   a.err = ptr<ErrorWord>(p[13]);
   a.selfmap = ptr<int32_t>(p[14]);
   const size_t smem = expert_major ? size_t(Geometry::dyn_bytes(a.lay)) : 0;
-  dispatch_kernel<<<2 * a.C, kThreads, smem, ptr<CUstream_st>(stream)>>>(a);
-  cuda_check(cudaGetLastError(), "dispatch_kernel launch");
+  cuda_check(launch_following(dispatch_kernel, 2 * a.C, kThreads, smem, ptr<CUstream_st>(stream), a),
+             "dispatch_kernel launch");
 }
 
 // ptrs: y, rw, src_rank, src_tok, src_slot, selfmap, in_rank, topk_idx, topk_w, out_x, out_w, err

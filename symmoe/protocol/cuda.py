@@ -8,7 +8,9 @@ dispatch (both protocols)
      counts row into every peer, barrier "dispatch.counts", then leaves the whole matrix in
      host-mapped memory. Pull also publishes x there when there are peers (zero-copy notes).
   2. the data kernel is launched right behind, into outputs sized for the worst case, so
-     the host's wait for the matrix overlaps the data movement instead of idling the GPU.
+     the host's wait for the matrix overlaps the data movement instead of idling the GPU. It
+     follows the routing kernel by programmatic dependent launch (bindings/follow_launch.h):
+     its blocks are scheduled while the routing kernel runs and start when it ends.
   3. pull: each receiver fetches the rows meant for it from every source's ``input`` with
      TMA bulk copies (peer global -> shared -> output), barrier "dispatch.done".
      push: each sender bulk-stores its rows into the receivers' ``recv`` pools, barrier
@@ -281,9 +283,9 @@ class _CudaProtocol(Protocol):
                                      alignment)
         self._layout(topk_idx, topk_weights, True, None, None, in_rank)
         epoch = self._epoch  # the routing kernel writes it to _counts_ready after the matrix
-        if not worst:
-            self._counts_event.record(stream)
         self._move(x, args, expert_major, alignment, counts_dev)
+        if not worst:  # after the data kernel: nothing may come between it and the routing kernel it follows
+            self._counts_event.record(stream)
         self._published = routing
         cache = _RoutingState(routing, counts_dev, selfmap)
         if worst:  # DeepEP's num_worst_tokens: the device finishes what the host would read

@@ -15,7 +15,8 @@ dispatch
      the last block puts this rank's counts row into every peer
      with put-with-signal on ``ready`` and waits for theirs (stage ``dispatch.counts``), then
      leaves the matrix in a device snapshot (this dispatch's own) and in host-mapped memory.
-  3. ``dispatch_kernel``, launched right behind into outputs sized for the worst case: every
+  3. ``dispatch_kernel``, launched right behind into outputs sized for the worst case (by
+     programmatic dependent launch: its blocks are scheduled while the plan kernel runs); every
      block derives the offsets from the snapshot; C channels, each one sender block (warp
      puts of rows + metadata into its ring in each receiver's pool, ``tail[c][me]`` signalled
      per chunk, and before reusing a slot a wait on the receiver's head in ``ack[c][d]``)
@@ -286,9 +287,9 @@ class NvshmemPush(Protocol):
             "pub_w": plan["pub_w"].data_ptr(), "pos": plan["pos"].data_ptr(), "send_ent": plan["send_ent"].data_ptr(),
             "counts_snap": plan["counts"].data_ptr(), **host,
             "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream, alignment)
-        if not worst:
-            self._counts_event.record(stream)
         self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
+        if not worst:  # after the dispatch kernel: nothing may come between it and the plan kernel it follows
+            self._counts_event.record(stream)
         if worst:  # DeepEP V1's num_worst_tokens: the device finishes what the host would read
             recv = self._tail(out, plan["counts"], worst, em, alignment)
             return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, plan["counts"], out, recv,
