@@ -59,7 +59,11 @@ template <class Transport, typename Idx>
 __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, Layout L, RoutingArgs<Idx> a,
                                                              RouteScratch sc, int32_t* out_per_rank,
                                                              int32_t* out_per_expert, Sync sy) {
-  start_following_grid();  // the data kernel's blocks take the SMs this grid leaves free
+  // The data kernel's blocks may take the SMs this grid leaves free (launch_following) once
+  // every block got here: alone at once; with peers only past the barrier, as its blocks hold
+  // their SMs until this grid ends, and ranks sharing a GPU need SMs for the routing kernels
+  // this one waits for.
+  if (a.W == 1) start_following_grid();
   const int C = a.columns();
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);  // set before the launch: the same for every block
@@ -81,6 +85,7 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, L
   for (int p = threadIdx.x; p < a.W; p += blockDim.x)
     reinterpret_cast<int32_t*>(tp.map(p, L.counts))[int64_t(sy.rank) * row] = bad ? -1 : a.T;
   block_barrier(tp, sy.rank, a.W, L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageDispatchCounts);
+  start_following_grid();  // every other block is done (grid_last_block)
   // Every row has arrived: hand the matrix to the host (mapped memory: no copy launch) and
   // to the snapshot, before a peer's next dispatch can overwrite it.
   hand_counts(reinterpret_cast<const int32_t*>(tp.local + L.counts), a.W, a.E, sc.counts_host, sc.counts_snap,
@@ -94,7 +99,7 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, L
 template <class Transport>
 __global__ void __launch_bounds__(kRouteThreads) republish_kernel(Transport tp, Layout L, const int4* routing,
                                                                 int64_t routing_vecs, const int32_t* counts, Sync sy) {
-  start_following_grid();
+  if (L.world_size == 1) start_following_grid();  // with peers past the barrier, as route_kernel
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(sy.err);
   __syncthreads();
@@ -107,6 +112,7 @@ __global__ void __launch_bounds__(kRouteThreads) republish_kernel(Transport tp, 
   if (!grid_last_block(sy.done)) return;
   block_barrier(tp, sy.rank, int(L.world_size), L.barrier, sy.epoch, sy.timeout_ns, sy.err, sy.err_host,
                 kStageDispatchCounts);
+  start_following_grid();
 }
 
 

@@ -59,7 +59,9 @@ struct PlanArgs {
 template <typename Idx>
 __global__ void __launch_bounds__(kRouteMaxThreads) plan_kernel(RoutingArgs<Idx> a, RouteScratch sc, PlanArgs p,
                                                              unsigned int* done) {
-  start_following_grid();  // the dispatch kernel's blocks take the SMs this grid leaves free
+  // The dispatch kernel's blocks may take the SMs this grid leaves free: alone at once, with
+  // peers past the counts exchange (PEs sharing a GPU need SMs for the plans it waits for).
+  if (a.W == 1) start_following_grid();
   const int C = a.columns(), W = a.W, K = a.K, S = static_cast<int>(p.lay.combine_slots);
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = failed();
@@ -85,6 +87,7 @@ __global__ void __launch_bounds__(kRouteMaxThreads) plan_kernel(RoutingArgs<Idx>
   for (int c = threadIdx.x; c < row; c += blockDim.x)
     m[p.me * row + c] = c == 0 ? (bad ? -1 : a.T) : __ldcg(sc.totals + c - 1);
   exchange_counts(p.base, p.lay, p.me, p.epoch, p.timeout_ns, p.err);
+  start_following_grid();  // every other block is done (grid_last_block)
   hand_counts(m, W, a.E, p.counts_host, p.counts_snap, p.counts_ready, p.epoch, p.summary);
 }
 
