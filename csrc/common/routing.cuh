@@ -22,7 +22,7 @@ namespace symmoe {
 
 // Expert ids checked where they are read, so a dispatch needs no host round trip for them:
 // the first bad pair found records (kind, token, slot, value) for the host and raises a flag
-// that the place pass publishes to every peer (tokens = -1 in its counts row).
+// that the routing's last block publishes to every peer (tokens = -1 in its counts row).
 constexpr int64_t kBadRange = 1, kBadDuplicate = 2;
 struct BadInput {
   int32_t* flag;  // device, zero between dispatches
@@ -68,7 +68,7 @@ __device__ __forceinline__ bool first_slot_of_owner(const Idx* row, int k, int o
   return true;
 }
 
-// The place pass works warp by warp: warp w takes a contiguous run of the chunk's tokens and
+// The walk goes warp by warp: warp w takes a contiguous run of the chunk's tokens and
 // walks their pairs 32 at a time. One pair of such a step: its token and slot, its expert and
 // rank columns (-1: none) and its rank among the warp's pairs of each column.
 struct PairPlace {

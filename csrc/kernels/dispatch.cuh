@@ -72,9 +72,7 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, L
   a.pos = reinterpret_cast<int32_t*>(tp.local + L.in_pos);
   route_ticketed(a, sc, sy.epoch, sy.timeout_ns, sy.err, sy.err_host);
   if (!grid_last_block(sy.done)) return;
-  const bool bad = a.bad.flag != nullptr && __ldcg(a.bad.flag) != 0;  // every block has counted
-  if (bad && threadIdx.x == 0) *a.bad.flag = 0;
-  if (threadIdx.x == 0) *sc.ticket = 0u;  // every block has taken its ticket
+  const bool bad = route_ticketed_end(a, sc);
   const int64_t row = 1 + C;
   for (int c = threadIdx.x; c < C; c += blockDim.x) {
     const int32_t sum = __ldcg(sc.totals + c);

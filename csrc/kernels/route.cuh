@@ -1,6 +1,7 @@
-// The routing pass shared by every protocol's dispatch (csrc/common/routing.cuh does the
-// per-chunk work): the count kernel, its scratch, and each chunk's starting counts for the
-// place pass, which each protocol runs with its own way of publishing the counts row.
+// The routing shared by every protocol's dispatch (csrc/common/routing.cuh does the per-chunk
+// work): its scratch, route_ticketed (one chunk a block, in one launch) with the end its last
+// block runs, the count kernel of get_dispatch_layout, and the hand-over of the exchanged
+// counts to the host. Each protocol's kernel publishes the counts row in its own way.
 #pragma once
 #include <cstdint>
 
@@ -194,6 +195,20 @@ __device__ int route_ticketed(const RoutingArgs<Idx>& a, const RouteScratch& sc,
     return true;
   });
   return b;
+}
+
+// The block that finishes a route_ticketed grid last (grid_last_block), whole block: every
+// block has counted, so the bad-id flag is final. Leaves the ticket and the flag zero for the
+// next launch and returns whether some id of this rank was bad.
+template <typename Idx>
+__device__ bool route_ticketed_end(const RoutingArgs<Idx>& a, const RouteScratch& sc) {
+  const bool bad = a.bad.flag != nullptr && __ldcg(a.bad.flag) != 0;
+  __syncthreads();  // every thread read the flag before it is cleared
+  if (threadIdx.x == 0) {
+    if (bad) *a.bad.flag = 0;
+    *sc.ticket = 0u;
+  }
+  return bad;
 }
 
 }  // namespace symmoe

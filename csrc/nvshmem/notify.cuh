@@ -1,4 +1,4 @@
-// DeepEP V1's notify on the NVSHMEM device API: the place pass of the routing, the send list,
+// DeepEP V1's notify on the NVSHMEM device API: the routing (route.cuh's), the send list,
 // the counts exchange by put-with-signal, and the flag barrier of SymmetricMemory.barrier.
 #pragma once
 #include <nvshmem.h>
@@ -79,9 +79,7 @@ __global__ void __launch_bounds__(kRouteMaxThreads) plan_kernel(RoutingArgs<Idx>
     if (j >= 0 && j < a.T) p.send_ent[int64_t(d) * a.T + j] = static_cast<int32_t>(t * S + d);
   }
   if (!grid_last_block(done)) return;
-  const bool bad = a.bad.flag != nullptr && __ldcg(a.bad.flag) != 0;  // every block has counted
-  if (bad && threadIdx.x == 0) *a.bad.flag = 0;
-  if (threadIdx.x == 0) *sc.ticket = 0u;  // every block has taken its ticket
+  const bool bad = route_ticketed_end(a, sc);
   const int64_t row = 1 + C;
   int32_t* m = reinterpret_cast<int32_t*>(p.base + p.lay.counts);
   for (int c = threadIdx.x; c < row; c += blockDim.x)

@@ -83,8 +83,9 @@ class Protocol(ABC):
         the host-mapped word the routing kernel sets once the counts matrix is in host memory
         (True also when a device wait failed: the caller checks the error word). Every max_s
         without it the stream is asked (``event``, recorded after the data kernel): a fault
-        raises there, and a finished data kernel means the routing's matrix is in place. Spinning wakes within a microsecond; ``event.synchronize()``
-        woke tens of µs after the kernel."""
+        raises there, and a finished data kernel means the routing's matrix is in place.
+        Spinning wakes within a microsecond; ``event.synchronize()`` woke tens of µs after the
+        kernel."""
         t0 = time.perf_counter()
         while not wait_mapped(1e-3) and not event.query():
             pass

@@ -81,8 +81,8 @@ STAGES = {"dispatch.counts": 1, "dispatch.data": 2, "combine.data": 4, "combine.
           "bulk copy": 7, "dispatch.phase": 8, "dispatch.route": 9}
 _STAGE_NAMES = {v: k for k, v in STAGES.items()}
 _ELEM_KIND = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
-# The place pass keeps (8 warps + 1) x (W + E) int32 tables in shared memory, the dispatch
-# kernel 2 x E of them (expert-major): the columns fit in 200 KiB and 64 KiB.
+# The plan kernel's routing keeps (8 warps + 1, at the fewest) x (W + E) int32 tables in shared
+# memory, the dispatch kernel 2 x E of them (expert-major): the columns fit in 200 KiB and 64 KiB.
 MAX_COLUMNS = 4096
 # The pointers of the extension's route(), in its order.
 _ROUTE_PTRS = ("idx", "w", "scratch", "in_rank", "per_rank", "per_expert", "pub_idx", "pub_w", "pos", "send_ent",
