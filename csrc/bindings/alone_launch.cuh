@@ -1,5 +1,6 @@
-// The launch of kernels/alone.cuh's kernels, bound by symmoe_cuda as `alone` for protocols
-// that have no Context of this module (nvshmem alone).
+// The launch of kernels/alone.cuh's kernels: by a Context at world size 1 (Ctx::alone), and
+// bound by symmoe_cuda as `alone` for protocols that have no Context of this module (nvshmem
+// alone).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -30,22 +31,16 @@ int alone_smem_limit(Kernel kernel, const char* name) {
   return lim;
 }
 
-// ptrs: x, idx (int32 [T, K]), w, pos ([T, 1 + K]), counts ([1][2 + E]), out x, idx, w, src_rank,
-// src_token, src_slot, expert_offsets (rank-major: 0), selfmap (0: none). expert_major: the
-// phased fan-out with mode kernel.fan_phases (1 block, 2 grid; done: a zeroed grid counter),
-// else the rows by the mover (mode unused). False, launching nothing, when the layout has peers
-// or, expert-major, not one row fits in shared memory: the caller runs its own kernel.
-inline bool launch_alone(const std::vector<int64_t>& layout, bool expert_major, int alignment, int64_t capacity,
-                         int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int mode, int blocks,
-                         uintptr_t done, uintptr_t err, uintptr_t err_host, uintptr_t stream) {
-  if (layout.size() != size_t(kLayoutArgs))
-    throw std::invalid_argument("alone: layout of " + std::to_string(layout.size()) + " values, expected " +
-                                std::to_string(kLayoutArgs));
-  if (p.size() != 13) throw std::invalid_argument("alone: expected 13 pointers, got " + std::to_string(p.size()));
+// The launch of a one-rank dispatch whose arguments `a` (all but the mover's geometry) are
+// set: expert-major the phased fan-out with mode kernel.fan_phases (1 block, 2 grid; sy.done:
+// a zeroed grid counter), else the rows by the mover, in pieces of at most `row_piece` bytes
+// with `row_depth` slots a warp (depth_auto as fit_mover's). False, launching nothing, when the
+// layout has peers or, expert-major, not one row fits in shared memory: the caller runs its
+// own kernel.
+inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int blocks, int64_t row_piece, int row_depth,
+                              bool depth_auto, cudaStream_t s) {
   if (expert_major && mode != 1 && mode != 2)
     throw std::invalid_argument("alone: fan_phases mode " + std::to_string(mode) + ", must be 1 or 2");
-  AloneArgs a{};
-  std::memcpy(&a.lay, layout.data(), sizeof(Layout));
   if (a.lay.world_size != 1) return false;
   const int64_t rb = a.lay.row_bytes();
   MoveCfg m{};
@@ -61,11 +56,33 @@ inline bool launch_alone(const std::vector<int64_t>& layout, bool expert_major, 
     smem = size_t(phase_smem(m, rb));
   } else {
     static const int limit = alone_smem_limit(alone_rows_kernel, "alone_rows_kernel");
-    m.slot_bytes = piece_bytes(rb, kMaxSlotBytes);
-    m.depth = kRowDepth;
-    m = fit_mover(m, 0, limit, true);
+    m.slot_bytes = piece_bytes(rb, row_piece);
+    m.depth = row_depth;
+    m = fit_mover(m, 0, limit, depth_auto);
     smem = size_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth);
   }
+  a.mc = m;
+  const cudaError_t e =
+      launch_following(expert_major ? alone_fan_kernel : alone_rows_kernel, blocks, m.warps * 32, smem, s, a);
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string(expert_major ? "alone_fan_kernel" : "alone_rows_kernel") +
+                             " launch: " + cudaGetErrorString(e));
+  return true;
+}
+
+// The binding for protocols that have no Context of this module (nvshmem alone), with the
+// mover's default geometry. ptrs: x, idx (int32 [T, K]), w, pos ([T, 1 + K]), counts
+// ([1][2 + E]), out x, idx, w, src_rank, src_token, src_slot, expert_offsets (rank-major: 0),
+// selfmap (0: none).
+inline bool launch_alone(const std::vector<int64_t>& layout, bool expert_major, int alignment, int64_t capacity,
+                         int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int mode, int blocks,
+                         uintptr_t done, uintptr_t err, uintptr_t err_host, uintptr_t stream) {
+  if (layout.size() != size_t(kLayoutArgs))
+    throw std::invalid_argument("alone: layout of " + std::to_string(layout.size()) + " values, expected " +
+                                std::to_string(kLayoutArgs));
+  if (p.size() != 13) throw std::invalid_argument("alone: expected 13 pointers, got " + std::to_string(p.size()));
+  AloneArgs a{};
+  std::memcpy(&a.lay, layout.data(), sizeof(Layout));
   auto ptr = [&](int i) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p[size_t(i)])); };
   a.alignment = alignment;
   a.x = static_cast<const uint8_t*>(ptr(0));
@@ -76,16 +93,10 @@ inline bool launch_alone(const std::vector<int64_t>& layout, bool expert_major, 
   a.o = Outputs{static_cast<uint8_t*>(ptr(5)), static_cast<int64_t*>(ptr(6)), static_cast<float*>(ptr(7)),
                 static_cast<int32_t*>(ptr(8)), static_cast<int32_t*>(ptr(9)), static_cast<int32_t*>(ptr(10)),
                 static_cast<int64_t*>(ptr(11)), static_cast<int32_t*>(ptr(12)), capacity};
-  a.mc = m;
   a.sy = Sync{0, epoch, timeout_ns, reinterpret_cast<ErrorWord*>(err), reinterpret_cast<ErrorWord*>(err_host),
               reinterpret_cast<unsigned int*>(done)};
-  const cudaStream_t s = reinterpret_cast<cudaStream_t>(stream);
-  const cudaError_t e =
-      launch_following(expert_major ? alone_fan_kernel : alone_rows_kernel, blocks, m.warps * 32, smem, s, a);
-  if (e != cudaSuccess)
-    throw std::runtime_error(std::string(expert_major ? "alone_fan_kernel" : "alone_rows_kernel") +
-                             " launch: " + cudaGetErrorString(e));
-  return true;
+  return launch_alone_args(a, expert_major, mode, blocks, kMaxSlotBytes, kRowDepth, true,
+                           reinterpret_cast<cudaStream_t>(stream));
 }
 
 }  // namespace symmoe

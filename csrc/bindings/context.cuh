@@ -18,6 +18,7 @@
 #include "../kernels/dispatch.cuh"
 #include "../kernels/push_stream.cuh"
 #include "../kernels/tail.cuh"
+#include "alone_launch.cuh"
 #include "follow_launch.h"
 #include "host_wait.h"
 
@@ -308,6 +309,29 @@ struct Ctx {
                 expert_major, alignment, sync(epoch, 2), stream, "push_kernel launch");
   }
 
+  // World size 1: this dispatch's rows by kernels/alone.cuh's kernels in place of pull /
+  // push, from the routing the routing kernel published and this dispatch's counts (the
+  // counts matrix, [1][2 + E]); nvshmem has run them alone since session 29, 1-2 µs of kernel
+  // faster than push. They take the data kernels' grid counter (they run in their place).
+  // False, launching nothing, when they do not apply: peers, a timeline recording (its stamps
+  // are pull's and push's), the expert-major dispatch with kernel.fan_phases off (the mover's
+  // fan-out is pull's and push's) or not one row fitting in shared memory.
+  bool alone(uintptr_t x, const py::dict& out, bool expert_major, int alignment, uintptr_t counts, int64_t epoch,
+             uintptr_t stream) {
+    if (L.world_size != 1 || stamps || (expert_major && !fan_phases)) return false;
+    AloneArgs a{};
+    a.lay = L;
+    a.alignment = alignment;
+    a.x = P<const uint8_t>(x);
+    a.idx = reinterpret_cast<const int32_t*>(tp.local + L.in_idx);
+    a.w = reinterpret_cast<const float*>(tp.local + L.in_w);
+    a.pos = reinterpret_cast<const int32_t*>(tp.local + L.in_pos);
+    a.counts = P<const int32_t>(counts);
+    a.o = outputs(out);
+    a.sy = sync(epoch, 2);
+    return launch_alone_args(a, expert_major, fan_phases, grid, move.slot_bytes, move.depth, depth_auto, S(stream));
+  }
+
   // Push with peers in one kernel of `senders` sender blocks (the channels) and `receivers`
   // receiver blocks (push_stream.cuh); no unpack follows. senders <= the layout's num_channels.
   void push_stream(uintptr_t x, const py::dict& out, bool expert_major, int alignment, int senders, int receivers,
@@ -452,6 +476,8 @@ void bind_context(py::module_& m, Init init) {
            py::arg("epoch"), py::arg("stream"))
       .def("push", &C::push, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("epoch"), py::arg("stream"))
+      .def("alone", &C::alone, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
+           py::arg("counts"), py::arg("epoch"), py::arg("stream"))
       .def("push_stream", &C::push_stream, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("senders"), py::arg("receivers"), py::arg("epoch"), py::arg("stream"))
       .def("unpack", &C::unpack, py::arg("counts"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"), py::arg("stream"))

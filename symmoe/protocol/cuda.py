@@ -18,6 +18,9 @@ dispatch (both protocols)
      "stream" (the "auto" choice when every rank has a GPU of its own) one kernel does both:
      sender blocks raise a channel's tail word at each peer after every chunk of rows, and
      receiver blocks copy the rows out of the pool as they land.
+     Alone (world size 1) both protocols move the rows with ``kernels/alone.cuh``'s kernels,
+     as nvshmem does (the rank-major mover, the expert-major phased fan-out), except when
+     ``kernel.fan_phases`` is off (expert-major) or a timeline is recording.
   4. the host reads the routing kernel's summary of the matrix (its rows, the most any
      receiver gets, its per-expert counts: ``counts.summary_of``), and only when it names bad
      ids (tokens = -1 in a row: nothing moved) or a receiver over capacity reads the matrix to
@@ -327,9 +330,13 @@ class _CudaProtocol(Protocol):
 
     def _move(self, x: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
               counts_dev: torch.Tensor) -> None:
-        """The data kernels, after the routing (or its republication) and the counts barrier."""
+        """The data kernels, after the routing (or its republication) and the counts barrier.
+        Alone, the alone kernels where they apply (``Ctx::alone``), as nvshmem runs them."""
         sp = self._stream().cuda_stream
         epoch = self._next_epoch()
+        if self.world_size == 1 and self.ctx.alone(_ptr(x), args, expert_major, alignment, counts_dev.data_ptr(), epoch,
+                                                   sp):
+            return
         if self.name == "pull":
             self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
         elif self._stream_blocks:
