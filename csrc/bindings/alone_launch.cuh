@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "../kernels/alone.cuh"
-#include "follow_launch.h"
+#include "../common/follow_launch.h"
 
 namespace symmoe {
 

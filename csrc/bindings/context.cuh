@@ -19,7 +19,7 @@
 #include "../kernels/push_stream.cuh"
 #include "../kernels/tail.cuh"
 #include "alone_launch.cuh"
-#include "follow_launch.h"
+#include "../common/follow_launch.h"
 #include "host_wait.h"
 
 namespace symmoe {

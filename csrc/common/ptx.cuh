@@ -107,7 +107,7 @@ __device__ __forceinline__ uint64_t global_timer_ns() {
 }
 
 // Programmatic dependent launch (sm_90): a kernel launched to follow the one before it in its
-// stream (launch_following, bindings/follow_launch.h) is scheduled once every block of that one
+// stream (launch_following, common/follow_launch.h) is scheduled once every block of that one
 // called start_following_grid() or exited, so its blocks are resident when that one ends;
 // wait_prior_grid() returns when the earlier kernel finished and its writes are visible.
 // Outside such a launch both do nothing.

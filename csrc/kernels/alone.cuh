@@ -43,6 +43,7 @@ struct FanPlan {
 
 __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(AloneArgs a) {
   wait_prior_grid();  // first: launched to follow the routing (or republish) kernel, which may still run
+  start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
   const int E = static_cast<int>(a.lay.num_experts), K = static_cast<int>(a.lay.topk);
   const int S = static_cast<int>(a.lay.combine_slots);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -101,6 +102,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(Alone
 // the next token's routing in flight under the current row's copy.
 __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_kernel(AloneArgs a) {
   wait_prior_grid();  // first: launched to follow the routing (or republish) kernel, which may still run
+  start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
   const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots), PC = 1 + K;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t rb = a.lay.row_bytes();

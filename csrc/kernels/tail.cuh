@@ -13,7 +13,9 @@
 #include <cstdint>
 #include <string>
 
+#include "../common/follow_launch.h"
 #include "../common/layout.cuh"
+#include "../common/ptx.cuh"
 #include "plan.cuh"
 
 namespace symmoe {
@@ -86,6 +88,10 @@ static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L
     }
   }
   if (threadIdx.x == 0) first = valid ? sp.rows[me] : 0;
+  // Launched to follow the data kernel: what came before needs only the counts snapshot, which
+  // the routing kernel before that one left. Every block waits for the data kernel to end, so
+  // this grid never ends before it (stream order after the tail stays whole).
+  wait_prior_grid();
   __syncthreads();
   if (first >= worst) return;
   const int64_t n = worst - first, rb = L.row_bytes(), vecs = rb / 16;
@@ -104,8 +110,10 @@ static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L
   }
 }
 
-// Host side, for every module that binds it: after the data kernels on `stream`, at most
-// `max_blocks` blocks (the tail is a plain fill). The tables take SendPlan::bytes(W, L) of
+// Host side, for every module that binds it: after the data kernels on `stream`, launched to
+// follow them (its launch gap and table build hide under their last rows where they call
+// start_following_grid, as the alone kernels do), at most `max_blocks` blocks (the tail is a
+// plain fill). The tables take SendPlan::bytes(W, L) of
 // shared memory; an error string when they exceed `max_smem`, else the launch's error.
 // Internal linkage, as the kernel's: each module keeps its own attribute state below (a static
 // of an inline function is one object for every library loaded in the process).
@@ -127,9 +135,8 @@ static std::string launch_recv_tail(const Layout& L, const int32_t* counts, Tail
   if (e == cudaSuccess) {
     const int64_t vecs = worst * (L.row_bytes() / 16);
     const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(max_blocks, (vecs + kTailThreads - 1) / kTailThreads)));
-    recv_tail_kernel<<<blocks, kTailThreads, size_t(smem), stream>>>(L, counts, o, worst, expert_major, alignment, me,
-                                                                     per_expert, df, epoch);
-    e = cudaGetLastError();
+    e = launch_following(recv_tail_kernel, blocks, kTailThreads, size_t(smem), stream, L, counts, o, worst,
+                         expert_major, alignment, me, per_expert, df, epoch);
   }
   return e == cudaSuccess ? std::string() : std::string("recv_tail_kernel launch: ") + cudaGetErrorString(e);
 }

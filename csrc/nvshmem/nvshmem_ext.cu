@@ -45,7 +45,7 @@
 #include "device.cuh"
 #include "dispatch.cuh"
 #include "notify.cuh"
-#include "../bindings/follow_launch.h"
+#include "../common/follow_launch.h"
 #include "../bindings/host_wait.h"
 #include "../kernels/tail.cuh"
 

@@ -9,7 +9,7 @@ dispatch (both protocols)
      host-mapped memory. Pull also publishes x there when there are peers (zero-copy notes).
   2. the data kernel is launched right behind, into outputs sized for the worst case, so
      the host's wait for the matrix overlaps the data movement instead of idling the GPU. It
-     follows the routing kernel by programmatic dependent launch (bindings/follow_launch.h):
+     follows the routing kernel by programmatic dependent launch (common/follow_launch.h):
      its blocks are scheduled while the routing kernel runs and start when it ends.
   3. pull: each receiver fetches the rows meant for it from every source's ``input`` with
      TMA bulk copies (peer global -> shared -> output), barrier "dispatch.done".

@@ -1,8 +1,8 @@
 // Programmatic dependent launch of a dispatch's data kernel behind its routing kernel (or the
-// cached dispatch's republish kernel): the data kernel's blocks are scheduled while the
-// routing kernel runs and start the moment it ends, instead of after a launch gap. The
-// kernel begins with wait_prior_grid() (common/ptx.cuh); the kernel before it calls
-// start_following_grid().
+// cached dispatch's republish kernel), and of the num_worst_tokens tail behind the data kernel:
+// the later kernel's blocks are scheduled while the earlier one runs and start the moment it
+// ends, instead of after a launch gap. The later kernel calls wait_prior_grid() (common/ptx.cuh)
+// before it touches what the earlier one writes; the earlier one calls start_following_grid().
 #pragma once
 #include <cuda_runtime.h>
 
