@@ -113,8 +113,8 @@ static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L
 // Host side, for every module that binds it: after the data kernels on `stream`, launched to
 // follow them (its launch gap and table build hide under their last rows where they call
 // start_following_grid, as the alone kernels do), at most `max_blocks` blocks (the tail is a
-// plain fill). The tables take SendPlan::bytes(W, L) of
-// shared memory; an error string when they exceed `max_smem`, else the launch's error.
+// plain fill). The tables take SendPlan::bytes(W, L) of shared memory; an error string when
+// they exceed `max_smem`, else the launch's error.
 // Internal linkage, as the kernel's: each module keeps its own attribute state below (a static
 // of an inline function is one object for every library loaded in the process).
 static std::string launch_recv_tail(const Layout& L, const int32_t* counts, TailOutputs o, int64_t worst,

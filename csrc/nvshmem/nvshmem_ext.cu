@@ -7,8 +7,9 @@
 //
 // The kernels (every step also documented in symmoe/protocol/nvshmem.py):
 //   notify.cuh   plan_kernel, one launch: the routing (route.cuh's route_ticketed, as the
-//                CUDA protocols'), the send list, the counts row to every peer by put-with-signal (`ready[me]` = epoch), the
-//                wait for every peer's row, the matrix in a device snapshot and pinned memory.
+//                CUDA protocols'), the send list, the counts row to every peer by
+//                put-with-signal (`ready[me]` = epoch), the wait for every peer's row, the
+//                matrix in a device snapshot and pinned memory.
 //   dispatch.cuh one kernel, 2*C blocks. Block c < C is the sender of channel c: for each
 //                destination d, warps of one group put their rows into d's receive pool
 //                (non-blocking warp puts: NVLink stores in a node, IBGDA RDMA across nodes,
@@ -140,8 +141,7 @@ void allow_smem() {
 }
 
 // Routing of one dispatch (plan = true: plan_kernel, one launch: routing, send list, counts
-// exchange) or of
-// get_dispatch_layout (plan = false: counts and is_token_in_rank only).
+// exchange) or of get_dispatch_layout (plan = false: counts and is_token_in_rank only).
 // ptrs: idx, w, scratch, in_rank, per_rank, per_expert, pub_idx, pub_w, pos, send_ent,
 //       counts_snap, counts_host, bad_flag, bad_info, err, done, counts_ready, summary
 // (summary: route.cuh's CountsSummary for the host, written with the groups padded to `alignment`)
