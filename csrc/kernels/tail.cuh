@@ -49,6 +49,10 @@ static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L
                                                                  int64_t epoch) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ int64_t first;  // this rank's first row past the received ones
+  // Launched to follow the data kernel, which may let it be scheduled before it ends (the alone
+  // kernels do) and before the routing's last block wrote the counts: every read waits for it,
+  // and so does every block's end (this grid never ends before the data kernel).
+  wait_prior_grid();
   const int W = int(L.world_size), Le = int(L.local_experts());
   SendPlan sp;
   sp.carve(smem_raw, W, Le);
@@ -88,10 +92,6 @@ static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L
     }
   }
   if (threadIdx.x == 0) first = valid ? sp.rows[me] : 0;
-  // Launched to follow the data kernel: what came before needs only the counts snapshot, which
-  // the routing kernel before that one left. Every block waits for the data kernel to end, so
-  // this grid never ends before it (stream order after the tail stays whole).
-  wait_prior_grid();
   __syncthreads();
   if (first >= worst) return;
   const int64_t n = worst - first, rb = L.row_bytes(), vecs = rb / 16;
@@ -111,10 +111,10 @@ static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L
 }
 
 // Host side, for every module that binds it: after the data kernels on `stream`, launched to
-// follow them (its launch gap and table build hide under their last rows where they call
-// start_following_grid, as the alone kernels do), at most `max_blocks` blocks (the tail is a
-// plain fill). The tables take SendPlan::bytes(W, L) of shared memory; an error string when
-// they exceed `max_smem`, else the launch's error.
+// follow them (its launch gap hides under their last rows where they call start_following_grid,
+// as the alone kernels do), at most `max_blocks` blocks (the tail is a plain fill). The tables
+// take SendPlan::bytes(W, L) of shared memory; an error string when they exceed `max_smem`,
+// else the launch's error.
 // Internal linkage, as the kernel's: each module keeps its own attribute state below (a static
 // of an inline function is one object for every library loaded in the process).
 static std::string launch_recv_tail(const Layout& L, const int32_t* counts, TailOutputs o, int64_t worst,
