@@ -71,6 +71,9 @@ struct Ctx {
     int chunks = 0;
     int64_t epoch = 0, tokens = 0;
   } routed;
+  // The last data kernel queued started before its routing grid ended (Ctx::alone behind
+  // route_kernel): the tail after it reads the counts only once that kernel ended.
+  bool data_early = false;
 
   Ctx(const std::vector<int64_t>& layout, int rank_, Transport tp_, uintptr_t err_dev, uintptr_t err_host_dev,
       double timeout_s, int num_sms, uintptr_t counters)
@@ -299,6 +302,7 @@ struct Ctx {
     MoveCfg m = move_cfg(plan_bytes, expert_major, true);
     if (expert_major && L.world_size == 1 && fan_phases) phase_cfg(m, kernel, kept);
     m.stamps = stamps;
+    data_early = false;
     check(launch_following(kernel, grid, m.warps * 32, smem_of(m), S(stream), tp, L, P<const uint8_t>(x), outputs(out),
                            expert_major, alignment, m, sy),
           what);
@@ -341,7 +345,10 @@ struct Ctx {
     a.counts = P<const int32_t>(counts);
     a.o = outputs(out);
     a.sy = sync(epoch, 2);
-    return launch_alone_args(a, expert_major, fan_phases, grid, move.slot_bytes, move.depth, depth_auto, S(stream));
+    const bool launched =
+        launch_alone_args(a, expert_major, fan_phases, grid, move.slot_bytes, move.depth, depth_auto, S(stream));
+    data_early = launched && a.routed.placed != nullptr;
+    return launched;
   }
 
   // Push with peers in one kernel of `senders` sender blocks (the channels) and `receivers`
@@ -359,6 +366,7 @@ struct Ctx {
     // 3 warps a block).
     const MoveCfg m = move_cfg(push_stream_plan_bytes(int(L.world_size), int(L.local_experts()), senders, receivers),
                                /*fan=*/true);
+    data_early = false;
     check(launch_following(push_stream_kernel<Transport>, senders + receivers, m.warps * 32, smem_of(m), S(stream), tp, L,
                            P<const uint8_t>(x), outputs(out), expert_major, alignment, m, sync(epoch, 2), senders,
                            receivers),
@@ -381,7 +389,8 @@ struct Ctx {
     const std::string e = launch_recv_tail(L, P<const int32_t>(counts),
                                            TailOutputs{o.x, o.idx, o.w, o.src_rank, o.src_token, o.src_slot}, worst,
                                            expert_major, alignment, rank, P<int32_t>(per_expert),
-                                           P<DeferredError>(deferred), epoch, grid, max_smem - 128, S(stream));
+                                           P<DeferredError>(deferred), epoch, data_early, grid, max_smem - 128,
+                                           S(stream));
     if (!e.empty()) throw std::invalid_argument(e);
   }
 
