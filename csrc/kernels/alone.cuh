@@ -112,6 +112,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(Alone
 // last block then still sums the counts and hands them over (3-4 µs at the DeepSeek shape), and
 // this kernel, not knowing the rows yet, keeps inside the outputs' capacity instead; with bad ids
 // or over capacity the host raises and drops these outputs, as it does when nothing moved.
+template <bool kEarly>
 __device__ __forceinline__ void alone_rows(const AloneArgs& a) {
   const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots), PC = 1 + K;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -121,7 +122,7 @@ __device__ __forceinline__ void alone_rows(const AloneArgs& a) {
   __syncthreads();
   if (dead) return;  // an earlier wait failed: the host raises
   int64_t T, rows;
-  if (a.routed.placed != nullptr) {
+  if constexpr (kEarly) {
     bool ok = true;
     if (warp == 0)
       for (int i = lane; i < a.routed.chunks && ok; i += 32)
@@ -161,14 +162,16 @@ __device__ __forceinline__ void alone_rows(const AloneArgs& a) {
   mv.flush();
 }
 
+// kEarly: behind route_kernel with its placed marks (a.routed); a separate instance so that
+// every other launch (nvshmem's, the cached and republished dispatches) runs the plain kernel.
+template <bool kEarly>
 __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_kernel(AloneArgs a) {
-  const bool early = a.routed.placed != nullptr;
-  if (!early) wait_prior_grid();  // launched to follow the routing (or republish) kernel, which may still run
+  if (!kEarly) wait_prior_grid();  // launched to follow the routing (or republish) kernel, which may still run
   start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
-  alone_rows(a);
+  alone_rows<kEarly>(a);
   // Started on the marks: this grid still ends after the routing's, so whatever follows in the
   // stream (the tail, the host's counts event) sees the routing's last writes.
-  if (early) wait_prior_grid();
+  if (kEarly) wait_prior_grid();
 }
 
 }  // namespace symmoe
