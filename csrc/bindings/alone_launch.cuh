@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <stdexcept>
@@ -55,15 +56,19 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
     }
     smem = size_t(phase_smem(m, rb));
   } else {
-    static const int limit = alone_smem_limit(alone_rows_kernel, "alone_rows_kernel");
+    // Both instances get the opt-in (the same static part).
+    static const int limit = std::min(alone_smem_limit(alone_rows_kernel<false>, "alone_rows_kernel"),
+                                      alone_smem_limit(alone_rows_kernel<true>, "alone_rows_kernel"));
     m.slot_bytes = piece_bytes(rb, row_piece);
     m.depth = row_depth;
     m = fit_mover(m, 0, limit, depth_auto);
     smem = size_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth);
   }
   a.mc = m;
-  const cudaError_t e =
-      launch_following(expert_major ? alone_fan_kernel : alone_rows_kernel, blocks, m.warps * 32, smem, s, a);
+  const cudaError_t e = launch_following(expert_major          ? alone_fan_kernel
+                                         : a.routed.placed != nullptr ? alone_rows_kernel<true>
+                                                                      : alone_rows_kernel<false>,
+                                         blocks, m.warps * 32, smem, s, a);
   if (e != cudaSuccess)
     throw std::runtime_error(std::string(expert_major ? "alone_fan_kernel" : "alone_rows_kernel") +
                              " launch: " + cudaGetErrorString(e));

@@ -64,6 +64,16 @@ struct Ctx {
   CountsSummary summary;  // what the host reads after its wait (summary.host nullptr: none)
   BadInput bad{nullptr, nullptr};  // in-kernel expert-id checks of dispatch (set_input_check)
   uint64_t* stamps = nullptr;      // the dispatch data kernels' timeline (set_stamps; stamps.cuh)
+  // The last dispatch routing (route_kernel) queued: its chunks' placed marks, their number, its
+  // epoch and tokens, for a data kernel alone that starts on the marks (Ctx::alone).
+  struct Routed {
+    const int64_t* placed = nullptr;
+    int chunks = 0;
+    int64_t epoch = 0, tokens = 0;
+  } routed;
+  // The last data kernel queued started before its routing grid ended (Ctx::alone behind
+  // route_kernel): the tail after it reads the counts only once that kernel ended.
+  bool data_early = false;
 
   Ctx(const std::vector<int64_t>& layout, int rank_, Transport tp_, uintptr_t err_dev, uintptr_t err_host_dev,
       double timeout_s, int num_sms, uintptr_t counters)
@@ -197,10 +207,10 @@ struct Ctx {
     return int(std::max<int64_t>(1, std::min<int64_t>(route_max_blocks(), (T + 127) / 128)));
   }
   // Bytes of global routing scratch the caller allocates once, zeroed (RouteScratch: the
-  // chunks' counted epochs first, then the int32 tables).
+  // chunks' counted epochs, then their placed epochs, then the int32 tables).
   int64_t layout_scratch_bytes() const {
     const int64_t C = route_columns(), B = route_max_blocks();
-    return 8 * B + 4 * (B * C + C + (route_big() ? B * (kRouteWarps + 1) * C : 0));
+    return 16 * B + 4 * (B * C + C + (route_big() ? B * (kRouteWarps + 1) * C : 0));
   }
 
   template <typename Idx>
@@ -210,9 +220,10 @@ struct Ctx {
     const int B = route_blocks(T);
     const bool big = route_big();
     int64_t* counted = reinterpret_cast<int64_t*>(scratch);
-    int32_t* tables = scratch + 2 * MB;
+    int64_t* placed = counted + MB;
+    int32_t* tables = scratch + 4 * MB;
     RouteScratch sc{tables, tables + MB * C, big ? tables + MB * C + C : nullptr, counts_host, counts_snap,
-                    publish ? counts_ready : nullptr, publish ? summary : CountsSummary{}, counted, done + 7};
+                    publish ? counts_ready : nullptr, publish ? summary : CountsSummary{}, counted, done + 7, placed};
     RoutingArgs<Idx> a{idx, w, int(T), int(L.topk), int(L.world_size), int(L.num_experts), nullptr, in_rank, nullptr, nullptr,
                        BadInput{nullptr, nullptr}};
     if (publish) {
@@ -231,6 +242,7 @@ struct Ctx {
     route_kernel<Transport, Idx><<<B, threads, big ? 0 : size_t((threads / 32 + 1) * C * 4), st>>>(
         tp, L, a, sc, per_rank, per_expert, sync(epoch, 0));
     check(cudaGetLastError(), "route_kernel launch");
+    routed = Routed{placed, B, epoch, T};
   }
 
   // Where the next dispatch's routing kernels leave the counts matrix ([W][1 + W + E] int32:
@@ -290,6 +302,7 @@ struct Ctx {
     MoveCfg m = move_cfg(plan_bytes, expert_major, true);
     if (expert_major && L.world_size == 1 && fan_phases) phase_cfg(m, kernel, kept);
     m.stamps = stamps;
+    data_early = false;
     check(launch_following(kernel, grid, m.warps * 32, smem_of(m), S(stream), tp, L, P<const uint8_t>(x), outputs(out),
                            expert_major, alignment, m, sy),
           what);
@@ -316,10 +329,13 @@ struct Ctx {
   // False, launching nothing, when they do not apply: peers, a timeline recording (its stamps
   // are pull's and push's), the expert-major dispatch with kernel.fan_phases off (the mover's
   // fan-out is pull's and push's) or not one row fitting in shared memory.
+  // after_route: launched right behind this dispatch's route_kernel; the rank-major kernel then
+  // starts on that routing's placed marks, not on its grid's end.
   bool alone(uintptr_t x, const py::dict& out, bool expert_major, int alignment, uintptr_t counts, int64_t epoch,
-             uintptr_t stream) {
+             bool after_route, uintptr_t stream) {
     if (L.world_size != 1 || stamps || (expert_major && !fan_phases)) return false;
     AloneArgs a{};
+    if (after_route && !expert_major) a.routed = AloneArgs::Routed{routed.placed, routed.chunks, routed.epoch, routed.tokens};
     a.lay = L;
     a.alignment = alignment;
     a.x = P<const uint8_t>(x);
@@ -329,7 +345,10 @@ struct Ctx {
     a.counts = P<const int32_t>(counts);
     a.o = outputs(out);
     a.sy = sync(epoch, 2);
-    return launch_alone_args(a, expert_major, fan_phases, grid, move.slot_bytes, move.depth, depth_auto, S(stream));
+    const bool launched =
+        launch_alone_args(a, expert_major, fan_phases, grid, move.slot_bytes, move.depth, depth_auto, S(stream));
+    data_early = launched && a.routed.placed != nullptr;
+    return launched;
   }
 
   // Push with peers in one kernel of `senders` sender blocks (the channels) and `receivers`
@@ -347,6 +366,7 @@ struct Ctx {
     // 3 warps a block).
     const MoveCfg m = move_cfg(push_stream_plan_bytes(int(L.world_size), int(L.local_experts()), senders, receivers),
                                /*fan=*/true);
+    data_early = false;
     check(launch_following(push_stream_kernel<Transport>, senders + receivers, m.warps * 32, smem_of(m), S(stream), tp, L,
                            P<const uint8_t>(x), outputs(out), expert_major, alignment, m, sync(epoch, 2), senders,
                            receivers),
@@ -369,7 +389,8 @@ struct Ctx {
     const std::string e = launch_recv_tail(L, P<const int32_t>(counts),
                                            TailOutputs{o.x, o.idx, o.w, o.src_rank, o.src_token, o.src_slot}, worst,
                                            expert_major, alignment, rank, P<int32_t>(per_expert),
-                                           P<DeferredError>(deferred), epoch, grid, max_smem - 128, S(stream));
+                                           P<DeferredError>(deferred), epoch, data_early, grid, max_smem - 128,
+                                           S(stream));
     if (!e.empty()) throw std::invalid_argument(e);
   }
 
@@ -477,7 +498,7 @@ void bind_context(py::module_& m, Init init) {
       .def("push", &C::push, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("epoch"), py::arg("stream"))
       .def("alone", &C::alone, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
-           py::arg("counts"), py::arg("epoch"), py::arg("stream"))
+           py::arg("counts"), py::arg("epoch"), py::arg("after_route"), py::arg("stream"))
       .def("push_stream", &C::push_stream, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("senders"), py::arg("receivers"), py::arg("epoch"), py::arg("stream"))
       .def("unpack", &C::unpack, py::arg("counts"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"), py::arg("stream"))

@@ -30,6 +30,14 @@ struct AloneArgs {
   Outputs o;
   MoveCfg mc;             // the phases' geometry (expert-major) or the mover's (rank-major)
   Sync sy;  // err: the device word kernels poll, err_host: the host-mapped one
+  // Rank-major behind this dispatch's route_kernel (placed set): the kernel starts once each of
+  // its `chunks` chunks is marked placed with `epoch`, for `tokens` tokens, not on that grid's
+  // end (counts is then not read: the routing's last block is still writing it).
+  struct Routed {
+    const int64_t* placed;
+    int chunks;
+    int64_t epoch, tokens;
+  } routed;
 };
 
 // Shared tables before the phases' rows: goff [E + 1] (read by the phases), then gcnt [E] and
@@ -100,9 +108,12 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(Alone
 // (alone, every expert is this rank's), with its slots' ids and weights (-1 / 0 for masked
 // slots), source rank 0, token t and slot 0. Each warp takes tokens gw, gw + all warps, ...,
 // the next token's routing in flight under the current row's copy.
-__global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_kernel(AloneArgs a) {
-  wait_prior_grid();  // first: launched to follow the routing (or republish) kernel, which may still run
-  start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
+// Behind route_kernel (a.routed.placed) it starts on the chunks' placed marks: the routing's
+// last block then still sums the counts and hands them over (3-4 µs at the DeepSeek shape), and
+// this kernel, not knowing the rows yet, keeps inside the outputs' capacity instead; with bad ids
+// or over capacity the host raises and drops these outputs, as it does when nothing moved.
+template <bool kEarly>
+__device__ __forceinline__ void alone_rows(const AloneArgs& a) {
   const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots), PC = 1 + K;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t rb = a.lay.row_bytes();
@@ -110,8 +121,21 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_kernel(Alon
   if (threadIdx.x == 0) dead = error_set(a.sy.err);
   __syncthreads();
   if (dead) return;  // an earlier wait failed: the host raises
-  const int64_t T = __ldg(a.counts), rows = __ldg(a.counts + 1);
-  if (T < 0 || rows > a.o.capacity) return;  // bad ids or over capacity: every block, the host raises
+  int64_t T, rows;
+  if constexpr (kEarly) {
+    bool ok = true;
+    if (warp == 0)
+      for (int i = lane; i < a.routed.chunks && ok; i += 32)
+        ok = wait_at_least_gpu(a.routed.placed + i, a.routed.epoch, a.sy.timeout_ns, a.sy.err, a.sy.err_host,
+                               kStageRouteChunk, i, a.routed.epoch);
+    if (!__syncthreads_and(ok)) return;  // recorded: the host raises
+    T = a.routed.tokens;
+    rows = a.o.capacity;
+  } else {
+    T = __ldg(a.counts);
+    rows = __ldg(a.counts + 1);
+    if (T < 0 || rows > a.o.capacity) return;  // bad ids or over capacity: every block, the host raises
+  }
   WarpMover mv;
   mv.init(dyn_smem() + int64_t(warp) * WarpMoverSmem::per_warp_bytes(a.mc.slot_bytes, a.mc.depth), a.mc.slot_bytes,
           a.mc.depth, MoverWatch{a.sy.timeout_ns, a.sy.err, a.sy.err_host, a.sy.epoch});
@@ -136,6 +160,18 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_kernel(Alon
     }
   }
   mv.flush();
+}
+
+// kEarly: behind route_kernel with its placed marks (a.routed); a separate instance so that
+// every other launch (nvshmem's, the cached and republished dispatches) runs the plain kernel.
+template <bool kEarly>
+__global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_kernel(AloneArgs a) {
+  if (!kEarly) wait_prior_grid();  // launched to follow the routing (or republish) kernel, which may still run
+  start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
+  alone_rows<kEarly>(a);
+  // Started on the marks: this grid still ends after the routing's, so whatever follows in the
+  // stream (the tail, the host's counts event) sees the routing's last writes.
+  if (kEarly) wait_prior_grid();
 }
 
 }  // namespace symmoe

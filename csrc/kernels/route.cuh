@@ -47,6 +47,9 @@ struct RouteScratch {  // global scratch of the routing kernels (sized by the ho
   CountsSummary summary;  // written with counts_host, before the epoch (summary.host nullptr: none)
   int64_t* counted = nullptr;  // [blocks] route_kernel: the epoch once chunk i's part is written (zeroed once)
   unsigned int* ticket = nullptr;  // route_kernel: chunks taken so far (zero between launches)
+  // [blocks] the epoch once chunk i's positions are published (zeroed once; nullptr: no marks):
+  // a data kernel alone may start on them instead of on the routing grid's end.
+  int64_t* placed = nullptr;
 };
 
 // The exchanged counts matrix m ([W][1 + W + E], W <= kMaxSlots) into host-mapped memory
@@ -167,7 +170,8 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingAr
 // blocks hold), numbers its pairs inside the chunk (route_chunk's first walk, which also
 // publishes and checks the ids), marks the chunk's counts ready, waits until every earlier
 // chunk's are, then publishes its positions after theirs. The block of the last chunk also
-// leaves the column totals in sc.totals (its base plus its own counts). Returns the chunk.
+// leaves the column totals in sc.totals (its base plus its own counts), and each block marks its
+// chunk placed (sc.placed) once its positions are out. Returns the chunk.
 // Whole block; the caller checked its error word.
 template <typename Idx>
 __device__ int route_ticketed(const RoutingArgs<Idx>& a, const RouteScratch& sc, int64_t epoch, uint64_t timeout_ns,
@@ -178,6 +182,7 @@ __device__ int route_ticketed(const RoutingArgs<Idx>& a, const RouteScratch& sc,
   const int b = chunk, C = a.columns();
   int32_t* part = sc.part + int64_t(b) * C;
   int32_t* tables = sc.big ? sc.big + int64_t(b) * (kRouteWarps + 1) * C : reinterpret_cast<int32_t*>(dyn_smem());
+  bool placing = false;
   route_chunk<true>(a, tables, tables + C, part, b, [&] {
     if (threadIdx.x == 0) {
       __threadfence();  // cumulative: the block's counts in `part` before the mark
@@ -192,8 +197,14 @@ __device__ int route_ticketed(const RoutingArgs<Idx>& a, const RouteScratch& sc,
     chunk_base(sc, C, tables, b);
     if (b == int(gridDim.x) - 1)
       for (int c = threadIdx.x; c < C; c += blockDim.x) sc.totals[c] = tables[c] + part[c];
+    placing = true;
     return true;
   });
+  // route_chunk's last barrier ordered every thread's positions before this fence.
+  if (placing && sc.placed != nullptr && threadIdx.x == 0) {
+    __threadfence();
+    st_release_gpu(sc.placed + b, epoch);
+  }
   return b;
 }
 

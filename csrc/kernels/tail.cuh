@@ -46,9 +46,14 @@ enum : int64_t { kDeferredNone = 0, kDeferredCapacity = 1, kDeferredBadIds = 2 }
 static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L, const int32_t* counts, TailOutputs o,
                                                                  int64_t worst, bool expert_major, int alignment,
                                                                  int me, int32_t* per_expert, DeferredError* df,
-                                                                 int64_t epoch) {
+                                                                 int64_t epoch, bool counts_late) {
   extern __shared__ __align__(16) uint8_t smem_raw[];
   __shared__ int64_t first;  // this rank's first row past the received ones
+  // Launched to follow the data kernel, which may let it be scheduled before it ends (the alone
+  // kernels do). The counts snapshot is then final, unless that kernel itself started before
+  // the routing's last block wrote it (counts_late): every read waits for it then. Every block
+  // waits before its fill and its end either way (this grid never ends before the data kernel).
+  if (counts_late) wait_prior_grid();
   const int W = int(L.world_size), Le = int(L.local_experts());
   SendPlan sp;
   sp.carve(smem_raw, W, Le);
@@ -88,10 +93,7 @@ static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L
     }
   }
   if (threadIdx.x == 0) first = valid ? sp.rows[me] : 0;
-  // Launched to follow the data kernel: what came before needs only the counts snapshot, which
-  // the routing kernel before that one left. Every block waits for the data kernel to end, so
-  // this grid never ends before it (stream order after the tail stays whole).
-  wait_prior_grid();
+  if (!counts_late) wait_prior_grid();
   __syncthreads();
   if (first >= worst) return;
   const int64_t n = worst - first, rb = L.row_bytes(), vecs = rb / 16;
@@ -112,14 +114,15 @@ static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L
 
 // Host side, for every module that binds it: after the data kernels on `stream`, launched to
 // follow them (its launch gap and table build hide under their last rows where they call
-// start_following_grid, as the alone kernels do), at most `max_blocks` blocks (the tail is a
-// plain fill). The tables take SendPlan::bytes(W, L) of shared memory; an error string when
-// they exceed `max_smem`, else the launch's error.
+// start_following_grid, as the alone kernels do; counts_late: a data kernel that started before
+// its routing ended, whose counts the tail reads only after it), at most `max_blocks` blocks
+// (the tail is a plain fill). The tables take SendPlan::bytes(W, L) of shared memory; an error
+// string when they exceed `max_smem`, else the launch's error.
 // Internal linkage, as the kernel's: each module keeps its own attribute state below (a static
 // of an inline function is one object for every library loaded in the process).
 static std::string launch_recv_tail(const Layout& L, const int32_t* counts, TailOutputs o, int64_t worst,
                                     bool expert_major, int alignment, int me, int32_t* per_expert, DeferredError* df,
-                                    int64_t epoch, int max_blocks, int max_smem, cudaStream_t stream) {
+                                    int64_t epoch, bool counts_late, int max_blocks, int max_smem, cudaStream_t stream) {
   const int64_t smem = SendPlan::bytes(int(L.world_size), int(L.local_experts()));
   if (smem > max_smem)
     return "num_worst_tokens: the receivers' tables (" + std::to_string(smem) +
@@ -136,7 +139,7 @@ static std::string launch_recv_tail(const Layout& L, const int32_t* counts, Tail
     const int64_t vecs = worst * (L.row_bytes() / 16);
     const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(max_blocks, (vecs + kTailThreads - 1) / kTailThreads)));
     e = launch_following(recv_tail_kernel, blocks, kTailThreads, size_t(smem), stream, L, counts, o, worst,
-                         expert_major, alignment, me, per_expert, df, epoch);
+                         expert_major, alignment, me, per_expert, df, epoch, counts_late);
   }
   return e == cudaSuccess ? std::string() : std::string("recv_tail_kernel launch: ") + cudaGetErrorString(e);
 }

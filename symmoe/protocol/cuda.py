@@ -286,7 +286,7 @@ class _CudaProtocol(Protocol):
                                      alignment)
         self._layout(topk_idx, topk_weights, True, None, None, in_rank)
         epoch = self._epoch  # the routing kernel writes it to _counts_ready after the matrix
-        self._move(x, args, expert_major, alignment, counts_dev)
+        self._move(x, args, expert_major, alignment, counts_dev, True)
         if not worst:  # after the data kernel: nothing may come between it and the routing kernel it follows
             self._counts_event.record(stream)
         self._published = routing
@@ -329,13 +329,15 @@ class _CudaProtocol(Protocol):
             self.input_view(x.shape[0], x.dtype).copy_(x)
 
     def _move(self, x: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
-              counts_dev: torch.Tensor) -> None:
+              counts_dev: torch.Tensor, after_route: bool) -> None:
         """The data kernels, after the routing (or its republication) and the counts barrier.
-        Alone, the alone kernels where they apply (``Ctx::alone``), as nvshmem runs them."""
+        Alone, the alone kernels where they apply (``Ctx::alone``), as nvshmem runs them;
+        ``after_route`` (right behind this dispatch's routing kernel): the rank-major one starts
+        on the routing's placed chunks, before its last block hands the counts over."""
         sp = self._stream().cuda_stream
         epoch = self._next_epoch()
         if self.world_size == 1 and self.ctx.alone(_ptr(x), args, expert_major, alignment, counts_dev.data_ptr(), epoch,
-                                                   sp):
+                                                   after_route, sp):
             return
         if self.name == "pull":
             self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
@@ -381,7 +383,7 @@ class _CudaProtocol(Protocol):
             self.ctx.republish(routing.data_ptr(), routing.numel(), counts_dev.data_ptr(), self._next_epoch(),
                                self._stream().cuda_stream)
             self._published = routing
-        self._move(x, args, handle.output_layout == "expert", handle.alignment, counts_dev)
+        self._move(x, args, handle.output_layout == "expert", handle.alignment, counts_dev, False)
         if not counted:
             return self._tail(out, counts_dev, worst, handle.output_layout == "expert", handle.alignment)
         return recv_views(out, rows, per_expert, worst)
