@@ -72,7 +72,9 @@ __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const Mov
       // This tile's previous stores finished reading it before the last meeting.
       if (lane == 0) {
         mbar_arrive_expect_tx(bar, uint32_t(rb));
-        bulk_load(tile, x + t * rb, uint32_t(rb), bar);
+        // Every row is read once and written once: evict-first keeps the streamed rows from
+        // pushing the outputs' metadata (small scattered stores) and the routing out of L2.
+        bulk_load_evict_first(tile, x + t * rb, uint32_t(rb), bar, evict_first_policy());
       }
       d = dests(t);  // routing and metadata while the row loads
       if (lane == 0) landed = mbar_try_wait(bar, parity) || mbar_wait_bounded(bar, parity, watch);
@@ -82,9 +84,10 @@ __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const Mov
     meet(landed);
     if (r == 0) stamp<kStamps>(mc.stamps, kStampRouted);  // the timeline's marks: round 0's loads, then its stores
     if (mine && ok) {
+      const uint64_t policy = evict_first_policy();
       for (int i = 0; i < d.n; ++i) {
         uint8_t* dst = reinterpret_cast<uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<uint64_t>(d.dst), i));
-        if (lane == 0) bulk_store(dst, tile, uint32_t(rb));
+        if (lane == 0) bulk_store_evict_first(dst, tile, uint32_t(rb), policy);
       }
       if (lane == 0) {
         bulk_commit();

@@ -52,6 +52,27 @@ __device__ __forceinline__ void bulk_store(void* gmem_dst, const void* smem_src,
                "r"(smem_addr(smem_src)), "r"(bytes)
                : "memory");
 }
+// An L2 evict-first policy (createpolicy) for the _evict_first copies: lines touched once.
+__device__ __forceinline__ uint64_t evict_first_policy() {
+  uint64_t policy;
+  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
+  return policy;
+}
+// bulk_load / bulk_store with an L2 cache policy (evict_first_policy).
+__device__ __forceinline__ void bulk_load_evict_first(void* smem_dst, const void* gmem_src, uint32_t bytes,
+                                                      uint64_t* bar, uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
+          smem_addr(smem_dst)),
+      "l"(gmem_src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
+      : "memory");
+}
+__device__ __forceinline__ void bulk_store_evict_first(void* gmem_dst, const void* smem_src, uint32_t bytes,
+                                                       uint64_t policy) {
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;" ::"l"(gmem_dst),
+               "r"(smem_addr(smem_src)), "r"(bytes), "l"(policy)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // All committed stores but the newest `Pending` groups have finished reading shared memory
 // (their slots may be reused); bulk_wait_read_all: every one.

@@ -172,31 +172,6 @@ __host__ __device__ int64_t ring_warp_bytes(uint32_t slot) {
   return (int64_t(S) * slot + S * 8 + 127) / 128 * 128;
 }
 
-// An L2 evict-first cache policy for the bulk copies below.
-__device__ __forceinline__ uint64_t evict_first_policy() {
-  uint64_t policy;
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(policy));
-  return policy;
-}
-
-// shared -> global with an L2 evict-first policy: rows written once and not read again soon.
-__device__ __forceinline__ void bulk_store_evict_first(void* gmem_dst, const void* smem_src, uint32_t bytes,
-                                                       uint64_t policy) {
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;" ::"l"(gmem_dst),
-               "r"(smem_addr(smem_src)), "r"(bytes), "l"(policy)
-               : "memory");
-}
-
-// global -> shared with an L2 evict-first policy: source rows read once.
-__device__ __forceinline__ void bulk_load_evict_first(void* smem_dst, const void* gmem_src, uint32_t bytes,
-                                                      uint64_t* bar, uint64_t policy) {
-  asm volatile(
-      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], %4;" ::"r"(
-          smem_addr(smem_dst)),
-      "l"(gmem_src), "r"(bytes), "r"(smem_addr(bar)), "l"(policy)
-      : "memory");
-}
-
 // Lane 0 of each warp keeps S-1 bulk loads in flight (S slots) and stores each piece as it
 // lands. Copy (kFan false): row r of dst from row idx[r] of src. Fan-out (kFan true): row t of
 // src to rows idx[t * K + k] of dst, k < K.
