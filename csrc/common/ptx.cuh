@@ -73,14 +73,6 @@ __device__ __forceinline__ void bulk_store_evict_first(void* gmem_dst, const voi
                "r"(smem_addr(smem_src)), "r"(bytes), "l"(policy)
                : "memory");
 }
-// A 16-byte load with an L2 cache policy (evict_first_policy): rows read once.
-__device__ __forceinline__ int4 ld_hinted(const int4* p, uint64_t policy) {
-  int4 v;
-  asm volatile("ld.global.L2::cache_hint.v4.s32 {%0, %1, %2, %3}, [%4], %5;"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p), "l"(policy));
-  return v;
-}
 __device__ __forceinline__ void bulk_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 // All committed stores but the newest `Pending` groups have finished reading shared memory
 // (their slots may be reused); bulk_wait_read_all: every one.

@@ -116,12 +116,10 @@ __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const Slo
     for (int j = 0; j < n; ++j) {  // unrolled: loads of several slots in flight, adds stay in order
       const int4* src = reinterpret_cast<const int4*>(sl.src[j]);
       int4 raw[U];
-      // Every slot row is read once: evict-first keeps it from pushing the outputs out of L2.
-      const uint64_t policy = evict_first_policy();
 #pragma unroll
       for (int u = 0; u < U; ++u) {
         const int64_t v = v0 + int64_t(u) * NT;
-        raw[u] = v < ve ? ld_hinted(src + v, policy) : make_int4(0, 0, 0, 0);
+        raw[u] = v < ve ? src[v] : make_int4(0, 0, 0, 0);
       }
       const float wj = sl.wt[j];
 #pragma unroll
