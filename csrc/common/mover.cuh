@@ -122,7 +122,9 @@ struct WarpMover {
       if (ok) {
         const uint32_t n = meta[2 * s], bytes = meta[2 * s + 1];
         uint8_t** d = dsts + s * kMaxDst;
-        for (uint32_t i = 0; i < n; ++i) bulk_store(d[i], slots + int64_t(s) * slot_bytes, bytes);
+        // Rows stream through once: evict-first, as the phased fan-out (common/phases.cuh).
+        const uint64_t policy = evict_first_policy();
+        for (uint32_t i = 0; i < n; ++i) bulk_store_evict_first(d[i], slots + int64_t(s) * slot_bytes, bytes, policy);
         bulk_commit();
       }
     }
@@ -142,7 +144,7 @@ struct WarpMover {
       meta[2 * cur] = uint32_t(n);
       meta[2 * cur + 1] = bytes;
       mbar_arrive_expect_tx(&bar[cur], bytes);
-      bulk_load(slots + int64_t(cur) * slot_bytes, src, bytes, &bar[cur]);
+      bulk_load_evict_first(slots + int64_t(cur) * slot_bytes, src, bytes, &bar[cur], evict_first_policy());
     }
     cur = cur + 1 == depth ? 0 : cur + 1;
     if (++inflight == depth) drain();  // the ring is full: store the oldest
