@@ -125,6 +125,24 @@ def test_a_cached_dispatch_is_summarised_with_dispatch_bytes_and_named_in_the_ta
     assert "cached dispatch: dispatch(x, handle=...)" in text
 
 
+@pytest.mark.parametrize("cached_baseline", [True, False])
+def test_a_cached_dispatch_is_compared_with_plain_torch_along_a_routing_computed_once(cached_baseline):
+    """Like for like: plain torch's cached baseline when the file has one; older files have only
+    plain torch's whole dispatch, which every dispatch op was compared with."""
+    rk = rank_result(300.0, 250.0, 80.0, 8000)
+    for lay in ("rank", "expert"):
+        e = rk[lay]
+        e.update(cached_dispatch=stats(100.0), cached_dispatch_host=stats(10.0), cached_dispatch_bytes=e["dispatch_bytes"],
+                 worst_dispatch=stats(150.0), worst_dispatch_host=stats(10.0), worst_dispatch_bytes=e["dispatch_bytes"])
+    rk["torch"] = {lay: {"dispatch": stats(600.0), "combine": stats(500.0),
+                         **({"cached_dispatch": stats(400.0)} if cached_baseline else {})} for lay in ("rank", "expert")}
+    s = bench.summarize(bench.bench_config("push", 66), 1, [rk], roof=4.0e12)["layouts"]["expert"]
+    assert s["cached_dispatch"]["torch_us"] == (400.0 if cached_baseline else 600.0)
+    assert s["cached_dispatch"]["speedup_vs_torch"] == pytest.approx(4.0 if cached_baseline else 6.0)
+    assert s["dispatch"]["torch_us"] == s["worst_dispatch"]["torch_us"] == 600.0  # these route as plain torch does
+    assert s["combine"]["torch_us"] == 500.0
+
+
 def test_the_table_splits_dispatch_host_time_at_the_counts_wait(two_ranks):
     ranks = [rank_result(300.0, 250.0, 80.0, 8000), rank_result(400.0, 200.0, 120.0, 8200)]
     ranks[0]["rank"]["dispatch_host_phases"] = {"before_wait": stats(61.0), "wait": stats(33.0),
