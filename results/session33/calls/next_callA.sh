@@ -2,7 +2,7 @@
 # prepared in session 33 for the next GPU session (not run): next/fan-early 02a01a4 (torch W=1 tests incl. the
 # bad-id/capacity test in both layouts, bench W=1 twice) against main (bench twice: also the first numbers of the
 # like-for-like cached baseline), one lease. Trees: scripts/baseline_tree.sh next/fan-early; scripts/baseline_tree.sh main
-R=$PWD; O=$OUT; FE=02a01a4; M=${MAIN:?set MAIN to main's short hash}
+R=$PWD; O=$OUT; FE=02a01a4; M=${MAIN:?set MAIN to the short hash of main}
 b() { # tree label: build + bench W=1 torch push + nvshmem, 20 repeats
   (cd $R/trees/$1 && SYMMOE_COMMIT=$1 BENCH_WORLD_SIZES=1 BENCH_BACKENDS=torch,nvshmem BENCH_PROTOCOLS=push BENCH_REPEATS=20 \
     OUT=/tmp/o/$2 LOG=/tmp/l/$2 scripts/gpu_check.sh build bench 2>&1 | tail -1; cp /tmp/l/$2/bench.json $O/bench_$2.json); echo "$2 t=$SECONDS"; }
