@@ -12,7 +12,9 @@ Targets at world size 1, DeepSeek-V3 shape (the issues' text):
 * nvshmem, nccl: dispatch and combine >= 85 % of the copy roofline (both layouts here).
 
 A cached dispatch (``dispatch(x, handle=...)``, bench files since session 7) gets the
-dispatch target in rows of its own: it is the dispatch DeepEP's intranode benchmark times.
+dispatch target in rows of its own: it is the dispatch DeepEP's intranode benchmark times. Its
+plain-torch speed-up is the bench's: against ``index_select`` along a routing computed once in
+files since session 33 (a2fe45f), against plain torch's whole dispatch (argsort included) before.
 
 Definitions: ratio to roofline = (bytes that must move / copy roofline of the same run) /
 whole-call median (``python -m symmoe.bench``'s own ``ratio_roofline``). The roofline is the
@@ -113,6 +115,8 @@ def markdown(res: dict[str, Any]) -> str:
     lines += [f"- targets at world size 1: whole call >= {res['target_ratio']:.2f} of the copy roofline "
               f"(torch: rank-major; nvshmem, nccl: both layouts), torch expert-major dispatch >= "
               f"{res['target_speedup']:g}x plain torch",
+              "- x plain torch: against argsort + index_select for the dispatches that route, against index_select "
+              "along the routing computed once for a cached dispatch (bench files since session 33)",
               "- kernels / data kernels: the same bytes against the device time of all the call's kernels, and of "
               "the kernels that move rows (routing left out): context, not the target",
               "",
