@@ -3,9 +3,10 @@
 ``cached_dispatch`` is ``dispatch(x, handle=...)`` along the routing of the op's last
 dispatch (bench files since session 7 hold it); it moves the same rows as ``dispatch``, so
 the same bytes apply to it; its plain-torch baseline gathers along a routing computed once
-(since session 33; earlier files hold only plain torch's whole dispatch, which routes too). ``worst_dispatch`` (rank-major, bench
-files since session 12) is ``dispatch(..., num_worst_tokens=W * T)``, DeepEP's worst-case
-sizes: the same rows again, and no host wait on the CUDA protocols.
+(since session 33; earlier files hold only plain torch's whole dispatch, which routes too).
+``worst_dispatch`` (rank-major, bench files since session 12) is ``dispatch(...,
+num_worst_tokens=W * T)``, DeepEP's worst-case sizes: the same rows again, and no host wait
+on the CUDA protocols.
 """
 from __future__ import annotations
 

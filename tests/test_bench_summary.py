@@ -132,10 +132,11 @@ def test_a_cached_dispatch_is_compared_with_plain_torch_along_a_routing_computed
     rk = rank_result(300.0, 250.0, 80.0, 8000)
     for lay in ("rank", "expert"):
         e = rk[lay]
-        e.update(cached_dispatch=stats(100.0), cached_dispatch_host=stats(10.0), cached_dispatch_bytes=e["dispatch_bytes"],
-                 worst_dispatch=stats(150.0), worst_dispatch_host=stats(10.0), worst_dispatch_bytes=e["dispatch_bytes"])
-    rk["torch"] = {lay: {"dispatch": stats(600.0), "combine": stats(500.0),
-                         **({"cached_dispatch": stats(400.0)} if cached_baseline else {})} for lay in ("rank", "expert")}
+        e.update(cached_dispatch=stats(100.0), cached_dispatch_host=stats(10.0),
+                 cached_dispatch_bytes=e["dispatch_bytes"], worst_dispatch=stats(150.0),
+                 worst_dispatch_host=stats(10.0), worst_dispatch_bytes=e["dispatch_bytes"])
+    cached = {"cached_dispatch": stats(400.0)} if cached_baseline else {}
+    rk["torch"] = {lay: {"dispatch": stats(600.0), "combine": stats(500.0), **cached} for lay in ("rank", "expert")}
     s = bench.summarize(bench.bench_config("push", 66), 1, [rk], roof=4.0e12)["layouts"]["expert"]
     assert s["cached_dispatch"]["torch_us"] == (400.0 if cached_baseline else 600.0)
     assert s["cached_dispatch"]["speedup_vs_torch"] == pytest.approx(4.0 if cached_baseline else 6.0)

@@ -335,7 +335,8 @@ struct Ctx {
              bool after_route, uintptr_t stream) {
     if (L.world_size != 1 || stamps || (expert_major && !fan_phases)) return false;
     AloneArgs a{};
-    if (after_route && !expert_major) a.routed = AloneArgs::Routed{routed.placed, routed.chunks, routed.epoch, routed.tokens};
+    if (after_route && !expert_major)
+      a.routed = AloneArgs::Routed{routed.placed, routed.chunks, routed.epoch, routed.tokens};
     a.lay = L;
     a.alignment = alignment;
     a.x = P<const uint8_t>(x);

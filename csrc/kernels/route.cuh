@@ -164,7 +164,6 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingAr
   for (int c = threadIdx.x; c < C; c += blockDim.x) keep_total(a.W, c, sc.totals[c], out_per_rank, out_per_expert);
 }
 
-
 // The routing of one dispatch in one launch, for a block (route_kernel, the NVSHMEM plan_kernel):
 // the block takes the next chunk of tokens (a ticket, so it waits only for chunks that running
 // blocks hold), numbers its pairs inside the chunk (route_chunk's first walk, which also

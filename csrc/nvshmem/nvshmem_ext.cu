@@ -296,7 +296,8 @@ void launch_tail(const std::vector<int64_t>& lay, int me, int expert_major, int 
       TailOutputs{ptr<uint8_t>(p[1]), ptr<int64_t>(p[2]), ptr<float>(p[3]), ptr<int32_t>(p[4]), ptr<int32_t>(p[5]),
                   ptr<int32_t>(p[6])},
       worst, expert_major != 0, alignment, me, ptr<int32_t>(p[7]), ptr<DeferredError>(p[8]), epoch,
-      /*counts_late=*/false /* its data kernels start on the routing grid's end */, route_max_blocks(), route_smem_limit(), ptr<CUstream_st>(stream));
+      /*counts_late=*/false,  // its data kernels start on the routing grid's end
+      route_max_blocks(), route_smem_limit(), ptr<CUstream_st>(stream));
   if (!e.empty()) throw std::runtime_error(e);
 }
 
