@@ -330,13 +330,13 @@ struct Ctx {
   // are pull's and push's), the expert-major dispatch with kernel.fan_phases off (the mover's
   // fan-out is pull's and push's) or not one row fitting in shared memory.
   // after_route: launched right behind this dispatch's route_kernel; the rank-major kernel then
-  // starts on that routing's placed marks, not on its grid's end.
+  // starts on that routing's placed marks, not on its grid's end, and the expert-major one loads
+  // its first rows before that grid ends.
   bool alone(uintptr_t x, const py::dict& out, bool expert_major, int alignment, uintptr_t counts, int64_t epoch,
              bool after_route, uintptr_t stream) {
     if (L.world_size != 1 || stamps || (expert_major && !fan_phases)) return false;
     AloneArgs a{};
-    if (after_route && !expert_major)
-      a.routed = AloneArgs::Routed{routed.placed, routed.chunks, routed.epoch, routed.tokens};
+    if (after_route) a.routed = AloneArgs::Routed{routed.placed, routed.chunks, routed.epoch, routed.tokens};
     a.lay = L;
     a.alignment = alignment;
     a.x = P<const uint8_t>(x);
@@ -348,7 +348,7 @@ struct Ctx {
     a.sy = sync(epoch, 2);
     const bool launched =
         launch_alone_args(a, expert_major, fan_phases, grid, move.slot_bytes, move.depth, depth_auto, S(stream));
-    data_early = launched && a.routed.placed != nullptr;
+    data_early = launched && a.routed.placed != nullptr;  // expert-major: also where it did not start early
     return launched;
   }
 

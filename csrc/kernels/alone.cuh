@@ -49,21 +49,30 @@ struct FanPlan {
   __host__ __device__ static int64_t bytes(int64_t E) { return 4 * (2 * E + 1 + kScanTmp); }
 };
 
+// kEarly: right behind this dispatch's route_kernel (a.routed; the host put the rows past all of
+// FanPlan): round 0's rows load while the routing runs, from x, which was final before the
+// routing kernel started; the routing's counts are read only after its grid ends, as without.
+template <bool kEarly>
 __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(AloneArgs a) {
-  wait_prior_grid();  // first: launched to follow the routing (or republish) kernel, which may still run
-  start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
   const int E = static_cast<int>(a.lay.num_experts), K = static_cast<int>(a.lay.topk);
   const int S = static_cast<int>(a.lay.combine_slots);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t rb = a.lay.row_bytes();
   uint8_t* smem = dyn_smem();
+  if (kEarly) fan_begin(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane);
+  wait_prior_grid();  // launched to follow the routing (or republish) kernel, which may still run
+  start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
+  // Leaving early after fan_begin: round 0's loads land first.
+  auto leave = [&] {
+    if (kEarly) fan_abandon(a.routed.tokens, a.mc, smem, a.sy, warp, lane, rb);
+  };
   FanPlan pl{reinterpret_cast<int32_t*>(smem), nullptr, nullptr};
   pl.gcnt = pl.goff + E + 1;
   pl.tmp = pl.gcnt + E;
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(a.sy.err);
   __syncthreads();
-  if (dead) return;  // an earlier wait failed: the host raises
+  if (dead) return leave();  // an earlier wait failed (or the routing's): the host raises
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     const int32_t g = __ldg(a.counts + 2 + e);
     pl.gcnt[e] = g;
@@ -72,12 +81,14 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(Alone
   __syncthreads();
   const int32_t rows = block_exclusive_scan(pl.goff, E, pl.tmp);
   const int64_t T = __ldg(a.counts);
-  if (T < 0 || rows > a.o.capacity) return;  // bad ids or over capacity: every block, the host raises
+  // Bad ids or over capacity: every block, the host raises. Otherwise T is the routing's token
+  // count, a.routed.tokens (fan_begin's split).
+  if (T < 0 || rows > a.o.capacity) return leave();
   if (threadIdx.x == 0) pl.goff[E] = rows;
   __syncthreads();
   fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, E, a.o, rb);
   const int64_t PC = 1 + K;
-  fan_in_phases<false>(a.x, T, rb, a.mc, smem, a.sy,
+  fan_in_phases<false, kEarly>(a.x, T, rb, a.mc, smem, a.sy,
                        [&](int64_t t) {
                          int e = -1;
                          float w = 0.f;
