@@ -30,9 +30,10 @@ struct AloneArgs {
   Outputs o;
   MoveCfg mc;             // the phases' geometry (expert-major) or the mover's (rank-major)
   Sync sy;  // err: the device word kernels poll, err_host: the host-mapped one
-  // Rank-major behind this dispatch's route_kernel (placed set): the kernel starts once each of
-  // its `chunks` chunks is marked placed with `epoch`, for `tokens` tokens, not on that grid's
-  // end (counts is then not read: the routing's last block is still writing it).
+  // Behind this dispatch's route_kernel (placed set), for `tokens` tokens. Rank-major: the
+  // kernel starts once each of its `chunks` chunks is marked placed with `epoch`, not on that
+  // grid's end (counts is then not read: the routing's last block is still writing it).
+  // Expert-major: round 0's rows load before the wait for that grid's end.
   struct Routed {
     const int64_t* placed;
     int chunks;
