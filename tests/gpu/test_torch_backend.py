@@ -269,9 +269,9 @@ def test_receiver_over_capacity_raises_on_every_rank(protocol):
 @pytest.mark.parametrize("layout", ["rank", "expert"])
 @pytest.mark.parametrize("worst", [0, 64])
 def test_alone_bad_expert_id_and_over_capacity_raise_and_the_buffer_stays_usable(worst, layout):
-    """World size 1 (the alone kernels; the rank-major one starts on the routing's placed
-    chunks, before the counts are known; the expert-major one loads its first rows while the
-    routing runs): an out-of-range id raises InputError naming it, at exact sizes and with
+    """World size 1 (the alone kernels start on the routing's placed chunks, before the bad-id
+    flag and the counts are known; the expert-major one loads its first rows even before
+    that): an out-of-range id raises InputError naming it, at exact sizes and with
     num_worst_tokens, and the next dispatch on the Buffer is bitwise exact; every token to one
     expert past buffer.recv_capacity raises CapacityError."""
     from symmoe.testing_faults import bad_expert_id, overflow
