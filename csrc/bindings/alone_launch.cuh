@@ -46,12 +46,25 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
   const int64_t rb = a.lay.row_bytes();
   MoveCfg m{};
   size_t smem = 0;
+  bool early = false;  // expert-major: alone_fan_kernel<true> (round 0's loads ahead of the routing's end)
   if (expert_major) {
-    static const int limit = alone_smem_limit(alone_fan_kernel, "alone_fan_kernel");
-    m.plan_bytes = FanPlan::bytes(a.lay.num_experts);
-    if (!phase_geometry(m, FanPlan::kept_bytes(a.lay.num_experts), limit, rb, mode == 2)) return false;
+    // Both instances get the opt-in (the same static part).
+    static const int limit = std::min(alone_smem_limit(alone_fan_kernel<false>, "alone_fan_kernel"),
+                                      alone_smem_limit(alone_fan_kernel<true>, "alone_fan_kernel"));
+    const int64_t E = a.lay.num_experts;
+    m.plan_bytes = FanPlan::bytes(E);
+    if (!phase_geometry(m, FanPlan::kept_bytes(E), limit, rb, mode == 2)) return false;
+    if (a.routed.placed != nullptr) {
+      // Behind the routing the rows load before the plan is built, so they go past all of it;
+      // only where that keeps every row a block holds (16 at the DeepSeek shape).
+      MoveCfg past = m;
+      past.plan_bytes = (FanPlan::bytes(E) + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+      early = phase_geometry(past, past.plan_bytes, limit, rb, mode == 2) && past.phase_rows == m.phase_rows;
+      if (early) m = past;
+    }
     if (m.phase_grid) {
-      const std::string refusal = phase_grid_refusal(alone_fan_kernel, m, rb, blocks);
+      const std::string refusal =
+          phase_grid_refusal(early ? alone_fan_kernel<true> : alone_fan_kernel<false>, m, rb, blocks);
       if (!refusal.empty()) throw std::invalid_argument(refusal);
     }
     smem = size_t(phase_smem(m, rb));
@@ -65,10 +78,9 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
     smem = size_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth);
   }
   a.mc = m;
-  const cudaError_t e = launch_following(expert_major          ? alone_fan_kernel
-                                         : a.routed.placed != nullptr ? alone_rows_kernel<true>
-                                                                      : alone_rows_kernel<false>,
-                                         blocks, m.warps * 32, smem, s, a);
+  auto kernel = expert_major ? (early ? alone_fan_kernel<true> : alone_fan_kernel<false>)
+                             : (a.routed.placed != nullptr ? alone_rows_kernel<true> : alone_rows_kernel<false>);
+  const cudaError_t e = launch_following(kernel, blocks, m.warps * 32, smem, s, a);
   if (e != cudaSuccess)
     throw std::runtime_error(std::string(expert_major ? "alone_fan_kernel" : "alone_rows_kernel") +
                              " launch: " + cudaGetErrorString(e));

@@ -70,6 +70,7 @@ struct Ctx {
     const int64_t* placed = nullptr;
     int chunks = 0;
     int64_t epoch = 0, tokens = 0;
+    const int32_t* totals = nullptr;
   } routed;
   // The last data kernel queued started before its routing grid ended (Ctx::alone behind
   // route_kernel): the tail after it reads the counts only once that kernel ended.
@@ -242,7 +243,7 @@ struct Ctx {
     route_kernel<Transport, Idx><<<B, threads, big ? 0 : size_t((threads / 32 + 1) * C * 4), st>>>(
         tp, L, a, sc, per_rank, per_expert, sync(epoch, 0));
     check(cudaGetLastError(), "route_kernel launch");
-    routed = Routed{placed, B, epoch, T};
+    routed = Routed{placed, B, epoch, T, sc.totals};
   }
 
   // Where the next dispatch's routing kernels leave the counts matrix ([W][1 + W + E] int32:
@@ -329,14 +330,15 @@ struct Ctx {
   // False, launching nothing, when they do not apply: peers, a timeline recording (its stamps
   // are pull's and push's), the expert-major dispatch with kernel.fan_phases off (the mover's
   // fan-out is pull's and push's) or not one row fitting in shared memory.
-  // after_route: launched right behind this dispatch's route_kernel; the rank-major kernel then
-  // starts on that routing's placed marks, not on its grid's end.
+  // after_route: launched right behind this dispatch's route_kernel; both kernels then start on
+  // that routing's placed marks, not on its grid's end (the expert-major one loads its first
+  // rows before them).
   bool alone(uintptr_t x, const py::dict& out, bool expert_major, int alignment, uintptr_t counts, int64_t epoch,
              bool after_route, uintptr_t stream) {
     if (L.world_size != 1 || stamps || (expert_major && !fan_phases)) return false;
     AloneArgs a{};
-    if (after_route && !expert_major)
-      a.routed = AloneArgs::Routed{routed.placed, routed.chunks, routed.epoch, routed.tokens};
+    if (after_route)
+      a.routed = AloneArgs::Routed{routed.placed, routed.chunks, routed.epoch, routed.tokens, routed.totals};
     a.lay = L;
     a.alignment = alignment;
     a.x = P<const uint8_t>(x);
@@ -348,7 +350,7 @@ struct Ctx {
     a.sy = sync(epoch, 2);
     const bool launched =
         launch_alone_args(a, expert_major, fan_phases, grid, move.slot_bytes, move.depth, depth_auto, S(stream));
-    data_early = launched && a.routed.placed != nullptr;
+    data_early = launched && a.routed.placed != nullptr;  // expert-major: also where it did not start early
     return launched;
   }
 

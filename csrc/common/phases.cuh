@@ -25,6 +25,59 @@ struct RowDsts {
   int n;
 };
 
+// Round r's tokens of block blockIdx.x in fan_in_phases: [b0, b1), rounds shared evenly.
+struct PhaseSplit {
+  int64_t per_round, rounds, even;
+  __device__ PhaseSplit(int64_t T, int rows) {
+    per_round = int64_t(gridDim.x) * rows;
+    rounds = (T + per_round - 1) / per_round;
+    even = rounds ? (T + rounds - 1) / rounds : 0;
+  }
+  __device__ void block_range(int64_t T, int64_t r, int64_t& b0, int64_t& b1) const {
+    const int64_t G = gridDim.x, lo = r * even, hi = min(T, lo + even);
+    b0 = lo + (hi - lo) * blockIdx.x / G;
+    b1 = lo + (hi - lo) * (blockIdx.x + 1) / G;
+  }
+};
+
+// Every row is read once and written once: evict-first keeps the streamed rows from pushing the
+// outputs' metadata (small scattered stores) and the routing out of L2.
+__device__ __forceinline__ void phase_load(uint8_t* tile, const uint8_t* row, int64_t rb, uint64_t* bar) {
+  mbar_arrive_expect_tx(bar, uint32_t(rb));
+  bulk_load_evict_first(tile, row, uint32_t(rb), bar, evict_first_policy());
+}
+
+// fan_in_phases' mbarriers and its round 0's loads, issued ahead: a kernel that follows its own
+// routing grid calls this before it waits for that grid (x was final before the routing kernel
+// started), then fan_in_phases<.., true> with the same T waits for those loads. The rows must
+// not lie over a table the caller still builds (mc.phase_base past them). Whole block.
+__device__ __forceinline__ void fan_begin(const uint8_t* x, int64_t T, int64_t rb, const MoveCfg& mc, uint8_t* smem_raw,
+                                          int warp, int lane) {
+  uint8_t* tile = smem_raw + mc.phase_base + int64_t(warp) * rb;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + mc.phase_base + int64_t(mc.phase_rows) * rb) + warp;
+  if (lane == 0) {
+    fence_proxy_async_shared();
+    mbar_init(bar, 1);
+    mbar_init_fence();
+    int64_t b0, b1;
+    PhaseSplit(T, mc.phase_rows).block_range(T, 0, b0, b1);
+    if (b0 + warp < b1) phase_load(tile, x + (b0 + warp) * rb, rb, bar);
+  }
+  __syncwarp();
+}
+
+// After fan_begin, a block that leaves without fan_in_phases waits for its round 0's loads first
+// (shared memory must not be written after the block exits). Whole block.
+__device__ __forceinline__ void fan_abandon(int64_t T, const MoveCfg& mc, uint8_t* smem_raw, const Sync& sy, int warp,
+                                            int lane, int64_t rb) {
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + mc.phase_base + int64_t(mc.phase_rows) * rb) + warp;
+  int64_t b0, b1;
+  PhaseSplit(T, mc.phase_rows).block_range(T, 0, b0, b1);
+  if (lane == 0 && b0 + warp < b1 && !mbar_try_wait(bar, 0))
+    mbar_wait_bounded(bar, 0, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
+  __syncthreads();
+}
+
 // The world-size-1 expert-major dispatch in phases (kernel.fan_phases): tokens [0, T) in
 // rounds shared evenly, block b's part of each round loaded whole into shared memory (warp w:
 // one token's row, one bulk load), then each row bulk-stored to the rows dests(t) names (it
@@ -35,7 +88,8 @@ struct RowDsts {
 // DeepSeek shape on 132 SMs: session 27, 137.0 µs against 141.9 at 15 rows). The rows' smem
 // starts at mc.phase_base; sy.done is the phases' counter (at world size 1 no cross-rank
 // barrier uses it). Whole block calls; false: a wait expired (recorded in the ErrorWord).
-template <bool kStamps, class Dests>
+// kBegun: fan_begin issued the mbarriers and round 0's loads (with the same T and geometry).
+template <bool kStamps, bool kBegun = false, class Dests>
 __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const MoveCfg& mc, uint8_t* smem_raw,
                               const Sync& sy, Dests dests, int warp, int lane) {
   uint8_t* tile = smem_raw + mc.phase_base + int64_t(warp) * rb;
@@ -43,7 +97,7 @@ __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const Mov
   // The rows and their mbarriers may lie over plan tables that the build and fill_padding
   // read (RecvPlan::kept_bytes): every warp is past them before the first is overwritten.
   __syncthreads();
-  if (lane == 0) {
+  if (!kBegun && lane == 0) {
     fence_proxy_async_shared();
     mbar_init(bar, 1);
     mbar_init_fence();
@@ -58,24 +112,18 @@ __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const Mov
     ok = __syncthreads_and(ok && fine) != 0;
     if (mc.phase_grid) ok = gp.sync(sy.timeout_ns, sy.err, sy.err_host, sy.epoch) && ok;
   };
-  const int64_t G = gridDim.x, per_round = G * mc.phase_rows;
-  const int64_t rounds = (T + per_round - 1) / per_round, even = rounds ? (T + rounds - 1) / rounds : 0;
+  const PhaseSplit split(T, mc.phase_rows);
   uint32_t parity = 0;
-  for (int64_t r = 0; r < rounds; ++r) {
-    const int64_t lo = r * even, hi = min(T, lo + even);
-    const int64_t b0 = lo + (hi - lo) * blockIdx.x / G, b1 = lo + (hi - lo) * (blockIdx.x + 1) / G;
+  for (int64_t r = 0; r < split.rounds; ++r) {
+    int64_t b0, b1;
+    split.block_range(T, r, b0, b1);
     const int64_t t = b0 + warp;
     const bool mine = ok && t < b1;  // warp-uniform
     RowDsts d{nullptr, 0};
     int landed = 1;
     if (mine) {
       // This tile's previous stores finished reading it before the last meeting.
-      if (lane == 0) {
-        mbar_arrive_expect_tx(bar, uint32_t(rb));
-        // Every row is read once and written once: evict-first keeps the streamed rows from
-        // pushing the outputs' metadata (small scattered stores) and the routing out of L2.
-        bulk_load_evict_first(tile, x + t * rb, uint32_t(rb), bar, evict_first_policy());
-      }
+      if (lane == 0 && !(kBegun && r == 0)) phase_load(tile, x + t * rb, rb, bar);
       d = dests(t);  // routing and metadata while the row loads
       if (lane == 0) landed = mbar_try_wait(bar, parity) || mbar_wait_bounded(bar, parity, watch);
       landed = __shfl_sync(0xffffffffu, landed, 0);

@@ -30,15 +30,28 @@ struct AloneArgs {
   Outputs o;
   MoveCfg mc;             // the phases' geometry (expert-major) or the mover's (rank-major)
   Sync sy;  // err: the device word kernels poll, err_host: the host-mapped one
-  // Rank-major behind this dispatch's route_kernel (placed set): the kernel starts once each of
-  // its `chunks` chunks is marked placed with `epoch`, for `tokens` tokens, not on that grid's
-  // end (counts is then not read: the routing's last block is still writing it).
+  // Behind this dispatch's route_kernel (placed set), for `tokens` tokens: the kernel starts
+  // once each of its `chunks` chunks is marked placed with `epoch`, not on that grid's end
+  // (counts is then not read: the routing's last block is still writing it). Expert-major, the
+  // experts' counts come from the routing's column totals (expert e at 1 + e), which its last
+  // chunk writes before its mark, and round 0's rows load before the marks.
   struct Routed {
     const int64_t* placed;
     int chunks;
     int64_t epoch, tokens;
+    const int32_t* totals;
   } routed;
 };
+
+// Whole block: every chunk of the routing a.routed names is marked placed (warp 0 waits); false
+// when a wait expired (recorded in the ErrorWord, stage kStageRouteChunk).
+__device__ __forceinline__ bool routing_placed(const AloneArgs::Routed& r, const Sync& sy, int warp, int lane) {
+  bool ok = true;
+  if (warp == 0)
+    for (int i = lane; i < r.chunks && ok; i += 32)
+      ok = wait_at_least_gpu(r.placed + i, r.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageRouteChunk, i, r.epoch);
+  return __syncthreads_and(ok) != 0;
+}
 
 // Shared tables before the phases' rows: goff [E + 1] (read by the phases), then gcnt [E] and
 // the scan's scratch, which only the build and the padding read.
@@ -49,35 +62,54 @@ struct FanPlan {
   __host__ __device__ static int64_t bytes(int64_t E) { return 4 * (2 * E + 1 + kScanTmp); }
 };
 
+// kEarly: right behind this dispatch's route_kernel (a.routed; the host put the rows past all of
+// FanPlan): round 0's rows load while the routing runs, from x, which was final before the
+// routing kernel started, and the plan and the stores start on the routing chunks' placed marks.
+// Bad ids are then not known yet: the kernel keeps inside the outputs and the ids' range, and the
+// host raises and drops these outputs as it does when nothing moved.
+template <bool kEarly>
 __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(AloneArgs a) {
-  wait_prior_grid();  // first: launched to follow the routing (or republish) kernel, which may still run
-  start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
   const int E = static_cast<int>(a.lay.num_experts), K = static_cast<int>(a.lay.topk);
   const int S = static_cast<int>(a.lay.combine_slots);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t rb = a.lay.row_bytes();
   uint8_t* smem = dyn_smem();
+  if (kEarly)
+    fan_begin(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane);
+  else
+    wait_prior_grid();  // launched to follow the routing (or republish) kernel, which may still run
+  start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
+  // Started on the marks, this grid still ends after the routing's (whatever follows in the
+  // stream, the tail or the host's counts event, sees its last writes), and after round 0's loads.
+  auto leave = [&] {
+    if (kEarly) {
+      fan_abandon(a.routed.tokens, a.mc, smem, a.sy, warp, lane, rb);
+      wait_prior_grid();
+    }
+  };
   FanPlan pl{reinterpret_cast<int32_t*>(smem), nullptr, nullptr};
   pl.gcnt = pl.goff + E + 1;
   pl.tmp = pl.gcnt + E;
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(a.sy.err);
   __syncthreads();
-  if (dead) return;  // an earlier wait failed: the host raises
+  if (dead) return leave();  // an earlier wait failed: the host raises
+  if (kEarly && !routing_placed(a.routed, a.sy, warp, lane)) return leave();  // recorded: the host raises
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const int32_t g = __ldg(a.counts + 2 + e);
+    const int32_t g = kEarly ? __ldcg(a.routed.totals + 1 + e) : __ldg(a.counts + 2 + e);
     pl.gcnt[e] = g;
     pl.goff[e] = (g + a.alignment - 1) / a.alignment * a.alignment;
   }
   __syncthreads();
   const int32_t rows = block_exclusive_scan(pl.goff, E, pl.tmp);
-  const int64_t T = __ldg(a.counts);
-  if (T < 0 || rows > a.o.capacity) return;  // bad ids or over capacity: every block, the host raises
+  const int64_t T = kEarly ? a.routed.tokens : __ldg(a.counts);
+  // Bad ids or over capacity: every block, the host raises.
+  if (T < 0 || rows > a.o.capacity) return leave();
   if (threadIdx.x == 0) pl.goff[E] = rows;
   __syncthreads();
   fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, E, a.o, rb);
   const int64_t PC = 1 + K;
-  fan_in_phases<false>(a.x, T, rb, a.mc, smem, a.sy,
+  fan_in_phases<false, kEarly>(a.x, T, rb, a.mc, smem, a.sy,
                        [&](int64_t t) {
                          int e = -1;
                          float w = 0.f;
@@ -87,7 +119,8 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(Alone
                            w = a.w[t * K + lane];
                            p = a.pos[t * PC + 1 + lane];
                          }
-                         int64_t o = e >= 0 ? int64_t(pl.goff[e]) + p : -1;
+                         // Early, a bad id may still be here: never read past goff.
+                         int64_t o = e >= 0 && (!kEarly || e < E) ? int64_t(pl.goff[e]) + p : -1;
                          if (o >= rows) o = -1;  // only with corrupt inputs; never write out of bounds
                          if (o >= 0) {
                            a.o.idx[o] = e;
@@ -102,6 +135,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(Alone
                          return RowDsts{a.o.x + max(o, int64_t(0)) * rb, n};
                        },
                        warp, lane);
+  if (kEarly) wait_prior_grid();  // this grid ends after the routing's (see leave)
 }
 
 // Rank-major: token t's row goes to output row pos[t][0] when one of its slots names an expert
@@ -123,12 +157,7 @@ __device__ __forceinline__ void alone_rows(const AloneArgs& a) {
   if (dead) return;  // an earlier wait failed: the host raises
   int64_t T, rows;
   if constexpr (kEarly) {
-    bool ok = true;
-    if (warp == 0)
-      for (int i = lane; i < a.routed.chunks && ok; i += 32)
-        ok = wait_at_least_gpu(a.routed.placed + i, a.routed.epoch, a.sy.timeout_ns, a.sy.err, a.sy.err_host,
-                               kStageRouteChunk, i, a.routed.epoch);
-    if (!__syncthreads_and(ok)) return;  // recorded: the host raises
+    if (!routing_placed(a.routed, a.sy, warp, lane)) return;  // recorded: the host raises
     T = a.routed.tokens;
     rows = a.o.capacity;
   } else {

@@ -332,8 +332,9 @@ class _CudaProtocol(Protocol):
               counts_dev: torch.Tensor, after_route: bool) -> None:
         """The data kernels, after the routing (or its republication) and the counts barrier.
         Alone, the alone kernels where they apply (``Ctx::alone``), as nvshmem runs them;
-        ``after_route`` (right behind this dispatch's routing kernel): the rank-major one starts
-        on the routing's placed chunks, before its last block hands the counts over."""
+        ``after_route`` (right behind this dispatch's routing kernel): they start on the
+        routing's placed chunks, before its last block hands the counts over (the expert-major
+        one loads its first rows even before that)."""
         sp = self._stream().cuda_stream
         epoch = self._next_epoch()
         if self.world_size == 1 and self.ctx.alone(_ptr(x), args, expert_major, alignment, counts_dev.data_ptr(), epoch,

@@ -266,21 +266,23 @@ def test_receiver_over_capacity_raises_on_every_rank(protocol):
         assert "rank 0 would receive 192 rows" in msg and "recv_capacity" in msg, msg
 
 
+@pytest.mark.parametrize("layout", ["rank", "expert"])
 @pytest.mark.parametrize("worst", [0, 64])
-def test_alone_bad_expert_id_and_over_capacity_raise_and_the_buffer_stays_usable(worst):
-    """World size 1 (the alone kernels; the rank-major one starts on the routing's placed
-    chunks, before the counts are known): an out-of-range id raises InputError naming it, at
-    exact sizes and with num_worst_tokens, and the next dispatch on the Buffer is bitwise
-    exact; every token to one expert past buffer.recv_capacity raises CapacityError."""
+def test_alone_bad_expert_id_and_over_capacity_raise_and_the_buffer_stays_usable(worst, layout):
+    """World size 1 (the alone kernels start on the routing's placed chunks, before the bad-id
+    flag and the counts are known; the expert-major one loads its first rows even before
+    that): an out-of-range id raises InputError naming it, at exact sizes and with
+    num_worst_tokens, and the next dispatch on the Buffer is bitwise exact; every token to one
+    expert past buffer.recv_capacity raises CapacityError."""
     from symmoe.testing_faults import bad_expert_id, overflow
 
-    cfg = gpu_config()
+    cfg = gpu_config(**{"buffer.output_layout": layout})
     (msg,) = _on_ranks(bad_expert_id, 1, (cfg, "range", 14 + worst, worst))
     assert f"expert id {cfg['buffer']['num_experts'] + 7} (token 3)" in msg, msg
     if worst:
         assert f"num_worst_tokens={worst}" in msg, msg
         return
-    (msg,) = _on_ranks(overflow, 1, (gpu_config(**{"buffer.recv_capacity": 40}),))
+    (msg,) = _on_ranks(overflow, 1, (gpu_config(**{"buffer.recv_capacity": 40, "buffer.output_layout": layout}),))
     assert "rank 0 would receive 96 rows" in msg and "recv_capacity" in msg, msg
 
 
