@@ -87,6 +87,57 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
   return true;
 }
 
+// Tokens a chunk of alone_fan_routed_kernel's routing: its walk is then one step a warp, and the
+// chunks' sums a few vector loads a thread.
+constexpr int64_t kOwnChunkTokens = 32;
+
+// The launch of alone_fan_routed_kernel (world size 1, expert-major, a dispatch that routes
+// itself): `a` as for launch_alone_args (a.routed.tokens the tokens), f.a / f.sc / f.stride /
+// f.epoch / f.counts_row set, f.a.chunks in [1, blocks). The rows get the geometry
+// alone_fan_kernel<false> would (`plain_limit` its shared memory) but past all of FanPlan; the
+// routing's tables go past the rows where they fit, else over the last rows, whose round 0
+// loads wait for the routing. False, launching nothing, where that costs a row or the tables
+// do not fit: the caller routes and moves with two kernels.
+template <typename Idx>
+bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, int mode, int blocks, cudaStream_t s) {
+  if (mode != 1 && mode != 2)
+    throw std::invalid_argument("alone: fan_phases mode " + std::to_string(mode) + ", must be 1 or 2");
+  if (a.lay.world_size != 1 || f.a.chunks < 1 || f.a.chunks >= blocks || f.stride % 4) return false;
+  static const int plain_limit = alone_smem_limit(alone_fan_kernel<false>, "alone_fan_kernel");
+  static const int limit = alone_smem_limit(alone_fan_routed_kernel<Idx>, "alone_fan_routed_kernel");
+  const int64_t rb = a.lay.row_bytes(), E = a.lay.num_experts, C = int64_t(f.a.W) + f.a.E;  // columns() is device code
+  MoveCfg plain{}, m{};
+  plain.plan_bytes = FanPlan::bytes(E);
+  m.plan_bytes = (FanPlan::bytes(E) + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
+  if (!phase_geometry(plain, FanPlan::kept_bytes(E), plain_limit, rb, mode == 2) ||
+      !phase_geometry(m, m.plan_bytes, limit, rb, mode == 2) || m.phase_rows != plain.phase_rows ||
+      FanPlan::bytes(E) < 4 * int64_t(f.stride))  // the end's totals lie in FanPlan's tables
+    return false;
+  const int64_t tables = 4 * (int64_t(f.stride) + int64_t(m.warps) * C), rows_end = m.phase_base + m.phase_rows * rb;
+  int64_t smem = phase_smem(m, rb);
+  const int64_t after = (smem + 15) / 16 * 16;
+  if (after + tables <= limit) {
+    f.tables_off = after;
+    f.delayed = m.warps;
+    smem = after + tables;
+  } else {
+    f.tables_off = (rows_end - tables) / 16 * 16;
+    if (f.tables_off < m.phase_base) return false;
+    f.delayed = int((f.tables_off - m.phase_base) / rb);
+  }
+  if (m.phase_grid) {
+    const std::string refusal = phase_grid_refusal(alone_fan_routed_kernel<Idx>, m, rb, blocks);
+    if (!refusal.empty()) throw std::invalid_argument(refusal);
+  }
+  a.mc = m;
+  a.routed = AloneArgs::Routed{f.sc.placed, f.a.chunks, f.epoch, a.routed.tokens, f.sc.totals};
+  // Not a following launch: x and the routing's inputs are read at once.
+  alone_fan_routed_kernel<Idx><<<blocks, m.warps * 32, size_t(smem), s>>>(a, f);
+  const cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string("alone_fan_routed_kernel launch: ") + cudaGetErrorString(e));
+  return true;
+}
+
 // The binding for protocols that have no Context of this module (nvshmem alone), with the
 // mover's default geometry. ptrs: x, idx (int32 [T, K]), w, pos ([T, 1 + K]), counts
 // ([1][2 + E]), out x, idx, w, src_rank, src_token, src_slot, expert_offsets (rank-major: 0),

@@ -208,32 +208,48 @@ struct Ctx {
     return int(std::max<int64_t>(1, std::min<int64_t>(route_max_blocks(), (T + 127) / 128)));
   }
   // Bytes of global routing scratch the caller allocates once, zeroed (RouteScratch: the
-  // chunks' counted epochs, then their placed epochs, then the int32 tables).
+  // chunks' counted epochs, then their placed epochs, then the int32 tables; alone, then the
+  // counts of alone_fan_routed_kernel's chunks, own_stride() int32 each, 16-byte aligned).
   int64_t layout_scratch_bytes() const {
     const int64_t C = route_columns(), B = route_max_blocks();
-    return 16 * B + 4 * (B * C + C + (route_big() ? B * (kRouteWarps + 1) * C : 0));
+    const int64_t words = 4 * (B * C + C + (route_big() ? B * (kRouteWarps + 1) * C : 0));
+    return 16 * B + (L.world_size == 1 ? (words + 15) / 16 * 16 + 4 * B * own_stride() : words);
   }
+  int own_stride() const { return int((route_columns() + 3) / 4 * 4); }
 
+  // The routing kernels' arguments for `scratch`: publish, a dispatch's (ids, weights and
+  // positions into the input region, the checks, the counts' hand-over), else the layout alone.
   template <typename Idx>
-  void route(const Idx* idx, const float* w, int64_t T, int32_t* scratch, bool* in_rank, int32_t* per_rank,
-             int32_t* per_expert, bool publish, int64_t epoch, cudaStream_t st) {
-    const int64_t C = route_columns(), MB = route_max_blocks();
-    const int B = route_blocks(T);
-    const bool big = route_big();
-    int64_t* counted = reinterpret_cast<int64_t*>(scratch);
-    int64_t* placed = counted + MB;
-    int32_t* tables = scratch + 4 * MB;
-    RouteScratch sc{tables, tables + MB * C, big ? tables + MB * C + C : nullptr, counts_host, counts_snap,
-                    publish ? counts_ready : nullptr, publish ? summary : CountsSummary{}, counted, done + 7, placed};
+  RoutingArgs<Idx> routing_args(const Idx* idx, const float* w, int64_t T, bool* in_rank, bool publish) const {
     RoutingArgs<Idx> a{idx, w, int(T), int(L.topk), int(L.world_size), int(L.num_experts), nullptr, in_rank, nullptr, nullptr,
                        BadInput{nullptr, nullptr}};
     if (publish) {
+      a.pos = reinterpret_cast<int32_t*>(tp.local + L.in_pos);
       a.pub_idx = reinterpret_cast<int32_t*>(tp.local + L.in_idx);
       a.pub_w = reinterpret_cast<float*>(tp.local + L.in_w);
       a.bad = bad;
       a.mirror = routing_copy;
       a.pub_base = tp.local + L.in_idx;
     }
+    return a;
+  }
+  RouteScratch route_scratch(int32_t* scratch, bool publish) {
+    const int64_t C = route_columns(), MB = route_max_blocks();
+    int64_t* counted = reinterpret_cast<int64_t*>(scratch);
+    int32_t* tables = scratch + 4 * MB;
+    return RouteScratch{tables, tables + MB * C, route_big() ? tables + MB * C + C : nullptr, counts_host, counts_snap,
+                        publish ? counts_ready : nullptr, publish ? summary : CountsSummary{}, counted, done + 7,
+                        counted + MB};
+  }
+
+  template <typename Idx>
+  void route(const Idx* idx, const float* w, int64_t T, int32_t* scratch, bool* in_rank, int32_t* per_rank,
+             int32_t* per_expert, bool publish, int64_t epoch, cudaStream_t st) {
+    const int64_t C = route_columns();
+    const int B = route_blocks(T);
+    const bool big = route_big();
+    RoutingArgs<Idx> a = routing_args(idx, w, T, in_rank, publish);
+    RouteScratch sc = route_scratch(scratch, publish);
     const int threads = big ? kRouteThreads : route_threads(C, max_smem);
     if (!publish) {  // the layout alone (get_dispatch_layout): the count pass
       route_count_kernel<Idx><<<B, threads, big ? 0 : size_t(C * 4), st>>>(a, sc, per_rank, per_expert, err, done + 5);
@@ -243,7 +259,52 @@ struct Ctx {
     route_kernel<Transport, Idx><<<B, threads, big ? 0 : size_t((threads / 32 + 1) * C * 4), st>>>(
         tp, L, a, sc, per_rank, per_expert, sync(epoch, 0));
     check(cudaGetLastError(), "route_kernel launch");
-    routed = Routed{placed, B, epoch, T, sc.totals};
+    routed = Routed{sc.placed, B, epoch, T, sc.totals};
+  }
+
+  // World size 1, expert-major, a dispatch that routes: the routing inside the fan-out's kernel
+  // (alone_fan_routed_kernel), one launch in place of route_kernel and alone_fan_kernel; it
+  // leaves what those leave (the published routing and its copy, is_token_in_rank, the counts
+  // matrix, the host's copy and summary, the bad-id record). False, launching nothing, where it
+  // does not apply (a timeline, fan_phases off, no token, one block, the routing's tables in
+  // global memory, or a row of the fan-out's it would cost): the caller runs layout and alone.
+  template <typename Idx>
+  bool route_alone_as(const Idx* idx, const float* w, int64_t T, int32_t* scratch, bool* in_rank, uintptr_t x,
+                      const py::dict& out, int alignment, int64_t route_epoch, int64_t epoch, cudaStream_t st) {
+    const int64_t MB = route_max_blocks();
+    const int chunks = int(std::min<int64_t>({int64_t(grid) - 1, MB, (T + kOwnChunkTokens - 1) / kOwnChunkTokens}));
+    if (L.world_size != 1 || stamps || !fan_phases || route_big() || T < 1 || chunks < 1) return false;
+    OwnRouting<Idx> f{};
+    f.a = routing_args(idx, w, T, in_rank, true);
+    f.a.chunks = chunks;
+    f.sc = route_scratch(scratch, true);
+    const int64_t words = 4 * MB + MB * route_columns() + route_columns();  // int32 words before it
+    f.sc.part = scratch + (words + 3) / 4 * 4;  // layout_scratch_bytes' last part: 16-byte aligned
+    f.stride = own_stride();
+    f.epoch = route_epoch;
+    f.counts_row = reinterpret_cast<int32_t*>(tp.local + L.counts);
+    AloneArgs a{};
+    a.lay = L;
+    a.alignment = alignment;
+    a.x = P<const uint8_t>(x);
+    a.idx = f.a.pub_idx;
+    a.w = f.a.pub_w;
+    a.pos = f.a.pos;
+    a.o = outputs(out);
+    a.sy = sync(epoch, 2);
+    a.routed.tokens = T;
+    const bool launched = launch_alone_routed(a, f, fan_phases, grid, st);
+    data_early = launched;  // the counts are final only at the grid's end
+    return launched;
+  }
+  bool route_alone(uintptr_t idx, bool idx64, uintptr_t w, int64_t T, uintptr_t scratch, uintptr_t in_rank, uintptr_t x,
+                   const py::dict& out, int alignment, int64_t route_epoch, int64_t epoch, uintptr_t stream) {
+    if (!scratch) throw std::invalid_argument("route_alone: scratch of layout_scratch_bytes() bytes is required");
+    if (idx64)
+      return route_alone_as(P<const int64_t>(idx), P<const float>(w), T, P<int32_t>(scratch), P<bool>(in_rank), x, out,
+                            alignment, route_epoch, epoch, S(stream));
+    return route_alone_as(P<const int32_t>(idx), P<const float>(w), T, P<int32_t>(scratch), P<bool>(in_rank), x, out,
+                          alignment, route_epoch, epoch, S(stream));
   }
 
   // Where the next dispatch's routing kernels leave the counts matrix ([W][1 + W + E] int32:
@@ -502,6 +563,9 @@ void bind_context(py::module_& m, Init init) {
            py::arg("epoch"), py::arg("stream"))
       .def("alone", &C::alone, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("counts"), py::arg("epoch"), py::arg("after_route"), py::arg("stream"))
+      .def("route_alone", &C::route_alone, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"),
+           py::arg("scratch"), py::arg("in_rank"), py::arg("x"), py::arg("out"), py::arg("alignment"),
+           py::arg("route_epoch"), py::arg("epoch"), py::arg("stream"))
       .def("push_stream", &C::push_stream, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("senders"), py::arg("receivers"), py::arg("epoch"), py::arg("stream"))
       .def("unpack", &C::unpack, py::arg("counts"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"), py::arg("stream"))

@@ -44,6 +44,9 @@ struct RoutingArgs {
   // writing it here saves a copy launch (nullptr: no copy).
   uint8_t* mirror = nullptr;
   const uint8_t* pub_base = nullptr;
+  // Chunks the tokens are split into: 0, one a block of the grid; else fewer than its blocks
+  // (the W=1 expert-major kernel that routes its own dispatch: alone.cuh).
+  int chunks = 0;
 
   template <typename T>
   __device__ __forceinline__ void publish(T* at, T v) const {
@@ -54,7 +57,8 @@ struct RoutingArgs {
   __device__ __forceinline__ int columns() const { return W + E; }
   // Block b's tokens [first, last): contiguous chunks, the same split in both passes.
   __device__ __forceinline__ int chunk_begin(int b) const {
-    const int per = (T + int(gridDim.x) - 1) / int(gridDim.x);
+    const int n = chunks ? chunks : int(gridDim.x);
+    const int per = (T + n - 1) / n;
     return min(T, b * per);
   }
 };

@@ -16,6 +16,7 @@
 #include "../common/phases.cuh"
 #include "../common/routing.cuh"
 #include "../common/scan.cuh"
+#include "route.cuh"
 
 namespace symmoe {
 
@@ -62,31 +63,17 @@ struct FanPlan {
   __host__ __device__ static int64_t bytes(int64_t E) { return 4 * (2 * E + 1 + kScanTmp); }
 };
 
-// kEarly: right behind this dispatch's route_kernel (a.routed; the host put the rows past all of
-// FanPlan): round 0's rows load while the routing runs, from x, which was final before the
-// routing kernel started, and the plan and the stores start on the routing chunks' placed marks.
+// The expert-major fan-out from a routing (alone_fan_kernel, alone_fan_routed_kernel), whole
+// block, dyn smem `smem`. kEarly: a.routed names the routing chunks' placed marks and their
+// totals, and the rows lie past all of FanPlan with round 0's already loading (fan_begin);
+// `leave` runs on every early exit.
 // Bad ids are then not known yet: the kernel keeps inside the outputs and the ids' range, and the
 // host raises and drops these outputs as it does when nothing moved.
-template <bool kEarly>
-__global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(AloneArgs a) {
+template <bool kEarly, class Leave>
+__device__ __forceinline__ void alone_fan(const AloneArgs& a, uint8_t* smem, int warp, int lane, Leave leave) {
   const int E = static_cast<int>(a.lay.num_experts), K = static_cast<int>(a.lay.topk);
   const int S = static_cast<int>(a.lay.combine_slots);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t rb = a.lay.row_bytes();
-  uint8_t* smem = dyn_smem();
-  if (kEarly)
-    fan_begin(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane);
-  else
-    wait_prior_grid();  // launched to follow the routing (or republish) kernel, which may still run
-  start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
-  // Started on the marks, this grid still ends after the routing's (whatever follows in the
-  // stream, the tail or the host's counts event, sees its last writes), and after round 0's loads.
-  auto leave = [&] {
-    if (kEarly) {
-      fan_abandon(a.routed.tokens, a.mc, smem, a.sy, warp, lane, rb);
-      wait_prior_grid();
-    }
-  };
   FanPlan pl{reinterpret_cast<int32_t*>(smem), nullptr, nullptr};
   pl.gcnt = pl.goff + E + 1;
   pl.tmp = pl.gcnt + E;
@@ -135,7 +122,98 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(Alone
                          return RowDsts{a.o.x + max(o, int64_t(0)) * rb, n};
                        },
                        warp, lane);
+}
+
+// kEarly: right behind this dispatch's route_kernel (a.routed; the host put the rows past all of
+// FanPlan): round 0's rows load while the routing runs, from x, which was final before the
+// routing kernel started, and the plan and the stores start on the routing chunks' placed marks.
+template <bool kEarly>
+__global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_kernel(AloneArgs a) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  uint8_t* smem = dyn_smem();
+  if (kEarly)
+    fan_begin(a.x, a.routed.tokens, a.lay.row_bytes(), a.mc, smem, warp, lane);
+  else
+    wait_prior_grid();  // launched to follow the routing (or republish) kernel, which may still run
+  start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
+  // Started on the marks, this grid still ends after the routing's (whatever follows in the
+  // stream, the tail or the host's counts event, sees its last writes), and after round 0's loads.
+  alone_fan<kEarly>(a, smem, warp, lane, [&] {
+    if (kEarly) {
+      fan_abandon(a.routed.tokens, a.mc, smem, a.sy, warp, lane, a.lay.row_bytes());
+      wait_prior_grid();
+    }
+  });
   if (kEarly) wait_prior_grid();  // this grid ends after the routing's (see leave)
+}
+
+// The routing that alone_fan_routed_kernel does itself: route_kernel's arguments (a.chunks
+// chunks, fewer than the grid's blocks; sc.part at `stride` int32 a chunk, a multiple of 4), its
+// epoch, the shared tables of a routing block at smem + tables_off ([stride] + [warps][C] int32,
+// over the tiles of warps >= delayed, which load their round 0 rows once the routing is done),
+// and this rank's counts row ([1 + C], row 0 of the counts matrix) that its end writes.
+template <typename Idx>
+struct OwnRouting {
+  RoutingArgs<Idx> a;
+  RouteScratch sc;
+  int stride;
+  int64_t epoch;
+  int64_t tables_off;
+  int delayed;
+  int32_t* counts_row;
+};
+
+// World size 1, expert-major, a dispatch that routes: the routing and the fan-out in one launch,
+// so no routing grid comes first. Each block issues round 0's row loads (those over the routing
+// tables after the routing), takes a ticket: tickets < f.a.chunks route that chunk
+// (route_chunk_marked; 32 tokens a chunk, so its walk and the sums are short), the last ticket
+// (never a routing one) does the routing's end: the bad-id flag, the counts row and the hand-over
+// to the host (hand_counts). Then every block waits for the chunks' placed marks, as
+// alone_fan_kernel<true> does behind route_kernel, and fans out. Launched after the stream's
+// earlier work ended (x, topk_idx and topk_weights are read at once).
+template <typename Idx>
+__global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kernel(AloneArgs a, OwnRouting<Idx> f) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, C = f.a.columns();
+  const int64_t rb = a.lay.row_bytes();
+  uint8_t* smem = dyn_smem();
+  fan_begin(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane, f.delayed);
+  start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
+  __shared__ int ticket;
+  __shared__ bool dead;
+  if (threadIdx.x == 0) {
+    dead = error_set(a.sy.err);
+    ticket = int(atomicAdd(f.sc.ticket, 1u));
+    if (ticket == int(gridDim.x) - 1) *f.sc.ticket = 0u;  // every block has its ticket: zero for the next launch
+  }
+  __syncthreads();
+  const int b = ticket;
+  bool ok = !dead;
+  if (ok && b < f.a.chunks)
+    ok = route_chunk_marked<true>(f.a, f.sc, b, f.stride, reinterpret_cast<int32_t*>(smem + f.tables_off), f.epoch,
+                                  a.sy.timeout_ns, a.sy.err, a.sy.err_host);
+  fan_begin_rest(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane, f.delayed);  // the tables are done
+  if (ok && b == int(gridDim.x) - 1) {
+    // Every chunk counted: the bad-id flag is final, and the totals are the chunks' sums.
+    for (int i = threadIdx.x; i < f.a.chunks && ok; i += blockDim.x)
+      ok = wait_at_least_gpu(f.sc.counted + i, f.epoch, a.sy.timeout_ns, a.sy.err, a.sy.err_host, kStageRouteChunk,
+                             i, f.epoch);
+    ok = __syncthreads_and(ok) != 0;
+    if (ok) {
+      int32_t* totals = reinterpret_cast<int32_t*>(smem);  // FanPlan's tables, built after this
+      chunk_sum_vec(f.sc.part, f.stride, f.a.chunks, totals);
+      const bool bad = route_ticketed_end(f.a, f.sc);
+      for (int c = threadIdx.x; c < C; c += blockDim.x) f.counts_row[1 + c] = totals[c];
+      if (threadIdx.x == 0) f.counts_row[0] = bad ? -1 : f.a.T;
+      __syncthreads();
+      hand_counts(f.counts_row, 1, f.a.E, f.sc.counts_host, f.sc.counts_snap, f.sc.counts_ready, f.epoch,
+                  f.sc.summary);
+    }
+  }
+  if (!ok) {
+    fan_abandon(a.routed.tokens, a.mc, smem, a.sy, warp, lane, rb);
+    return;
+  }
+  alone_fan<true>(a, smem, warp, lane, [&] { fan_abandon(a.routed.tokens, a.mc, smem, a.sy, warp, lane, rb); });
 }
 
 // Rank-major: token t's row goes to output row pos[t][0] when one of its slots names an expert

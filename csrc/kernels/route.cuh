@@ -133,6 +133,47 @@ __device__ __forceinline__ void chunk_base(const RouteScratch& sc, int C, int32_
   __syncthreads();
 }
 
+// Whole block: out[c] = sum of part[i * Cp + c] over chunks i < n, for c < Cp (Cp % 4 == 0,
+// part 16-byte aligned). Each thread keeps one group of 4 columns and every L-th chunk in
+// registers (L: the threads a group gets), 8 vector loads in flight: at 128 chunks of 257 columns
+// chunk_base's scalar loads and shared atomics would take several L2 round trips more.
+__device__ __forceinline__ void chunk_sum_vec(const int32_t* part, int Cp, int n, int32_t* out) {
+  const int G = Cp / 4, L = max(1, int(blockDim.x) / G);
+  for (int c = threadIdx.x; c < Cp; c += blockDim.x) out[c] = 0;
+  __syncthreads();
+  constexpr int kLoads = 8;
+  for (int i = threadIdx.x; i < G * L; i += blockDim.x) {
+    const int g = i % G, j = i / G;
+    int4 s = make_int4(0, 0, 0, 0);
+    for (int k0 = j; k0 < n; k0 += kLoads * L) {
+      int4 v[kLoads];
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u)
+        v[u] = k0 + u * L < n ? __ldcg(reinterpret_cast<const int4*>(part + int64_t(k0 + u * L) * Cp) + g)
+                              : make_int4(0, 0, 0, 0);
+#pragma unroll
+      for (int u = 0; u < kLoads; ++u) {
+        s.x += v[u].x;
+        s.y += v[u].y;
+        s.z += v[u].z;
+        s.w += v[u].w;
+      }
+    }
+    if (L == 1) {
+      out[4 * g] = s.x;
+      out[4 * g + 1] = s.y;
+      out[4 * g + 2] = s.z;
+      out[4 * g + 3] = s.w;
+    } else {
+      atomicAdd(out + 4 * g, s.x);
+      atomicAdd(out + 4 * g + 1, s.y);
+      atomicAdd(out + 4 * g + 2, s.z);
+      atomicAdd(out + 4 * g + 3, s.w);
+    }
+  }
+  __syncthreads();
+}
+
 // Column c's total over every chunk into the layout's per-rank / per-expert counts where
 // asked for (nullptr: not).
 __device__ __forceinline__ void keep_total(int W, int c, int32_t sum, int32_t* per_rank, int32_t* per_expert) {
@@ -164,25 +205,22 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingAr
   for (int c = threadIdx.x; c < C; c += blockDim.x) keep_total(a.W, c, sc.totals[c], out_per_rank, out_per_expert);
 }
 
-// The routing of one dispatch in one launch, for a block (route_kernel, the NVSHMEM plan_kernel):
-// the block takes the next chunk of tokens (a ticket, so it waits only for chunks that running
-// blocks hold), numbers its pairs inside the chunk (route_chunk's first walk, which also
-// publishes and checks the ids), marks the chunk's counts ready, waits until every earlier
-// chunk's are, then publishes its positions after theirs. The block of the last chunk also
-// leaves the column totals in sc.totals (its base plus its own counts), and each block marks its
-// chunk placed (sc.placed) once its positions are out. Returns the chunk.
-// Whole block; the caller checked its error word.
-template <typename Idx>
-__device__ int route_ticketed(const RoutingArgs<Idx>& a, const RouteScratch& sc, int64_t epoch, uint64_t timeout_ns,
-                              ErrorWord* err, ErrorWord* err_host) {
-  __shared__ int chunk;
-  if (threadIdx.x == 0) chunk = int(atomicAdd(sc.ticket, 1u));
-  __syncthreads();
-  const int b = chunk, C = a.columns();
-  int32_t* part = sc.part + int64_t(b) * C;
-  int32_t* tables = sc.big ? sc.big + int64_t(b) * (kRouteWarps + 1) * C : reinterpret_cast<int32_t*>(dyn_smem());
+// Chunk b of a dispatch's routing, whole block (the caller checked its error word): its pairs
+// numbered inside the chunk (route_chunk's first walk, which also publishes and checks the ids),
+// its counts marked ready (sc.counted), then, once every earlier chunk's are, its positions
+// published after theirs and the chunk marked placed (sc.placed, where kept). The chunks' counts
+// lie `stride` int32 apart in sc.part; kVec: stride % 4 == 0 and their sums are vector loads
+// (chunk_sum_vec), else chunk_base's. tables: base [stride], then the warps' [warps][C]. The
+// block of the last chunk also leaves the column totals in sc.totals. False: a wait expired
+// (recorded in the ErrorWord); no position was written.
+template <bool kVec, typename Idx>
+__device__ bool route_chunk_marked(const RoutingArgs<Idx>& a, const RouteScratch& sc, int b, int stride,
+                                   int32_t* tables, int64_t epoch, uint64_t timeout_ns, ErrorWord* err,
+                                   ErrorWord* err_host) {
+  const int C = a.columns(), last = (a.chunks ? a.chunks : int(gridDim.x)) - 1;
+  int32_t* part = sc.part + int64_t(b) * stride;
   bool placing = false;
-  route_chunk<true>(a, tables, tables + C, part, b, [&] {
+  route_chunk<true>(a, tables, tables + stride, part, b, [&] {
     if (threadIdx.x == 0) {
       __threadfence();  // cumulative: the block's counts in `part` before the mark
       st_release_gpu(sc.counted + b, epoch);
@@ -193,8 +231,11 @@ __device__ int route_ticketed(const RoutingArgs<Idx>& a, const RouteScratch& sc,
       ok = wait_at_least_gpu(sc.counted + i, epoch, timeout_ns, err, err_host, kStageRouteChunk, i, epoch);
     ok = __syncthreads_and(ok) != 0;
     if (!ok) return false;
-    chunk_base(sc, C, tables, b);
-    if (b == int(gridDim.x) - 1)
+    if constexpr (kVec)
+      chunk_sum_vec(sc.part, stride, b, tables);
+    else
+      chunk_base(sc, C, tables, b);
+    if (b == last)
       for (int c = threadIdx.x; c < C; c += blockDim.x) sc.totals[c] = tables[c] + part[c];
     placing = true;
     return true;
@@ -204,6 +245,22 @@ __device__ int route_ticketed(const RoutingArgs<Idx>& a, const RouteScratch& sc,
     __threadfence();
     st_release_gpu(sc.placed + b, epoch);
   }
+  return placing;
+}
+
+// The routing of one dispatch in one launch, for a block (route_kernel, the NVSHMEM plan_kernel):
+// the block takes the next chunk of tokens (a ticket, so it waits only for chunks that running
+// blocks hold) and routes it (route_chunk_marked). Returns the chunk.
+// Whole block; the caller checked its error word.
+template <typename Idx>
+__device__ int route_ticketed(const RoutingArgs<Idx>& a, const RouteScratch& sc, int64_t epoch, uint64_t timeout_ns,
+                              ErrorWord* err, ErrorWord* err_host) {
+  __shared__ int chunk;
+  if (threadIdx.x == 0) chunk = int(atomicAdd(sc.ticket, 1u));
+  __syncthreads();
+  const int b = chunk, C = a.columns();
+  int32_t* tables = sc.big ? sc.big + int64_t(b) * (kRouteWarps + 1) * C : reinterpret_cast<int32_t*>(dyn_smem());
+  route_chunk_marked<false>(a, sc, b, C, tables, epoch, timeout_ns, err, err_host);
   return b;
 }
 

@@ -20,7 +20,8 @@ dispatch (both protocols)
      receiver blocks copy the rows out of the pool as they land.
      Alone (world size 1) both protocols move the rows with ``kernels/alone.cuh``'s kernels,
      as nvshmem does (the rank-major mover, the expert-major phased fan-out), except when
-     ``kernel.fan_phases`` is off (expert-major) or a timeline is recording.
+     ``kernel.fan_phases`` is off (expert-major) or a timeline is recording. The expert-major
+     one also routes there (``alone_fan_routed_kernel``): no routing kernel runs before it.
   4. the host reads the routing kernel's summary of the matrix (its rows, the most any
      receiver gets, its per-expert counts: ``counts.summary_of``), and only when it names bad
      ids (tokens = -1 in a row: nothing moved) or a receiver over capacity reads the matrix to
@@ -165,6 +166,7 @@ class _CudaProtocol(Protocol):
         self._stream_blocks = self._push_stream_blocks(config, mem)
         self._stream_receivers = config.kernel.stream_receivers
         self._epoch = 0
+        self.routed_in_fan_out = False  # the last dispatch routed inside its fan-out kernel (Ctx::route_alone)
         W, E = layout.world_size, layout.num_experts
         self._published: torch.Tensor | None = None  # the routing copy now in the input region
         # zeroed: route_kernel's chunk marks start below every epoch
@@ -284,9 +286,7 @@ class _CudaProtocol(Protocol):
         self.ctx.set_routing_outputs(0 if worst else self._counts_mapped[1], counts_dev.data_ptr(), routing.data_ptr(),
                                      0 if worst else self._counts_ready[1], 0 if worst else self._summary[1],
                                      alignment)
-        self._layout(topk_idx, topk_weights, True, None, None, in_rank)
-        epoch = self._epoch  # the routing kernel writes it to _counts_ready after the matrix
-        self._move(x, args, expert_major, alignment, counts_dev, True)
+        epoch = self._route_and_move(x, topk_idx, topk_weights, in_rank, args, expert_major, alignment, counts_dev)
         if not worst:  # after the data kernel: nothing may come between it and the routing kernel it follows
             self._counts_event.record(stream)
         self._published = routing
@@ -327,6 +327,26 @@ class _CudaProtocol(Protocol):
         from x itself); nothing when x was built there (Buffer.input_view)."""
         if self.name == "pull" and self.world_size > 1 and x.shape[0] and not self._in_input_region(x):
             self.input_view(x.shape[0], x.dtype).copy_(x)
+
+    def _route_and_move(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                        in_rank: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
+                        counts_dev: torch.Tensor) -> int:
+        """A dispatch's routing and data kernels; returns the routing's epoch, which its kernel
+        writes to ``_counts_ready`` after the counts matrix. Alone expert-major, one kernel does
+        both where it applies (``Ctx::route_alone``: no routing grid before the fan-out)."""
+        self.routed_in_fan_out = False
+        if self.world_size == 1 and expert_major:
+            route_epoch, epoch = self._next_epoch(), self._next_epoch()
+            self.routed_in_fan_out = self.ctx.route_alone(
+                _ptr(topk_idx), topk_idx.dtype == torch.int64, _ptr(topk_weights), topk_idx.shape[0],
+                _ptr(self._route_scratch), _ptr(in_rank), _ptr(x), args, alignment, route_epoch, epoch,
+                self._stream().cuda_stream)
+            if self.routed_in_fan_out:
+                return route_epoch
+        self._layout(topk_idx, topk_weights, True, None, None, in_rank)
+        route_epoch = self._epoch
+        self._move(x, args, expert_major, alignment, counts_dev, True)
+        return route_epoch
 
     def _move(self, x: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
               counts_dev: torch.Tensor, after_route: bool) -> None:
