@@ -23,7 +23,7 @@ files since session 8) pays the launch, ramp-up and tail an op of that size pays
 second reading of the issues' "copy roofline for the bytes that must move": each ratio target
 is judged against both, in two columns and two counts. For context the
 table also sets the same bytes against the device time of the call's kernels, all of them
-and the data kernels alone (routing kernels -- names with ``route`` or ``plan`` -- left out):
+and the data kernels alone (routing kernels -- names starting with ``route_`` or ``plan_`` -- left out):
 what the call would reach if the host added nothing, and if the routing came for free
 (world size 1 only: the kernel times are rank 0's).
 Several ranks on one GPU: aggregate bytes per second over the roofline, and the ratio to the

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from symmoe import targets_one_gpu as t1
-from symmoe.targets import TargetsError
+from symmoe.targets import TargetsError, kernel_us
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BENCH = os.path.join(ROOT, "results", "session5", "bench_W1_W4_nvshmem_torch_push_0a02b39.json")
@@ -68,6 +68,12 @@ def test_data_kernels_leave_the_routing_kernels_out(bench):
     r = row(res, "nvshmem", 1, "rank", "dispatch")
     assert r["data_kernels_us"] == pytest.approx(data) and r["kernels_us"] == pytest.approx(sum(kernels.values()))
     assert r["ratio_data_kernels"] > r["ratio_kernels"] > r["ratio_roofline"]
+
+
+def test_a_data_kernel_that_routes_too_counts_as_data():
+    # alone_fan_routed_kernel (world size 1, expert-major) routes inside the fan-out: no split of its time.
+    assert kernel_us({"alone_fan_routed_kernel": 149.0}) == (149.0, 149.0)
+    assert kernel_us({"route_kernel": 15.0, "alone_fan_kernel": 137.0, "nv::plan_kernel": 2.0}) == (154.0, 137.0)
 
 
 def test_torch_expert_dispatch_is_judged_against_plain_torch_and_its_expert_combine_has_no_target(bench):
