@@ -105,7 +105,7 @@ bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, int mode, int blocks, c
   if (a.lay.world_size != 1 || f.a.chunks < 1 || f.a.chunks >= blocks || f.stride % 4) return false;
   static const int plain_limit = alone_smem_limit(alone_fan_kernel<false>, "alone_fan_kernel");
   static const int limit = alone_smem_limit(alone_fan_routed_kernel<Idx>, "alone_fan_routed_kernel");
-  const int64_t rb = a.lay.row_bytes(), E = a.lay.num_experts, C = int64_t(f.a.W) + f.a.E;  // columns() is device code
+  const int64_t rb = a.lay.row_bytes(), E = a.lay.num_experts, C = int64_t(f.a.W) + f.a.E;  // RoutingArgs::columns() is device-only
   MoveCfg plain{}, m{};
   plain.plan_bytes = FanPlan::bytes(E);
   m.plan_bytes = (FanPlan::bytes(E) + kSlotAlign - 1) / kSlotAlign * kSlotAlign;

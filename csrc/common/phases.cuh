@@ -50,8 +50,8 @@ __device__ __forceinline__ void phase_load(uint8_t* tile, const uint8_t* row, in
 // fan_in_phases' mbarriers and its round 0's loads, issued ahead: a kernel that follows its own
 // routing grid calls this before it waits for that grid (x was final before the routing kernel
 // started), then fan_in_phases<.., true> with the same T waits for those loads. The rows must
-// not lie over a table the caller still builds (mc.phase_base past them), but those of warps
-// >= `upto`, which load in fan_begin_rest once the caller is done with what lies there. Whole block.
+// not lie over a table the caller still builds (mc.phase_base past them), except the rows of
+// warps >= `upto`: those load in fan_begin_rest, once the caller is done there. Whole block.
 __device__ __forceinline__ void fan_begin(const uint8_t* x, int64_t T, int64_t rb, const MoveCfg& mc, uint8_t* smem_raw,
                                           int warp, int lane, int upto = kMaxMoverWarps) {
   uint8_t* tile = smem_raw + mc.phase_base + int64_t(warp) * rb;
