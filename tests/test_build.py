@@ -83,8 +83,21 @@ def test_every_registered_module_compiles(tmp_path, monkeypatch):
                 continue
             raise
         assert path.exists() and path.stat().st_size > 0
+        if not build.EXTENSIONS[name].needs_rdc:  # relocatable device code keeps such stubs of every __device__ function
+            assert not _imports_exit(path), f"{name}: its host code calls exit (a __device__ function called from the host?)"
     if no_driver:
         pytest.skip(f"compiled all; {', '.join(no_driver)} link(s) against libcuda, which this machine lacks")
+
+
+def _imports_exit(so: Path) -> bool:
+    """Whether a built module's host code calls exit / _exit. Ours never does; nvcc compiles a
+    __device__ function that host code calls, without a word, into a host stub that calls
+    exit(1): session 34's dispatch ended its process with code 1 and printed nothing. (Built as
+    relocatable device code, every non-inline __device__ function has such a stub: NVSHMEM's.)"""
+    nm = shutil.which("nm")
+    assert nm, "binutils' nm is missing (the linker's package, which nvcc's host compiler needs)"
+    out = subprocess.run([nm, "-D", "--undefined-only", str(so)], capture_output=True, text=True, check=True).stdout
+    return any(line.split()[-1].split("@")[0] in ("exit", "_exit") for line in out.splitlines() if line.strip())
 
 
 def test_build_all_builds_the_modules_at_once_and_names_every_failure(monkeypatch):
