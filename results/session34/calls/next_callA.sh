@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # prepared in session 34 for the next GPU session (not run). Trees: scripts/baseline_tree.sh next/rows-routed;
 # scripts/baseline_tree.sh main; run with MAIN=<main's tree name>.
-# next/rows-routed 5497217 = next/routed-timeline (the routed kernel's stamped instance, timeline_probe.py --routed)
+# next/rows-routed 662c61c = next/routed-timeline (the routed kernel's stamped instance, timeline_probe.py --routed)
 # + the W=1 rank-major dispatch that routes through alone_fan_routed_kernel (rows in phases).
 # 1. torch W=1 tests of both; 2. the routed kernel's timeline (expert-major; where the 11.5 µs over the cached
 #    dispatch go); 3. benches rows-routed / main twice (rank dispatch and worst dispatch are the rows to watch).
-R=$PWD; O=$OUT; RR=5497217; M=${MAIN:?set MAIN to the tree name of main}
+R=$PWD; O=$OUT; RR=662c61c; M=${MAIN:?set MAIN to the tree name of main}
 b() { # tree label: build + bench W=1 torch push + nvshmem, 20 repeats
   (cd $R/trees/$1 && SYMMOE_COMMIT=$1 BENCH_WORLD_SIZES=1 BENCH_BACKENDS=torch,nvshmem BENCH_PROTOCOLS=push BENCH_REPEATS=20 \
     OUT=/tmp/o/$2 LOG=/tmp/l/$2 scripts/gpu_check.sh build bench 2>&1 | tail -1; cp /tmp/l/$2/bench.json $O/bench_$2.json); echo "$2 t=$SECONDS"; }

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # prepared in session 34 for the next GPU session (not run). Trees: scripts/baseline_tree.sh next/placed-all;
 # scripts/baseline_tree.sh main; run with MAIN=<main's tree name>. (Rebase placed-all onto the winner of callA first.)
-# next/placed-all 6dc4dbe: routing_placed waits one mark a thread. Tests, then benches placed-all / main twice.
-R=$PWD; O=$OUT; PA=6dc4dbe; M=${MAIN:?set MAIN to the tree name of main}
+# next/placed-all 46d2cec: routing_placed waits one mark a thread. Tests, then benches placed-all / main twice.
+R=$PWD; O=$OUT; PA=46d2cec; M=${MAIN:?set MAIN to the tree name of main}
 b() { # tree label: build + bench W=1 torch push + nvshmem, 20 repeats
   (cd $R/trees/$1 && SYMMOE_COMMIT=$1 BENCH_WORLD_SIZES=1 BENCH_BACKENDS=torch,nvshmem BENCH_PROTOCOLS=push BENCH_REPEATS=20 \
     OUT=/tmp/o/$2 LOG=/tmp/l/$2 scripts/gpu_check.sh build bench 2>&1 | tail -1; cp /tmp/l/$2/bench.json $O/bench_$2.json); echo "$2 t=$SECONDS"; }
