@@ -32,6 +32,14 @@ int alone_smem_limit(Kernel kernel, const char* name) {
   return lim;
 }
 
+// The phased fan-out's geometry in m for E experts and rows of rb bytes in `limit` bytes of shared
+// memory: its rows past the plan tables the phases still read, or (`past`) past all of FanPlan,
+// for rows that load before the plan is built. False: not one row fits.
+inline bool fan_geometry(MoveCfg& m, int64_t E, int64_t rb, int limit, bool grid, bool past) {
+  m.plan_bytes = past ? (FanPlan::bytes(E) + kSlotAlign - 1) / kSlotAlign * kSlotAlign : FanPlan::bytes(E);
+  return phase_geometry(m, past ? m.plan_bytes : FanPlan::kept_bytes(E), limit, rb, grid);
+}
+
 // The launch of a one-rank dispatch whose arguments `a` (all but the mover's geometry) are
 // set: expert-major the phased fan-out with mode kernel.fan_phases (1 block, 2 grid; sy.done:
 // a zeroed grid counter), else the rows by the mover, in pieces of at most `row_piece` bytes
@@ -52,14 +60,12 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
     static const int limit = std::min(alone_smem_limit(alone_fan_kernel<false>, "alone_fan_kernel"),
                                       alone_smem_limit(alone_fan_kernel<true>, "alone_fan_kernel"));
     const int64_t E = a.lay.num_experts;
-    m.plan_bytes = FanPlan::bytes(E);
-    if (!phase_geometry(m, FanPlan::kept_bytes(E), limit, rb, mode == 2)) return false;
+    if (!fan_geometry(m, E, rb, limit, mode == 2, false)) return false;
     if (a.routed.placed != nullptr) {
       // Behind the routing the rows load before the plan is built, so they go past all of it;
       // only where that keeps every row a block holds (16 at the DeepSeek shape).
-      MoveCfg past = m;
-      past.plan_bytes = (FanPlan::bytes(E) + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
-      early = phase_geometry(past, past.plan_bytes, limit, rb, mode == 2) && past.phase_rows == m.phase_rows;
+      MoveCfg past{};
+      early = fan_geometry(past, E, rb, limit, mode == 2, true) && past.phase_rows == m.phase_rows;
       if (early) m = past;
     }
     if (m.phase_grid) {
@@ -107,10 +113,8 @@ bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, int mode, int blocks, c
   static const int limit = alone_smem_limit(alone_fan_routed_kernel<Idx>, "alone_fan_routed_kernel");
   const int64_t rb = a.lay.row_bytes(), E = a.lay.num_experts, C = int64_t(f.a.W) + f.a.E;  // RoutingArgs::columns() is device-only
   MoveCfg plain{}, m{};
-  plain.plan_bytes = FanPlan::bytes(E);
-  m.plan_bytes = (FanPlan::bytes(E) + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
-  if (!phase_geometry(plain, FanPlan::kept_bytes(E), plain_limit, rb, mode == 2) ||
-      !phase_geometry(m, m.plan_bytes, limit, rb, mode == 2) || m.phase_rows != plain.phase_rows ||
+  if (!fan_geometry(plain, E, rb, plain_limit, mode == 2, false) || !fan_geometry(m, E, rb, limit, mode == 2, true) ||
+      m.phase_rows != plain.phase_rows ||
       FanPlan::bytes(E) < 4 * int64_t(f.stride))  // the end's totals lie in FanPlan's tables
     return false;
   const int64_t tables = 4 * (int64_t(f.stride) + int64_t(m.warps) * C), rows_end = m.phase_base + m.phase_rows * rb;

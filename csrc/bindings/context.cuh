@@ -211,11 +211,15 @@ struct Ctx {
   // chunks' counted epochs, then their placed epochs, then the int32 tables; alone, then the
   // counts of alone_fan_routed_kernel's chunks, own_stride() int32 each, 16-byte aligned).
   int64_t layout_scratch_bytes() const {
-    const int64_t C = route_columns(), B = route_max_blocks();
-    const int64_t words = 4 * (B * C + C + (route_big() ? B * (kRouteWarps + 1) * C : 0));
-    return 16 * B + (L.world_size == 1 ? (words + 15) / 16 * 16 + 4 * B * own_stride() : words);
+    const int64_t B = route_max_blocks();
+    return 4 * (L.world_size == 1 ? own_part_words() + B * own_stride() : own_part_words());
   }
   int own_stride() const { return int((route_columns() + 3) / 4 * 4); }
+  // int32 words before those chunk counts (RouteScratch's part): a multiple of 4.
+  int64_t own_part_words() const {
+    const int64_t C = route_columns(), B = route_max_blocks();
+    return 4 * B + (B * C + C + (route_big() ? B * (kRouteWarps + 1) * C : 0) + 3) / 4 * 4;
+  }
 
   // The routing kernels' arguments for `scratch`: publish, a dispatch's (ids, weights and
   // positions into the input region, the checks, the counts' hand-over), else the layout alone.
@@ -278,8 +282,7 @@ struct Ctx {
     f.a = routing_args(idx, w, T, in_rank, true);
     f.a.chunks = chunks;
     f.sc = route_scratch(scratch, true);
-    const int64_t words = 4 * MB + MB * route_columns() + route_columns();  // int32 words before it
-    f.sc.part = scratch + (words + 3) / 4 * 4;  // layout_scratch_bytes' last part: 16-byte aligned
+    f.sc.part = scratch + own_part_words();  // layout_scratch_bytes' last part: 16-byte aligned
     f.stride = own_stride();
     f.epoch = route_epoch;
     f.counts_row = reinterpret_cast<int32_t*>(tp.local + L.counts);

@@ -6,10 +6,7 @@
 # 1. torch W=1 tests of both; 2. the routed kernel's timeline (expert-major; where the 11.5 µs over the cached
 #    dispatch go); 3. benches rows-routed / main twice (rank dispatch and worst dispatch are the rows to watch).
 R=$PWD; O=$OUT; RR=662c61c; M=${MAIN:?set MAIN to the tree name of main}
-b() { # tree label: build + bench W=1 torch push + nvshmem, 20 repeats
-  (cd $R/trees/$1 && SYMMOE_COMMIT=$1 BENCH_WORLD_SIZES=1 BENCH_BACKENDS=torch,nvshmem BENCH_PROTOCOLS=push BENCH_REPEATS=20 \
-    OUT=/tmp/o/$2 LOG=/tmp/l/$2 scripts/gpu_check.sh build bench 2>&1 | tail -1; cp /tmp/l/$2/bench.json $O/bench_$2.json); echo "$2 t=$SECONDS"; }
-s() { (echo "== $1"; cat /tmp/o/$2/summary.txt; grep -h '^PASSED\|^FAILED\|^ERROR' /tmp/l/$2/*tests.log /tmp/l/$2/pytest.log 2>/dev/null) >> $O/summaries.txt; }
+. "$R/results/session34/calls/next_lib.sh"  # b, s
 cd $R/trees/$RR && export SYMMOE_COMMIT=$RR
 OUT=/tmp/o/t LOG=/tmp/l/t TEST_LIMIT_S=200 FAULT_S=190 PYTEST_ARGS="-rA -k 'routed_fan_out_s_timeline or routes_inside or alone_bad or (bitwise_equal and 1-) or (num_worst and 1-) or (cached and 1-)'" scripts/gpu_check.sh build test 2>&1 | tail -1
 s "torch rows-routed" t; echo "t=$SECONDS"

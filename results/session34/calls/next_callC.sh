@@ -4,10 +4,7 @@
 # next/nv-routed 9677145: nvshmem at one PE runs the expert-major dispatch that routes as alone_fan_routed_kernel
 # (symmoe_cuda's alone_routed). nvshmem one-PE tests, then benches nv-routed / main twice (nvshmem expert dispatch).
 R=$PWD; O=$OUT; NV=9677145; M=${MAIN:?set MAIN to the tree name of main}
-b() { # tree label: build + bench W=1 torch push + nvshmem, 20 repeats
-  (cd $R/trees/$1 && SYMMOE_COMMIT=$1 BENCH_WORLD_SIZES=1 BENCH_BACKENDS=torch,nvshmem BENCH_PROTOCOLS=push BENCH_REPEATS=20 \
-    OUT=/tmp/o/$2 LOG=/tmp/l/$2 scripts/gpu_check.sh build bench 2>&1 | tail -1; cp /tmp/l/$2/bench.json $O/bench_$2.json); echo "$2 t=$SECONDS"; }
-s() { (echo "== $1"; cat /tmp/o/$2/summary.txt; grep -h '^PASSED\|^FAILED\|^ERROR' /tmp/l/$2/*tests.log /tmp/l/$2/pytest.log 2>/dev/null) >> $O/summaries.txt; }
+. "$R/results/session34/calls/next_lib.sh"  # b, s
 cd $R/trees/$NV && export SYMMOE_COMMIT=$NV
 OUT=/tmp/o/n LOG=/tmp/l/n TEST_LIMIT_S=200 FAULT_S=190 PYTEST_ARGS="-rA -k 'one_pe or (bitwise and 1) or (cached and 1) or (num_worst and 1) or (summary and 1)'" scripts/gpu_check.sh build nvshmem 2>&1 | tail -1
 s "nvshmem nv-routed" n; echo "t=$SECONDS"

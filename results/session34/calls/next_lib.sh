@@ -1,0 +1,6 @@
+# The helpers of next_callA/B/C.sh (sourced; R: the repository root, O: the device tool's $OUT).
+b() { # tree label: build + bench W=1 torch push + nvshmem, 20 repeats
+  (cd $R/trees/$1 && SYMMOE_COMMIT=$1 BENCH_WORLD_SIZES=1 BENCH_BACKENDS=torch,nvshmem BENCH_PROTOCOLS=push BENCH_REPEATS=20 \
+    OUT=/tmp/o/$2 LOG=/tmp/l/$2 scripts/gpu_check.sh build bench 2>&1 | tail -1; cp /tmp/l/$2/bench.json $O/bench_$2.json); echo "$2 t=$SECONDS"; }
+s() { # title label: that run's summary and its tests' PASSED / FAILED lines into summaries.txt
+  (echo "== $1"; cat /tmp/o/$2/summary.txt; grep -h '^PASSED\|^FAILED\|^ERROR' /tmp/l/$2/*tests.log /tmp/l/$2/pytest.log 2>/dev/null) >> $O/summaries.txt; }
