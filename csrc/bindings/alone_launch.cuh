@@ -97,20 +97,23 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
 // chunks' sums a few vector loads a thread.
 constexpr int64_t kOwnChunkTokens = 32;
 
-// The launch of alone_fan_routed_kernel (world size 1, expert-major, a dispatch that routes
-// itself): `a` as for launch_alone_args (a.routed.tokens the tokens), f.a / f.sc / f.stride /
+// The launch of alone_fan_routed_kernel (world size 1, a dispatch that routes itself; both
+// layouts, rank-major one row a token): `a` as for launch_alone_args (a.routed.tokens the tokens), f.a / f.sc / f.stride /
 // f.epoch / f.counts_row set, f.a.chunks in [1, blocks). The rows get the geometry
 // alone_fan_kernel<false> would (`plain_limit` its shared memory) but past all of FanPlan; the
 // routing's tables go past the rows where they fit, else over the last rows, whose round 0
 // loads wait for the routing. False, launching nothing, where that costs a row or the tables
 // do not fit: the caller routes and moves with two kernels.
 template <typename Idx>
-bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, int mode, int blocks, cudaStream_t s) {
+bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, bool expert_major, int mode, int blocks, cudaStream_t s) {
   if (mode != 1 && mode != 2)
     throw std::invalid_argument("alone: fan_phases mode " + std::to_string(mode) + ", must be 1 or 2");
   if (a.lay.world_size != 1 || f.a.chunks < 1 || f.a.chunks >= blocks || f.stride % 4) return false;
   static const int plain_limit = alone_smem_limit(alone_fan_kernel<false>, "alone_fan_kernel");
-  static const int limit = alone_smem_limit(alone_fan_routed_kernel<Idx>, "alone_fan_routed_kernel");
+  // Both instances get the opt-in (the same static part).
+  static const int limit = std::min(alone_smem_limit(alone_fan_routed_kernel<true, Idx>, "alone_fan_routed_kernel"),
+                                    alone_smem_limit(alone_fan_routed_kernel<false, Idx>, "alone_fan_routed_kernel"));
+  auto kernel = expert_major ? alone_fan_routed_kernel<true, Idx> : alone_fan_routed_kernel<false, Idx>;
   const int64_t rb = a.lay.row_bytes(), E = a.lay.num_experts, C = int64_t(f.a.W) + f.a.E;  // RoutingArgs::columns() is device-only
   MoveCfg plain{}, m{};
   if (!fan_geometry(plain, E, rb, plain_limit, mode == 2, false) || !fan_geometry(m, E, rb, limit, mode == 2, true) ||
@@ -130,13 +133,13 @@ bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, int mode, int blocks, c
     f.delayed = int((f.tables_off - m.phase_base) / rb);
   }
   if (m.phase_grid) {
-    const std::string refusal = phase_grid_refusal(alone_fan_routed_kernel<Idx>, m, rb, blocks);
+    const std::string refusal = phase_grid_refusal(kernel, m, rb, blocks);
     if (!refusal.empty()) throw std::invalid_argument(refusal);
   }
   a.mc = m;
   a.routed = AloneArgs::Routed{f.sc.placed, f.a.chunks, f.epoch, a.routed.tokens, f.sc.totals};
   // Not a following launch: x and the routing's inputs are read at once.
-  alone_fan_routed_kernel<Idx><<<blocks, m.warps * 32, size_t(smem), s>>>(a, f);
+  kernel<<<blocks, m.warps * 32, size_t(smem), s>>>(a, f);
   const cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) throw std::runtime_error(std::string("alone_fan_routed_kernel launch: ") + cudaGetErrorString(e));
   return true;

@@ -124,6 +124,48 @@ __device__ __forceinline__ void alone_fan(const AloneArgs& a, uint8_t* smem, int
                        warp, lane);
 }
 
+// Rank-major in phases, behind the routing chunks' placed marks (a.routed; round 0's rows
+// already loading, fan_begin): token t's row to its one output row pos[t][0] when one of its
+// slots names an expert, with the slots' ids and weights (-1 / 0 for masked slots), source rank
+// 0, token t and slot 0, as alone_rows writes it. The rows are not known yet (the routing's end
+// may still run): the kernel keeps inside the outputs' capacity, and the host raises and drops
+// these outputs on bad ids or over capacity.
+template <class Leave>
+__device__ __forceinline__ void alone_rows_fan(const AloneArgs& a, uint8_t* smem, int warp, int lane, Leave leave) {
+  const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots), PC = 1 + K;
+  const int64_t rb = a.lay.row_bytes(), rows = a.o.capacity;
+  __shared__ bool dead;
+  if (threadIdx.x == 0) dead = error_set(a.sy.err);
+  __syncthreads();
+  if (dead) return leave();  // an earlier wait failed: the host raises
+  if (!routing_placed(a.routed, a.sy, warp, lane)) return leave();  // recorded: the host raises
+  fan_in_phases<false, true>(a.x, a.routed.tokens, rb, a.mc, smem, a.sy,
+                             [&](int64_t t) {
+                               int e = -1;
+                               float w = 0.f;
+                               if (lane < K) {
+                                 e = a.idx[t * K + lane];
+                                 w = a.w[t * K + lane];
+                               }
+                               int64_t o = __any_sync(0xffffffffu, lane < K && e >= 0) ? int64_t(a.pos[t * PC]) : -1;
+                               if (o >= rows) o = -1;  // only with corrupt inputs; never write out of bounds
+                               if (o >= 0) {
+                                 if (lane < K) {
+                                   a.o.idx[o * K + lane] = e;
+                                   a.o.w[o * K + lane] = e >= 0 ? w : 0.f;
+                                 }
+                                 if (lane == 0) {
+                                   a.o.src_rank[o] = 0;
+                                   a.o.src_token[o] = static_cast<int32_t>(t);
+                                   a.o.src_slot[o] = 0;
+                                   if (a.o.selfmap != nullptr) a.o.selfmap[t * S] = static_cast<int32_t>(o);
+                                 }
+                               }
+                               return RowDsts{a.o.x + max(o, int64_t(0)) * rb, o >= 0 ? 1 : 0};
+                             },
+                             warp, lane);
+}
+
 // kEarly: right behind this dispatch's route_kernel (a.routed; the host put the rows past all of
 // FanPlan): round 0's rows load while the routing runs, from x, which was final before the
 // routing kernel started, and the plan and the stores start on the routing chunks' placed marks.
@@ -163,15 +205,16 @@ struct OwnRouting {
   int32_t* counts_row;
 };
 
-// World size 1, expert-major, a dispatch that routes: the routing and the fan-out in one launch,
-// so no routing grid comes first. Each block issues round 0's row loads (those over the routing
+// World size 1, a dispatch that routes: the routing and the fan-out in one launch, so no
+// routing grid comes first; expert-major (kExpert) each row to its slots' rows, rank-major to its
+// one row (alone_rows_fan). Each block issues round 0's row loads (those over the routing
 // tables after the routing), takes a ticket: tickets < f.a.chunks route that chunk
 // (route_chunk_marked; 32 tokens a chunk, so its walk and the sums are short), the last ticket
 // (never a routing one) does the routing's end: the bad-id flag, the counts row and the hand-over
 // to the host (hand_counts). Then every block waits for the chunks' placed marks, as
 // alone_fan_kernel<true> does behind route_kernel, and fans out. Launched after the stream's
 // earlier work ended (x, topk_idx and topk_weights are read at once).
-template <typename Idx>
+template <bool kExpert, typename Idx>
 __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kernel(AloneArgs a, OwnRouting<Idx> f) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, C = f.a.columns();
   const int64_t rb = a.lay.row_bytes();
@@ -213,7 +256,11 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kerne
     fan_abandon(a.routed.tokens, a.mc, smem, a.sy, warp, lane, rb);
     return;
   }
-  alone_fan<true>(a, smem, warp, lane, [&] { fan_abandon(a.routed.tokens, a.mc, smem, a.sy, warp, lane, rb); });
+  const auto leave = [&] { fan_abandon(a.routed.tokens, a.mc, smem, a.sy, warp, lane, rb); };
+  if constexpr (kExpert)
+    alone_fan<true>(a, smem, warp, lane, leave);
+  else
+    alone_rows_fan(a, smem, warp, lane, leave);
 }
 
 // Rank-major: token t's row goes to output row pos[t][0] when one of its slots names an expert

@@ -20,8 +20,9 @@ dispatch (both protocols)
      receiver blocks copy the rows out of the pool as they land.
      Alone (world size 1) both protocols move the rows with ``kernels/alone.cuh``'s kernels,
      as nvshmem does (the rank-major mover, the expert-major phased fan-out), except when
-     ``kernel.fan_phases`` is off (expert-major) or a timeline is recording. The expert-major
-     one also routes there (``alone_fan_routed_kernel``): no routing kernel runs before it.
+     ``kernel.fan_phases`` is off (expert-major) or a timeline is recording. A dispatch that
+     routes does it there too (``alone_fan_routed_kernel``, with ``kernel.fan_phases`` on): no
+     routing kernel runs before it, and rank-major its rows move in phases, one row a token.
   4. the host reads the routing kernel's summary of the matrix (its rows, the most any
      receiver gets, its per-expert counts: ``counts.summary_of``), and only when it names bad
      ids (tokens = -1 in a row: nothing moved) or a receiver over capacity reads the matrix to
@@ -333,13 +334,14 @@ class _CudaProtocol(Protocol):
                         counts_dev: torch.Tensor) -> int:
         """A dispatch's routing and data kernels; returns the routing's epoch, which its kernel
         writes to ``_counts_ready`` after the counts matrix. Alone expert-major, one kernel does
-        both where it applies (``Ctx::route_alone``: no routing grid before the fan-out)."""
+        both where it applies (``Ctx::route_alone``: no routing grid before the fan-out; rank-major
+        the rows move in its phases too)."""
         self.routed_in_fan_out = False
-        if self.world_size == 1 and expert_major:
+        if self.world_size == 1:
             route_epoch, epoch = self._next_epoch(), self._next_epoch()
             self.routed_in_fan_out = self.ctx.route_alone(
                 _ptr(topk_idx), topk_idx.dtype == torch.int64, _ptr(topk_weights), topk_idx.shape[0],
-                _ptr(self._route_scratch), _ptr(in_rank), _ptr(x), args, alignment, route_epoch, epoch,
+                _ptr(self._route_scratch), _ptr(in_rank), _ptr(x), args, expert_major, alignment, route_epoch, epoch,
                 self._stream().cuda_stream)
             if self.routed_in_fan_out:
                 return route_epoch

@@ -84,17 +84,19 @@ def test_routing_chunks_of_many_steps_a_warp(num_sms, steps, protocol, seed):
     assert _run(2, cfg, seed + 556 + steps, CHECK_ROUTINGS[:4]) == [8, 8]
 
 
+@pytest.mark.parametrize("layout", ["expert", "rank"])
 @pytest.mark.parametrize("num_sms", [2, 4, 132])
 @pytest.mark.parametrize("hidden", [64, 7168])
-def test_alone_expert_dispatch_routes_inside_its_fan_out_kernel(hidden, num_sms, seed):
-    """World size 1, expert-major: the fan-out's kernel routes the dispatch itself in
-    min(blocks - 1, tokens / 32) chunks, the last block's ticket doing the routing's end. Up to
-    2048 tokens: 1 chunk (2 blocks), 3 chunks of up to 683 tokens, 11 steps a warp (4 blocks),
-    or up to 64 chunks of 32 tokens (132 blocks, or as many as the GPU has). At hidden 7168 the
-    routing's tables lie over the last two rows of a block, which load once it is done. Rows,
-    the handle's cached dispatch and num_worst_tokens outputs must be the reference's."""
+def test_alone_dispatch_routes_inside_its_fan_out_kernel(hidden, num_sms, layout, seed):
+    """World size 1: the fan-out's kernel routes the dispatch itself in min(blocks - 1,
+    tokens / 32) chunks, the last block's ticket doing the routing's end. Up to 2048 tokens:
+    1 chunk (2 blocks), 3 chunks of up to 683 tokens, 11 steps a warp (4 blocks), or up to 64
+    chunks of 32 tokens (132 blocks, or as many as the GPU has). At hidden 7168 the routing's
+    tables lie over the last two rows of a block, which load once it is done. Expert-major each
+    row goes to its slots' rows, rank-major to its one row. Rows, the handle's cached dispatch
+    and num_worst_tokens outputs must be the reference's."""
     cfg = gpu_config(**{"buffer.hidden": hidden, "buffer.max_tokens_per_rank": 2048, "kernel.num_sms": num_sms,
-                        "buffer.output_layout": "expert"})
+                        "buffer.output_layout": layout})
     from symmoe import Buffer
 
     with mock.patch.dict(os.environ, ENV), Buffer(None, from_dict(cfg)) as buf:
@@ -102,7 +104,7 @@ def test_alone_expert_dispatch_routes_inside_its_fan_out_kernel(hidden, num_sms,
         idx = torch.rand(2048, 64, device="cuda").topk(8, dim=1).indices
         buf.dispatch(x, idx, torch.rand(2048, 8, device="cuda"))
         assert buf._protocol.routed_in_fan_out
-    n, layouts = 4, ("expert",)
+    n, layouts = 4, (layout,)
     assert _run(1, cfg, seed + 557 + num_sms, CHECK_ROUTINGS[:n], layouts) == [n]
     assert _on_ranks(check_cached_dispatch, 1, (cfg, seed + 558, CHECK_ROUTINGS[:n], layouts, "cuda")) == [n]
     assert _on_ranks(check_num_worst_tokens, 1, (cfg, seed + 559, CHECK_ROUTINGS[:n], layouts, "cuda")) == [n]
