@@ -9,6 +9,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "../kernels/alone.cuh"
@@ -145,17 +146,18 @@ bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, bool expert_major, int 
   return true;
 }
 
-// The binding for protocols that have no Context of this module (nvshmem alone), with the
-// mover's default geometry. ptrs: x, idx (int32 [T, K]), w, pos ([T, 1 + K]), counts
-// ([1][2 + E]), out x, idx, w, src_rank, src_token, src_slot, expert_offsets (rank-major: 0),
-// selfmap (0: none).
-inline bool launch_alone(const std::vector<int64_t>& layout, bool expert_major, int alignment, int64_t capacity,
-                         int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int mode, int blocks,
-                         uintptr_t done, uintptr_t err, uintptr_t err_host, uintptr_t stream) {
+// AloneArgs from the bindings' pointers p[0..12]: x, idx (int32 [T, K]), w, pos ([T, 1 + K]),
+// counts ([1][2 + E]), out x, idx, w, src_rank, src_token, src_slot, expert_offsets (rank-major:
+// 0), selfmap (0: none); `what` names the binding in its errors.
+inline AloneArgs alone_args(const char* what, const std::vector<int64_t>& layout, int alignment, int64_t capacity,
+                            int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, size_t nptrs,
+                            uintptr_t done, uintptr_t err, uintptr_t err_host) {
   if (layout.size() != size_t(kLayoutArgs))
-    throw std::invalid_argument("alone: layout of " + std::to_string(layout.size()) + " values, expected " +
-                                std::to_string(kLayoutArgs));
-  if (p.size() != 13) throw std::invalid_argument("alone: expected 13 pointers, got " + std::to_string(p.size()));
+    throw std::invalid_argument(std::string(what) + ": layout of " + std::to_string(layout.size()) +
+                                " values, expected " + std::to_string(kLayoutArgs));
+  if (p.size() != nptrs)
+    throw std::invalid_argument(std::string(what) + ": expected " + std::to_string(nptrs) + " pointers, got " +
+                                std::to_string(p.size()));
   AloneArgs a{};
   std::memcpy(&a.lay, layout.data(), sizeof(Layout));
   auto ptr = [&](int i) { return reinterpret_cast<void*>(static_cast<uintptr_t>(p[size_t(i)])); };
@@ -170,8 +172,73 @@ inline bool launch_alone(const std::vector<int64_t>& layout, bool expert_major, 
                 static_cast<int64_t*>(ptr(11)), static_cast<int32_t*>(ptr(12)), capacity};
   a.sy = Sync{0, epoch, timeout_ns, reinterpret_cast<ErrorWord*>(err), reinterpret_cast<ErrorWord*>(err_host),
               reinterpret_cast<unsigned int*>(done)};
+  return a;
+}
+
+// The binding for protocols that have no Context of this module (nvshmem alone), with the
+// mover's default geometry; ptrs as alone_args'.
+inline bool launch_alone(const std::vector<int64_t>& layout, bool expert_major, int alignment, int64_t capacity,
+                         int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int mode, int blocks,
+                         uintptr_t done, uintptr_t err, uintptr_t err_host, uintptr_t stream) {
+  const AloneArgs a = alone_args("alone", layout, alignment, capacity, epoch, timeout_ns, p, 13, done, err, err_host);
   return launch_alone_args(a, expert_major, mode, blocks, kMaxSlotBytes, kRowDepth, true,
                            reinterpret_cast<cudaStream_t>(stream));
+}
+
+// alone_routed's own routing scratch, zeroed once by the caller, in int32 words for `blocks`
+// blocks and C columns (1 + E alone): the chunks' counted, then placed epochs (int64), the
+// ticket (a 16-byte word), the column totals, then each chunk's counts at stride(C).
+struct RoutedScratch {
+  static int64_t stride(int64_t C) { return (C + 3) / 4 * 4; }
+  static int64_t words(int64_t blocks, int64_t C) { return 4 * blocks + 4 + (1 + blocks) * stride(C); }
+  static RouteScratch carve(int32_t* s, int64_t blocks, int64_t C) {
+    RouteScratch sc{};
+    sc.counted = reinterpret_cast<int64_t*>(s);
+    sc.placed = sc.counted + blocks;
+    sc.ticket = reinterpret_cast<unsigned int*>(s + 4 * blocks);
+    sc.totals = s + 4 * blocks + 4;
+    sc.part = sc.totals + stride(C);
+    return sc;
+  }
+};
+
+// The binding of alone_fan_routed_kernel for protocols that have no Context of this module
+// (nvshmem alone): a dispatch of `tokens` tokens routed inside its data kernel, leaving what
+// the protocol's own routing would (the int32 ids, weights and positions, is_token_in_rank,
+// the counts row, the host's copy, summary and ready epoch, the bad-id record). ptrs: alone_args'
+// 13 (counts: the device counts row this kernel writes; it is the snapshot), then topk_idx
+// (int64 when idx64), topk_weights (fp32), in_rank, scratch (RoutedScratch for `blocks`), the
+// bad-id flag (device int32, zero between dispatches) and record (host-mapped int64 [4]), and
+// the host's counts copy, ready word and summary (0, 0, 0: none, num_worst_tokens). `epoch`
+// increases from one call to the next on one scratch. False, launching nothing, where it does
+// not apply (no token, a grid of one block, no phased fan-out, or a row it would cost).
+inline bool launch_alone_routed_ptrs(const std::vector<int64_t>& layout, bool expert_major, bool idx64, int64_t tokens,
+                                     int alignment, int64_t capacity, int64_t epoch, uint64_t timeout_ns,
+                                     const std::vector<int64_t>& p, int mode, int blocks, uintptr_t done,
+                                     uintptr_t err, uintptr_t err_host, uintptr_t stream) {
+  AloneArgs a = alone_args("alone_routed", layout, alignment, capacity, epoch, timeout_ns, p, 22, done, err, err_host);
+  const int64_t chunks = std::min<int64_t>(blocks - 1, (tokens + kOwnChunkTokens - 1) / kOwnChunkTokens);
+  if (a.lay.world_size != 1 || mode == 0 || tokens < 1 || chunks < 1) return false;
+  a.routed.tokens = tokens;
+  const int64_t C = 1 + a.lay.num_experts;
+  auto go = [&](auto idx) {
+    using Idx = std::remove_const_t<std::remove_pointer_t<decltype(idx)>>;
+    OwnRouting<Idx> f{};
+    f.a = RoutingArgs<Idx>{idx, reinterpret_cast<const float*>(p[14]), int(tokens), int(a.lay.topk), 1,
+                           int(a.lay.num_experts), const_cast<int32_t*>(a.pos), reinterpret_cast<bool*>(p[15]),
+                           const_cast<int32_t*>(a.idx), const_cast<float*>(a.w),
+                           BadInput{reinterpret_cast<int32_t*>(p[17]), reinterpret_cast<int64_t*>(p[18])}};
+    f.a.chunks = int(chunks);
+    f.sc = RoutedScratch::carve(reinterpret_cast<int32_t*>(p[16]), blocks, C);
+    f.sc.counts_host = reinterpret_cast<int32_t*>(p[19]);
+    f.sc.counts_ready = reinterpret_cast<int64_t*>(p[20]);
+    f.sc.summary = CountsSummary{reinterpret_cast<int32_t*>(p[21]), 0, alignment};
+    f.stride = int(RoutedScratch::stride(C));
+    f.epoch = epoch;
+    f.counts_row = const_cast<int32_t*>(a.counts);
+    return launch_alone_routed(a, f, expert_major, mode, blocks, reinterpret_cast<cudaStream_t>(stream));
+  };
+  return idx64 ? go(reinterpret_cast<const int64_t*>(p[13])) : go(reinterpret_cast<const int32_t*>(p[13]));
 }
 
 }  // namespace symmoe

@@ -29,7 +29,9 @@ dispatch
      token's row to its output row by the CUDA protocols' bulk-copy mover; expert-major, with
      ``kernel.fan_phases`` on, their phased fan-out, whole rows from x into shared memory, then
      bulk-stored to every slot's row (stages ``bulk copy``, ``dispatch.phase``; they record in
-     the ErrorWord and its device mirror as these kernels do).
+     the ErrorWord and its device mirror as these kernels do). With ``kernel.fan_phases`` on,
+     steps 1-3 are one launch there (``alone_routed``: the routing in the data kernel's first
+     blocks, rank-major rows in phases too), which leaves every table but the send list.
   4. the host waits for the counts (the one host wait, as DeepEP's normal mode; the data
      kernel runs meanwhile), raises InputError / CapacityError on every rank together, and
      returns views of the first ``rows`` rows.
@@ -177,6 +179,8 @@ class NvshmemPush(Protocol):
         self.alone_blocks = min(k.num_sms, sms_all)
         self._alone_done = torch.zeros(1, dtype=torch.int32, device=mem.device)
         self._alone_mod: Any = None
+        self._routed_scratch: torch.Tensor | None = None  # alone_routed's, zeroed once (its chunk marks)
+        self.routed_in_fan_out = False  # the last dispatch routed inside its data kernel (alone_routed)
         self.timeout_ns = int(k.timeout_s * 1e9)
         self.err = mem.error_word()
         self.me, self.W = mem.rank, W
@@ -282,16 +286,19 @@ class NvshmemPush(Protocol):
         # num_worst_tokens: no host wait, so no host copy of the counts either.
         host = {} if worst else {"counts_host": self._counts_host.data_ptr(),
                                  "counts_ready": self._counts_ready.data_ptr(), "summary": self._summary.data_ptr()}
-        self._route(topk_idx, True, epoch, {
-            "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": plan["pub_idx"].data_ptr(),
-            "pub_w": plan["pub_w"].data_ptr(), "pos": plan["pos"].data_ptr(), "send_ent": plan["send_ent"].data_ptr(),
-            "counts_snap": plan["counts"].data_ptr(), **host,
-            "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream, alignment)
-        self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
+        self.routed_in_fan_out = self._route_alone(src, topk_idx, topk_weights, in_rank, plan, out, cap, em,
+                                                   alignment, epoch, host)
+        if not self.routed_in_fan_out:
+            self._route(topk_idx, True, epoch, {
+                "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": plan["pub_idx"].data_ptr(),
+                "pub_w": plan["pub_w"].data_ptr(), "pos": plan["pos"].data_ptr(), "send_ent": plan["send_ent"].data_ptr(),
+                "counts_snap": plan["counts"].data_ptr(), **host,
+                "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream, alignment)
+            self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
         if not worst:  # after the dispatch kernel: nothing may come between it and the plan kernel it follows
             self._counts_event.record(stream)
         if worst:  # DeepEP V1's num_worst_tokens: the device finishes what the host would read
-            recv = self._tail(out, plan["counts"], worst, em, alignment)
+            recv = self._tail(out, plan["counts"], worst, em, alignment, self.routed_in_fan_out)
             return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, plan["counts"], out, recv,
                                      self.buffer_id, alignment, plan, worst)
 
@@ -304,16 +311,17 @@ class NvshmemPush(Protocol):
                                  self._bad_info.tolist, out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=plan)
 
     def _tail(self, out: dict[str, torch.Tensor | None], counts: torch.Tensor, worst: int, em: bool,
-              alignment: int) -> RecvResult:
+              alignment: int, counts_late: bool = False) -> RecvResult:
         """The ``worst`` rows of a dispatch that does not wait on the host: kernels/tail.cuh
         after the dispatch kernel fills the rows past the received ones and counts the rows
-        per local expert; errors come back at a later call (_raise_if_failed)."""
+        per local expert; errors come back at a later call (_raise_if_failed). ``counts_late``:
+        the data kernel wrote ``counts`` itself (``alone_routed``), final only at its end."""
         per_expert = torch.empty(self.layout.local_experts, dtype=torch.int32, device=self.device)
         self.ext.tail(self.args, self.me, int(em), alignment, worst, self._dispatches,
                       [counts.data_ptr(), *(out[k].data_ptr() for k in ("x", "idx", "w", "src_rank", "src_token",
                                                                           "src_slot")),
                        per_expert.data_ptr(), self._deferred.data_ptr()],
-                      torch.cuda.current_stream(self.device).cuda_stream)
+                      counts_late, torch.cuda.current_stream(self.device).cuda_stream)
         return recv_views(out, worst, per_expert)  # the tail kernel filled what the host would
 
     def _source(self, x: torch.Tensor) -> torch.Tensor:
@@ -321,6 +329,42 @@ class NvshmemPush(Protocol):
         if self.stage_inputs and x.shape[0] and not self._in_input_region(x):
             return self.input_view(x.shape[0], x.dtype).copy_(x)
         return x
+
+    def _alone(self) -> Any:
+        """symmoe_cuda, whose alone kernels the dispatch runs at one PE (built on first use)."""
+        if self._alone_mod is None:
+            self._alone_mod = build.load("symmoe_cuda")
+        return self._alone_mod
+
+    @staticmethod
+    def _alone_ptrs(src: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], em: bool,
+                    selfmap: torch.Tensor | None) -> list[int]:
+        """The 13 pointers of symmoe_cuda's ``alone`` (and the first 13 of ``alone_routed``)."""
+        return [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(), plan["pos"].data_ptr(),
+                plan["counts"].data_ptr(), o["x"].data_ptr(), o["idx"].data_ptr(), o["w"].data_ptr(),
+                o["src_rank"].data_ptr(), o["src_token"].data_ptr(), o["src_slot"].data_ptr(),
+                o["expert_offsets"].data_ptr() if em else 0, selfmap.data_ptr() if selfmap is not None else 0]
+
+    def _route_alone(self, src: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                     in_rank: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], cap: int, em: bool,
+                     alignment: int, epoch: int, host: dict[str, int]) -> bool:
+        """One PE with kernel.fan_phases on: symmoe_cuda's ``alone_routed``, the routing inside the
+        data kernel (alone_fan_routed_kernel, no plan kernel before it), leaving the plan's tables
+        but ``send_ent``, which no one-PE kernel reads (the cached dispatch runs the same alone
+        kernels). False where it does not apply: the plan kernel and ``_send`` run instead."""
+        if self.W != 1 or not self.fan_phases:
+            return False
+        mod = self._alone()
+        if self._routed_scratch is None:
+            words = mod.routed_scratch_words(self.alone_blocks, self.layout.num_experts)
+            self._routed_scratch = torch.zeros(words, dtype=torch.int32, device=self.device)
+        return mod.alone_routed(
+            self.args, em, topk_idx.dtype == torch.int64, topk_idx.shape[0], alignment, cap, epoch, self.timeout_ns,
+            [*self._alone_ptrs(src, plan, o, em, plan["selfmap"]), topk_idx.data_ptr(), topk_weights.data_ptr(),
+             in_rank.data_ptr(), self._routed_scratch.data_ptr(), self._bad_flag.data_ptr(), self._bad_info.data_ptr(),
+             host.get("counts_host", 0), host.get("counts_ready", 0), host.get("summary", 0)],
+            self.fan_phases, self.alone_blocks, self._alone_done.data_ptr(), self.ext.error_mirror(),
+            self.err.data_ptr(), torch.cuda.current_stream(self.device).cuda_stream)
 
     def _send(self, src: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], cap: int, em: bool,
               alignment: int, epoch: int, selfmap: torch.Tensor | None) -> None:
@@ -330,17 +374,9 @@ class NvshmemPush(Protocol):
         where a row fits in shared memory)."""
         stream = torch.cuda.current_stream(self.device).cuda_stream
         if self.W == 1 and (not em or self.fan_phases):
-            if self._alone_mod is None:
-                self._alone_mod = build.load("symmoe_cuda")
-            if self._alone_mod.alone(self.args, em, alignment, cap, epoch, self.timeout_ns,
-                                     [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(),
-                                      plan["pos"].data_ptr(), plan["counts"].data_ptr(), o["x"].data_ptr(),
-                                      o["idx"].data_ptr(), o["w"].data_ptr(), o["src_rank"].data_ptr(),
-                                      o["src_token"].data_ptr(), o["src_slot"].data_ptr(),
-                                      o["expert_offsets"].data_ptr() if em else 0,
-                                      selfmap.data_ptr() if selfmap is not None else 0],
-                                     self.fan_phases, self.alone_blocks, self._alone_done.data_ptr(),
-                                     self.ext.error_mirror(), self.err.data_ptr(), stream):
+            if self._alone().alone(self.args, em, alignment, cap, epoch, self.timeout_ns,
+                                   self._alone_ptrs(src, plan, o, em, selfmap), self.fan_phases, self.alone_blocks,
+                                   self._alone_done.data_ptr(), self.ext.error_mirror(), self.err.data_ptr(), stream):
                 return
         self.ext.dispatch(self.mem.local.data_ptr(), self.args, self.me, self.channels, self.ring_rows, int(em),
                           self.direct, alignment, cap, epoch, self.timeout_ns,

@@ -13,7 +13,7 @@ import torch
 from symmoe.config import Config, from_dict
 from symmoe.launch import spawn
 from symmoe.testing import (CHECK_ROUTINGS, check_cached_dispatch, check_counts_summary, check_dispatch_combine,
-                            check_num_worst_tokens)
+                            check_num_worst_tokens, routed_in_data_kernel)
 
 pytestmark = pytest.mark.gpu
 
@@ -97,14 +97,8 @@ def test_alone_dispatch_routes_inside_its_fan_out_kernel(hidden, num_sms, layout
     and num_worst_tokens outputs must be the reference's."""
     cfg = gpu_config(**{"buffer.hidden": hidden, "buffer.max_tokens_per_rank": 2048, "kernel.num_sms": num_sms,
                         "buffer.output_layout": layout})
-    from symmoe import Buffer
-
-    with mock.patch.dict(os.environ, ENV), Buffer(None, from_dict(cfg)) as buf:
-        x = torch.randn(2048, hidden, device="cuda").to(torch.bfloat16)
-        idx = torch.rand(2048, 64, device="cuda").topk(8, dim=1).indices
-        buf.dispatch(x, idx, torch.rand(2048, 8, device="cuda"))
-        assert buf._protocol.routed_in_fan_out
     n, layouts = 4, (layout,)
+    assert _on_ranks(routed_in_data_kernel, 1, (cfg, seed + 556, layouts)) == [[True]]
     assert _run(1, cfg, seed + 557 + num_sms, CHECK_ROUTINGS[:n], layouts) == [n]
     assert _on_ranks(check_cached_dispatch, 1, (cfg, seed + 558, CHECK_ROUTINGS[:n], layouts, "cuda")) == [n]
     assert _on_ranks(check_num_worst_tokens, 1, (cfg, seed + 559, CHECK_ROUTINGS[:n], layouts, "cuda")) == [n]
