@@ -11,7 +11,7 @@ cd $R/trees/$RO && export SYMMOE_COMMIT=$RO
 OUT=/tmp/o/t LOG=/tmp/l/t TEST_LIMIT_S=100 FAULT_S=90 PYTEST_ARGS="-rA -k 'routes_inside or alone_bad or (num_worst and 1-) or (cached and 1-)'" scripts/gpu_check.sh build test 2>&1 | tail -1
 s "torch rows-own-chunk" t; echo "t=$SECONDS"
 bt $RO own1
-[ $SECONDS -lt 280 ] && bt $M main1
-[ $SECONDS -lt 330 ] && bt $C64 c64
-[ $SECONDS -lt 385 ] && bt $RO own2
+[ $SECONDS -lt 250 ] && bt $M main1
+[ $SECONDS -lt 300 ] && bt $C64 c64
+[ $SECONDS -lt 335 ] && bt $RO own2
 tar czf $O/logs.tar.gz -C /tmp/l t 2>/dev/null
