@@ -99,8 +99,9 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
 constexpr int64_t kOwnChunkTokens = 32;
 
 // The launch of alone_fan_routed_kernel (world size 1, a dispatch that routes itself; both
-// layouts, rank-major one row a token): `a` as for launch_alone_args (a.routed.tokens the tokens), f.a / f.sc / f.stride /
-// f.epoch / f.counts_row set, f.a.chunks in [1, blocks). The rows get the geometry
+// layouts, rank-major one row a token): `a` as for launch_alone_args (a.routed.tokens the
+// tokens), f.a / f.sc / f.stride / f.epoch / f.counts_row set, f.a.chunks in [1, blocks). The
+// rows get the geometry
 // alone_fan_kernel<false> would (`plain_limit` its shared memory) but past all of FanPlan; the
 // routing's tables go past the rows where they fit, else over the last rows, whose round 0
 // loads wait for the routing. False, launching nothing, where that costs a row or the tables

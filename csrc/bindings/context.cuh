@@ -214,7 +214,7 @@ struct Ctx {
     const int64_t B = route_max_blocks();
     return 4 * (L.world_size == 1 ? own_part_words() + B * own_stride() : own_part_words());
   }
-  int own_stride() const { return int((route_columns() + 3) / 4 * 4); }
+  int own_stride() const { return int(RoutedScratch::stride(route_columns())); }
   // int32 words before those chunk counts (RouteScratch's part): a multiple of 4.
   int64_t own_part_words() const {
     const int64_t C = route_columns(), B = route_max_blocks();

@@ -1,13 +1,15 @@
 // A dispatch alone (one rank), from plain routing tables: no peer, no pool, so every row goes
 // from x straight to its output rows. The NVSHMEM protocol launches these alone in place of
-// its dispatch_kernel, with its plan kernel's tables. They need no transport, so they are
-// built into symmoe_cuda, compiled whole as the CUDA protocols' data kernels are: built into
-// the NVSHMEM module (relocatable device code), the fan-out ran 205 µs against 142 here
-// (sessions 28-29), and that module's dispatch_kernel spills registers.
+// its dispatch_kernel (alone_fan_routed_kernel also of its plan kernel). They need no
+// transport, so they are built into symmoe_cuda, compiled whole as the CUDA protocols' data
+// kernels are: built into the NVSHMEM module (relocatable device code), the fan-out ran 205 µs
+// against 142 here (sessions 28-29), and that module's dispatch_kernel spills registers.
 //   alone_fan_kernel   expert-major: the phased fan-out (common/phases.cuh, kernel.fan_phases),
 //                      whole rows loaded into shared memory, then bulk-stored to every slot's row;
 //   alone_rows_kernel  rank-major: each routed token's row to its output row by the bulk-copy
-//                      mover (common/mover.cuh), as push's own rows move.
+//                      mover (common/mover.cuh), as push's own rows move;
+//   alone_fan_routed_kernel  a dispatch that routes: the routing in the first blocks to take a
+//                      ticket, then either fan-out in phases (rank-major one row a token).
 #pragma once
 #include <cstdint>
 
