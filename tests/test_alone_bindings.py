@@ -1,0 +1,60 @@
+"""symmoe_cuda's bindings for a protocol without a Context of that module (nvshmem at one PE):
+``alone`` and ``alone_routed`` check their arguments before anything reaches CUDA, name the
+binding in their errors, and say where they do not apply by launching nothing (False), so the
+protocol runs its own kernels. No call here reaches the GPU."""
+import pytest
+
+from symmoe import build
+from symmoe.layout import BufferLayout
+
+pytestmark = pytest.mark.build
+
+NONE = (0, 0, 0, 0)  # done, err, err_host, stream: never used on these paths
+
+
+@pytest.fixture(scope="module")
+def mod():
+    if build.nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    return build.load("symmoe_cuda")
+
+
+def _layout(world_size: int = 1) -> list[int]:
+    return BufferLayout(world_size, 64, 256, 8, 32, 2).kernel_args()
+
+
+def _routed(mod, layout=None, ptrs=22, tokens=64, mode=1, blocks=8):
+    # layout, expert_major, idx64, tokens, alignment, capacity, epoch, timeout_ns, ptrs, mode, blocks, ...
+    return mod.alone_routed(_layout() if layout is None else layout, True, True, tokens, 1, 512, 1, 10**9,
+                            [0] * ptrs, mode, blocks, *NONE)
+
+
+def test_a_wrong_pointer_count_or_layout_is_refused_naming_the_binding(mod):
+    with pytest.raises(ValueError, match="alone_routed: expected 22 pointers, got 13"):
+        _routed(mod, ptrs=13)
+    with pytest.raises(ValueError, match=r"alone_routed: layout of 3 values, expected \d+"):
+        _routed(mod, layout=[1, 2, 3])
+    with pytest.raises(ValueError, match="alone: expected 13 pointers, got 22"):
+        mod.alone(_layout(), True, 1, 512, 1, 10**9, [0] * 22, 1, 8, *NONE)
+
+
+@pytest.mark.parametrize("case", ["peers", "fan_phases off", "no token", "one block"])
+def test_alone_routed_launches_nothing_where_it_does_not_apply(mod, case):
+    """Peers, no phased fan-out, no token, or a grid of one block (no block left to route
+    while another moves rows): False, and the caller routes with its own kernels."""
+    kw = {"peers": {"layout": _layout(2)}, "fan_phases off": {"mode": 0}, "no token": {"tokens": 0},
+          "one block": {"blocks": 1}}[case]
+    assert _routed(mod, **kw) is False
+
+
+def test_the_routed_scratch_holds_every_chunk_in_whole_16_byte_words(mod):
+    """Its words: two int64 marks a block, a 16-byte ticket, then the totals and a row a block
+    of 1 + E counts each, rounded up to 4 words; a multiple of 4 words (16 bytes) throughout."""
+    for blocks, experts in ((2, 3), (8, 32), (132, 256)):
+        words = mod.routed_scratch_words(blocks, experts)
+        stride = (1 + experts + 3) // 4 * 4
+        assert words % 4 == 0
+        assert words >= 4 * blocks + 4 + (1 + blocks) * (1 + experts)
+        assert words == 4 * blocks + 4 + (1 + blocks) * stride
+    assert mod.routed_scratch_words(9, 32) > mod.routed_scratch_words(8, 32)
+    assert mod.routed_scratch_words(8, 36) > mod.routed_scratch_words(8, 32)  # 37 counts take 40 words, 33 take 36
