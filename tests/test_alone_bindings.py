@@ -29,13 +29,15 @@ def _routed(mod, layout=None, ptrs=22, tokens=64, mode=1, blocks=8):
                             [0] * ptrs, mode, blocks, *NONE)
 
 
-def test_a_wrong_pointer_count_or_layout_is_refused_naming_the_binding(mod):
+def test_a_wrong_pointer_count_layout_or_mode_is_refused_naming_it(mod):
     with pytest.raises(ValueError, match="alone_routed: expected 22 pointers, got 13"):
         _routed(mod, ptrs=13)
     with pytest.raises(ValueError, match=r"alone_routed: layout of 3 values, expected \d+"):
         _routed(mod, layout=[1, 2, 3])
     with pytest.raises(ValueError, match="alone: expected 13 pointers, got 22"):
         mod.alone(_layout(), True, 1, 512, 1, 10**9, [0] * 22, 1, 8, *NONE)
+    with pytest.raises(ValueError, match="alone_fan_routed_kernel: fan_phases mode 3, must be 1 or 2"):
+        _routed(mod, mode=3)
 
 
 @pytest.mark.parametrize("case", ["peers", "fan_phases off", "no token", "one block"])

@@ -109,7 +109,7 @@ constexpr int64_t kOwnChunkTokens = 32;
 template <typename Idx>
 bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, bool expert_major, int mode, int blocks, cudaStream_t s) {
   if (mode != 1 && mode != 2)
-    throw std::invalid_argument("alone: fan_phases mode " + std::to_string(mode) + ", must be 1 or 2");
+    throw std::invalid_argument("alone_fan_routed_kernel: fan_phases mode " + std::to_string(mode) + ", must be 1 or 2");
   if (a.lay.world_size != 1 || f.a.chunks < 1 || f.a.chunks >= blocks || f.stride % 4) return false;
   static const int plain_limit = alone_smem_limit(alone_fan_kernel<false>, "alone_fan_kernel");
   // Both instances get the opt-in (the same static part).
