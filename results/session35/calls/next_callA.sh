@@ -4,7 +4,7 @@
 # own chunk's mark), routed-timeline (the routed kernel's stamped build, timeline_probe.py --routed). The first
 # two ran on torch in session 35 D (20 tests passed; rank worst dispatch 46.4 -> 44.8-45.2 µs) but never on
 # nvshmem, which runs the same kernel through alone_routed; the third never ran. Trees:
-#   git checkout -b next/s35 main && git am results/session35/patches/{chunk64,rows-own-chunk,routed-timeline}.patch
+#   git checkout -b next/s35 main && git am results/session35/patches/{chunk64,rows-own-chunk,routed-timeline,rank-row-meta}.patch
 #   scripts/baseline_tree.sh next/s35; scripts/baseline_tree.sh main
 # run with PATCHED=<its tree name> MAIN=<main's tree name>: nvshmem one-PE tests, then benches P / M / P / M.
 # next_callB.sh: the torch tests of the stamped build, and the routed kernel's timeline.
