@@ -211,7 +211,7 @@ struct OwnRouting {
 // routing grid comes first; expert-major (kExpert) each row to its slots' rows, rank-major to its
 // one row (alone_rows_fan). Each block issues round 0's row loads (those over the routing
 // tables after the routing), takes a ticket: tickets < f.a.chunks route that chunk
-// (route_chunk_marked; 32 tokens a chunk, so its walk and the sums are short), the last ticket
+// (route_chunk_marked; kOwnChunkTokens a chunk, so its walk and the sums are short), the last ticket
 // (never a routing one) does the routing's end: the bad-id flag, the counts row and the hand-over
 // to the host (hand_counts). Then every block waits for the chunks' placed marks, as
 // alone_fan_kernel<true> does behind route_kernel, and fans out. Launched after the stream's

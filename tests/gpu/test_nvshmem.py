@@ -156,7 +156,7 @@ def test_one_pe_fan_out_in_phases_matches_the_reference(hidden, phases, seed):
 
 def test_one_pe_dispatch_routes_inside_its_data_kernel(seed):
     """Alone with kernel.fan_phases on, no plan kernel runs: symmoe_cuda's alone_routed routes
-    the dispatch in its data kernel's first blocks (1024 tokens in 31 chunks of up to 34 on 32
+    the dispatch in its data kernel's first blocks (1024 tokens in 16 chunks of 64 on 32
     blocks; at hidden 7168 the routing's tables lie over rows that load after it), rank-major
     rows in phases too. Both layouts take that path, and their rows, combine, a cached dispatch
     and num_worst_tokens outputs (the tail reads counts that kernel wrote) are the reference's.

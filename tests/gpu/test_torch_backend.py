@@ -89,9 +89,9 @@ def test_routing_chunks_of_many_steps_a_warp(num_sms, steps, protocol, seed):
 @pytest.mark.parametrize("hidden", [64, 7168])
 def test_alone_dispatch_routes_inside_its_fan_out_kernel(hidden, num_sms, layout, seed):
     """World size 1: the fan-out's kernel routes the dispatch itself in min(blocks - 1,
-    tokens / 32) chunks, the last block's ticket doing the routing's end. Up to 2048 tokens:
-    1 chunk (2 blocks), 3 chunks of up to 683 tokens, 11 steps a warp (4 blocks), or up to 64
-    chunks of 32 tokens (132 blocks, or as many as the GPU has). At hidden 7168 the routing's
+    tokens / 64) chunks, the last block's ticket doing the routing's end. Up to 2048 tokens:
+    1 chunk (2 blocks), 3 chunks of up to 683 tokens, 11 steps a warp (4 blocks), or up to 32
+    chunks of 64 tokens (132 blocks, or as many as the GPU has). At hidden 7168 the routing's
     tables lie over the last two rows of a block, which load once it is done. Expert-major each
     row goes to its slots' rows, rank-major to its one row. Rows, the handle's cached dispatch
     and num_worst_tokens outputs must be the reference's."""
