@@ -126,30 +126,39 @@ __device__ __forceinline__ void alone_fan(const AloneArgs& a, uint8_t* smem, int
                        warp, lane);
 }
 
-// Rank-major in phases, behind the routing chunks' placed marks (a.routed; round 0's rows
-// already loading, fan_begin): token t's row to its one output row pos[t][0] when one of its
-// slots names an expert, with the slots' ids and weights (-1 / 0 for masked slots), source rank
-// 0, token t and slot 0, as alone_rows writes it. The rows are not known yet (the routing's end
-// may still run): the kernel keeps inside the outputs' capacity, and the host raises and drops
-// these outputs on bad ids or over capacity.
+// Rank-major in phases, on the routing (a.routed; round 0's rows already loading, fan_begin):
+// token t's row to its one output row pos[t][0] when one of its slots names an expert, with the
+// slots' ids and weights (-1 / 0 for masked slots), source rank 0, token t and slot 0, as
+// alone_rows writes it. pos[t][0] is final once t's own chunk is placed, so each warp waits for
+// that one mark, not for every chunk (its reads bypass L1: lines of other chunks may lie there).
+// The rows are not known yet (the routing's end may still run): the kernel keeps inside the
+// outputs' capacity, and the host raises and drops these outputs on bad ids or over capacity.
 template <class Leave>
 __device__ __forceinline__ void alone_rows_fan(const AloneArgs& a, uint8_t* smem, int warp, int lane, Leave leave) {
   const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots), PC = 1 + K;
-  const int64_t rb = a.lay.row_bytes(), rows = a.o.capacity;
+  const int64_t rb = a.lay.row_bytes(), rows = a.o.capacity, T = a.routed.tokens;
+  const int64_t per = (T + a.routed.chunks - 1) / a.routed.chunks;  // RoutingArgs::chunk_begin's split
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(a.sy.err);
   __syncthreads();
   if (dead) return leave();  // an earlier wait failed: the host raises
-  if (!routing_placed(a.routed, a.sy, warp, lane)) return leave();  // recorded: the host raises
-  fan_in_phases<false, true>(a.x, a.routed.tokens, rb, a.mc, smem, a.sy,
+  fan_in_phases<false, true>(a.x, T, rb, a.mc, smem, a.sy,
                              [&](int64_t t) {
+                               int placed = 1;
+                               if (lane == 0)
+                                 placed = !error_set(a.sy.err) &&
+                                          wait_at_least_gpu(a.routed.placed + t / per, a.routed.epoch,
+                                                            a.sy.timeout_ns, a.sy.err, a.sy.err_host,
+                                                            kStageRouteChunk, int(t / per), a.routed.epoch);
+                               __syncwarp();  // orders lane 0's acquire before the other lanes' reads
+                               if (!__shfl_sync(0xffffffffu, placed, 0)) return RowDsts{nullptr, 0};  // recorded
                                int e = -1;
                                float w = 0.f;
                                if (lane < K) {
-                                 e = a.idx[t * K + lane];
-                                 w = a.w[t * K + lane];
+                                 e = __ldcg(a.idx + t * K + lane);
+                                 w = __ldcg(a.w + t * K + lane);
                                }
-                               int64_t o = __any_sync(0xffffffffu, lane < K && e >= 0) ? int64_t(a.pos[t * PC]) : -1;
+                               int64_t o = __any_sync(0xffffffffu, lane < K && e >= 0) ? int64_t(__ldcg(a.pos + t * PC)) : -1;
                                if (o >= rows) o = -1;  // only with corrupt inputs; never write out of bounds
                                if (o >= 0) {
                                  if (lane < K) {
