@@ -23,6 +23,18 @@ PHASES = (("error check", "enter", "checked"), ("tables", "checked", "tables"), 
           ("first push", "planned", "first_push"),
           ("loop", "first_push", "loop_end"), ("drain", "loop_end", "flushed"), ("warp", "enter", "flushed"))
 
+# The W=1 routed kernel's stamped build (alone_fan_routed_kernel, ``set_stamps(..., routed=True)``)
+# writes the same marks with these meanings: enter, its ticket taken (checked), its routing chunk
+# done (tables; at once in a block that routes none), the routing's end done (built; only the last
+# ticket's block has one), the placed marks and the plan (planned; rank-major there is no plan,
+# and each warp waits for its own chunk's mark after it, in "round 0 landed"), round 0's rows
+# landed (routed) and stored (first_push), every round done (loop_end = flushed).
+ROUTED_PHASES = (("ticket", "enter", "checked"), ("route chunk", "checked", "tables"),
+                 ("routing end", "tables", "built"), ("marks + plan", "built", "planned"),
+                 ("round 0 landed", "planned", "routed"), ("round 0 stores", "routed", "first_push"),
+                 ("later rounds", "first_push", "loop_end"), ("to first store", "enter", "routed"),
+                 ("warp", "enter", "flushed"))
+
 
 def words(warp_slots: int, marks: Sequence[str] = MARKS) -> int:
     """int64 words of one block's timeline: [warp_slots][len(marks)][ns, clock]."""
@@ -34,11 +46,13 @@ def _pct(xs: Sequence[float]) -> dict[str, float]:
     return {"min": s[0], "median": statistics.median(s), "max": s[-1]}
 
 
-def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS) -> dict:
+def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS,
+           spans: Sequence[tuple[str, str, str]] = PHASES) -> dict:
     """stamps: the kernel's int64 words, [blocks][warp_slots][len(marks)][2] flattened; a warp
-    that never ran (all zero) is left out. Returns µs: per phase the min / median / max over
-    warps; ``start`` and ``end`` (each warp's enter and flushed against the first warp's enter,
-    globaltimer); ``span`` (first enter to last flushed); ``clock_ghz``; ``warps``."""
+    that never ran (all zero) is left out. Returns µs: per phase of ``spans`` the min / median /
+    max over warps; ``start`` and ``end`` (each warp's enter and flushed against the first warp's
+    enter, globaltimer); ``at`` (each mark against the first warp's enter: where the warps are
+    on the grid's clock); ``span`` (first enter to last flushed); ``clock_ghz``; ``warps``."""
     m = len(marks)
     if stamps.numel() % words(warp_slots, marks):
         raise ValueError(f"stamps: {stamps.numel()} words is not a whole number of blocks of "
@@ -54,22 +68,28 @@ def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS) 
     cyc = clk[:, flushed] - clk[:, enter]
     ghz = statistics.median((cyc[wall > 0] / wall[wall > 0]).tolist()) if bool((wall > 0).any()) else float("nan")
     out: dict = {"warps": int(t.shape[0]), "clock_ghz": ghz}
-    for name, a, b in PHASES:
+    out["phases"] = [name for name, a, b in spans if a in ix and b in ix]
+    for name, a, b in spans:
         if a not in ix or b not in ix:
             continue
         d = (clk[:, ix[b]] - clk[:, ix[a]]) / ghz / 1e3
         out[name] = _pct(d.tolist())
     t0 = float(ns[:, enter].min())
+    out["at"] = {k: _pct(((ns[:, i] - t0) / 1e3).tolist()) for k, i in ix.items()}
     out["start"] = _pct(((ns[:, enter] - t0) / 1e3).tolist())
     out["end"] = _pct(((ns[:, flushed] - t0) / 1e3).tolist())
     out["span"] = float(ns[:, flushed].max() - t0) / 1e3
     return out
 
 
-def table(name: str, p: dict) -> list[str]:
-    """A few lines for one kernel's phases (µs: min / median / max over warps)."""
+def table(name: str, p: dict, at: bool = False) -> list[str]:
+    """A few lines for one kernel's phases (µs: min / median / max over warps); ``at``: then
+    each mark on the grid's clock."""
     lines = [f"{name}: {p['warps']} warps, span {p['span']:.1f} us, clock {p['clock_ghz']:.2f} GHz"]
-    for k in ("start", *[ph[0] for ph in PHASES if ph[0] in p], "end"):
+    for k in ("start", *p["phases"], "end"):
         v = p[k]
-        lines.append(f"  {k:<13} {v['min']:7.2f} {v['median']:7.2f} {v['max']:7.2f}")
+        lines.append(f"  {k:<15} {v['min']:7.2f} {v['median']:7.2f} {v['max']:7.2f}")
+    if at:
+        lines.append("  at (µs after the first warp's enter):")
+        lines += [f"    {k:<13} {v['min']:7.2f} {v['median']:7.2f} {v['max']:7.2f}" for k, v in p["at"].items()]
     return lines

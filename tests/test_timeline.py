@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from symmoe.timeline import MARKS, phases, table
+from symmoe.timeline import MARKS, ROUTED_PHASES, phases, table
 
 SLOTS = 4  # warp slots per block in these synthetic timelines
 
@@ -68,6 +68,22 @@ def test_table_names_every_phase():
     for name in ("start", "error check", "tables", "checks", "plan", "mover set-up", "prologue", "first route",
                  "first load", "first push", "loop", "drain", "warp", "end", "span"):
         assert name in text
+
+
+def test_the_routed_kernel_s_phases_and_each_mark_on_the_grid_s_clock():
+    # enter, ticket, routing chunk, routing end, marks + plan, round 0 landed, stored, rounds, end
+    a = marks_at(2_000_000, [0, 1_000, 4_000, 4_000, 9_000, 10_000, 40_000, 130_000, 130_000])
+    b = marks_at(2_000_500, [0, 1_500, 1_500, 7_500, 9_500, 10_500, 41_000, 131_000, 131_000])
+    p = phases(timeline({(0, 0): a, (1, 3): b}), SLOTS, spans=ROUTED_PHASES)
+    assert p["phases"] == [name for name, _, _ in ROUTED_PHASES]
+    assert p["route chunk"] == pytest.approx({"min": 0.0, "median": 1.5, "max": 3.0})
+    assert p["routing end"]["max"] == pytest.approx(6.0)
+    assert p["to first store"] == pytest.approx({"min": 10.0, "median": 10.25, "max": 10.5})
+    assert p["at"]["planned"] == pytest.approx({"min": 9.0, "median": 9.5, "max": 10.0})
+    assert p["at"]["built"]["max"] == pytest.approx(8.0)
+    assert "error check" not in p
+    text = "\n".join(table("torch/push expert dispatch with routing", p, at=True))
+    assert "marks + plan" in text and "at (µs after the first warp's enter)" in text and "planned" in text
 
 
 def test_probe_inputs_are_the_bench_s_world_size_one_inputs_and_a_copy_of_their_bytes():

@@ -108,15 +108,19 @@ constexpr int64_t kOwnChunkTokens = 64;
 // loads wait for the routing. False, launching nothing, where that costs a row or the tables
 // do not fit: the caller routes and moves with two kernels.
 template <typename Idx>
-bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, bool expert_major, int mode, int blocks, cudaStream_t s) {
+bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, bool expert_major, int mode, int blocks, cudaStream_t s,
+                         uint64_t* stamps = nullptr) {
   if (mode != 1 && mode != 2)
     throw std::invalid_argument("alone_fan_routed_kernel: fan_phases mode " + std::to_string(mode) + ", must be 1 or 2");
   if (a.lay.world_size != 1 || f.a.chunks < 1 || f.a.chunks >= blocks || f.stride % 4) return false;
   static const int plain_limit = alone_smem_limit(alone_fan_kernel<false>, "alone_fan_kernel");
-  // Both instances get the opt-in (the same static part).
-  static const int limit = std::min(alone_smem_limit(alone_fan_routed_kernel<true, Idx>, "alone_fan_routed_kernel"),
-                                    alone_smem_limit(alone_fan_routed_kernel<false, Idx>, "alone_fan_routed_kernel"));
-  auto kernel = expert_major ? alone_fan_routed_kernel<true, Idx> : alone_fan_routed_kernel<false, Idx>;
+  // Every instance gets the opt-in (the same static part); `stamps`: the timeline's build.
+  static const int limit = std::min({alone_smem_limit(alone_fan_routed_kernel<true, Idx>, "alone_fan_routed_kernel"),
+                                     alone_smem_limit(alone_fan_routed_kernel<false, Idx>, "alone_fan_routed_kernel"),
+                                     alone_smem_limit(alone_fan_routed_kernel<true, Idx, true>, "alone_fan_routed_kernel"),
+                                     alone_smem_limit(alone_fan_routed_kernel<false, Idx, true>, "alone_fan_routed_kernel")});
+  auto kernel = stamps ? (expert_major ? alone_fan_routed_kernel<true, Idx, true> : alone_fan_routed_kernel<false, Idx, true>)
+                       : (expert_major ? alone_fan_routed_kernel<true, Idx> : alone_fan_routed_kernel<false, Idx>);
   const int64_t rb = a.lay.row_bytes(), E = a.lay.num_experts, C = int64_t(f.a.W) + f.a.E;  // RoutingArgs::columns() is device-only
   MoveCfg plain{}, m{};
   if (!fan_geometry(plain, E, rb, plain_limit, mode == 2, false) || !fan_geometry(m, E, rb, limit, mode == 2, true) ||
@@ -140,6 +144,7 @@ bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, bool expert_major, int 
     if (!refusal.empty()) throw std::invalid_argument(refusal);
   }
   a.mc = m;
+  a.mc.stamps = stamps;
   a.routed = AloneArgs::Routed{f.sc.placed, f.a.chunks, f.epoch, a.routed.tokens, f.sc.totals};
   // Not a following launch: x and the routing's inputs are read at once.
   kernel<<<blocks, m.warps * 32, size_t(smem), s>>>(a, f);

@@ -63,7 +63,8 @@ struct Ctx {
   int64_t* counts_ready = nullptr;
   CountsSummary summary;  // what the host reads after its wait (summary.host nullptr: none)
   BadInput bad{nullptr, nullptr};  // in-kernel expert-id checks of dispatch (set_input_check)
-  uint64_t* stamps = nullptr;      // the dispatch data kernels' timeline (set_stamps; stamps.cuh)
+  uint64_t* stamps = nullptr;         // the dispatch data kernels' timeline (set_stamps; stamps.cuh)
+  uint64_t* routed_stamps = nullptr;  // ... or the W=1 routed kernel's (set_stamps routed)
   // The last dispatch routing (route_kernel) queued: its chunks' placed marks, their number, its
   // epoch and tokens, for a data kernel alone that starts on the marks (Ctx::alone).
   struct Routed {
@@ -298,7 +299,7 @@ struct Ctx {
     a.o = outputs(out);
     a.sy = sync(epoch, 2);
     a.routed.tokens = T;
-    const bool launched = launch_alone_routed(a, f, expert_major, fan_phases, grid, st);
+    const bool launched = launch_alone_routed(a, f, expert_major, fan_phases, grid, st, routed_stamps);
     data_early = launched;  // the counts are final only at the grid's end
     return launched;
   }
@@ -332,13 +333,16 @@ struct Ctx {
 
   // Device memory of `words` int64 words, symmoe.timeline.words(STAMP_WARPS) per block of
   // `grid`: the next pull/push launches are the kernels built with stamps and leave their
-  // timeline there (scripts/timeline_probe.py); 0: the normal kernels again.
-  void set_stamps(uintptr_t s, int64_t words) {
+  // timeline there (scripts/timeline_probe.py); 0: the normal kernels again. `routed`: instead
+  // the next W=1 dispatches that route run alone_fan_routed_kernel's stamped build (its marks:
+  // symmoe.timeline.ROUTED_MARKS); the others run as with no timeline.
+  void set_stamps(uintptr_t s, int64_t words, bool routed) {
     const int64_t need = int64_t(grid) * kStampWarps * kStampMarks * 2;
     if (s != 0 && words < need)
       throw std::invalid_argument("set_stamps: words=" + std::to_string(words) + ", the timeline of " +
                                   std::to_string(grid) + " blocks needs " + std::to_string(need));
-    stamps = P<uint64_t>(s);
+    (routed ? routed_stamps : stamps) = P<uint64_t>(s);
+    (routed ? stamps : routed_stamps) = nullptr;
   }
 
   // flag: device int32 (zero); info: device-side address of host-mapped int64[4].
@@ -557,7 +561,7 @@ void bind_context(py::module_& m, Init init) {
       .def("set_copy_depth", &C::set_copy_depth, py::arg("depth"))
       .def("set_fan_phases", &C::set_fan_phases, py::arg("mode"))
       .def("set_input_check", &C::set_input_check, py::arg("flag"), py::arg("info"))
-      .def("set_stamps", &C::set_stamps, py::arg("stamps"), py::arg("words") = 0)
+      .def("set_stamps", &C::set_stamps, py::arg("stamps"), py::arg("words") = 0, py::arg("routed") = false)
       .def("set_routing_outputs", &C::set_routing_outputs, py::arg("host"), py::arg("snap"), py::arg("copy"),
            py::arg("ready"), py::arg("summary") = 0, py::arg("alignment") = 1)
       .def("layout", &C::layout, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"), py::arg("scratch"),

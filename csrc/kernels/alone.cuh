@@ -71,7 +71,7 @@ struct FanPlan {
 // `leave` runs on every early exit.
 // Bad ids are then not known yet: the kernel keeps inside the outputs and the ids' range, and the
 // host raises and drops these outputs as it does when nothing moved.
-template <bool kEarly, class Leave>
+template <bool kEarly, class Leave, bool kStamps = false>
 __device__ __forceinline__ void alone_fan(const AloneArgs& a, uint8_t* smem, int warp, int lane, Leave leave) {
   const int E = static_cast<int>(a.lay.num_experts), K = static_cast<int>(a.lay.topk);
   const int S = static_cast<int>(a.lay.combine_slots);
@@ -97,8 +97,9 @@ __device__ __forceinline__ void alone_fan(const AloneArgs& a, uint8_t* smem, int
   if (threadIdx.x == 0) pl.goff[E] = rows;
   __syncthreads();
   fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, E, a.o, rb);
+  stamp<kStamps>(a.mc.stamps, kStampPlanned);
   const int64_t PC = 1 + K;
-  fan_in_phases<false, kEarly>(a.x, T, rb, a.mc, smem, a.sy,
+  fan_in_phases<kStamps, kEarly>(a.x, T, rb, a.mc, smem, a.sy,
                        [&](int64_t t) {
                          int e = -1;
                          float w = 0.f;
@@ -133,7 +134,7 @@ __device__ __forceinline__ void alone_fan(const AloneArgs& a, uint8_t* smem, int
 // that one mark, not for every chunk (its reads bypass L1: lines of other chunks may lie there).
 // The rows are not known yet (the routing's end may still run): the kernel keeps inside the
 // outputs' capacity, and the host raises and drops these outputs on bad ids or over capacity.
-template <class Leave>
+template <class Leave, bool kStamps = false>
 __device__ __forceinline__ void alone_rows_fan(const AloneArgs& a, uint8_t* smem, int warp, int lane, Leave leave) {
   const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots), PC = 1 + K;
   const int64_t rb = a.lay.row_bytes(), rows = a.o.capacity, T = a.routed.tokens;
@@ -142,7 +143,8 @@ __device__ __forceinline__ void alone_rows_fan(const AloneArgs& a, uint8_t* smem
   if (threadIdx.x == 0) dead = error_set(a.sy.err);
   __syncthreads();
   if (dead) return leave();  // an earlier wait failed: the host raises
-  fan_in_phases<false, true>(a.x, T, rb, a.mc, smem, a.sy,
+  stamp<kStamps>(a.mc.stamps, kStampPlanned);
+  fan_in_phases<kStamps, true>(a.x, T, rb, a.mc, smem, a.sy,
                              [&](int64_t t) {
                                int placed = 1;
                                if (lane == 0)
@@ -225,11 +227,13 @@ struct OwnRouting {
 // to the host (hand_counts). Then every block waits for the chunks' placed marks, as
 // alone_fan_kernel<true> does behind route_kernel, and fans out. Launched after the stream's
 // earlier work ended (x, topk_idx and topk_weights are read at once).
-template <bool kExpert, typename Idx>
+// kStamps: the timeline's build (a.mc.stamps; timeline.ROUTED_MARKS names its marks).
+template <bool kExpert, typename Idx, bool kStamps = false>
 __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kernel(AloneArgs a, OwnRouting<Idx> f) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, C = f.a.columns();
   const int64_t rb = a.lay.row_bytes();
   uint8_t* smem = dyn_smem();
+  stamp<kStamps>(a.mc.stamps, kStampEnter);
   fan_begin(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane, f.delayed);
   start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
   __shared__ int ticket;
@@ -240,11 +244,13 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kerne
     if (ticket == int(gridDim.x) - 1) *f.sc.ticket = 0u;  // every block has its ticket: zero for the next launch
   }
   __syncthreads();
+  stamp<kStamps>(a.mc.stamps, kStampChecked);
   const int b = ticket;
   bool ok = !dead;
   if (ok && b < f.a.chunks)
     ok = route_chunk_marked<true>(f.a, f.sc, b, f.stride, reinterpret_cast<int32_t*>(smem + f.tables_off), f.epoch,
                                   a.sy.timeout_ns, a.sy.err, a.sy.err_host);
+  stamp<kStamps>(a.mc.stamps, kStampTables);
   fan_begin_rest(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane, f.delayed);  // the tables are done
   if (ok && b == int(gridDim.x) - 1) {
     // Every chunk counted: the bad-id flag is final, and the totals are the chunks' sums.
@@ -263,15 +269,18 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kerne
                   f.sc.summary);
     }
   }
+  stamp<kStamps>(a.mc.stamps, kStampBuilt);
   if (!ok) {
     fan_abandon(a.routed.tokens, a.mc, smem, a.sy, warp, lane, rb);
     return;
   }
   const auto leave = [&] { fan_abandon(a.routed.tokens, a.mc, smem, a.sy, warp, lane, rb); };
   if constexpr (kExpert)
-    alone_fan<true>(a, smem, warp, lane, leave);
+    alone_fan<true, decltype(leave), kStamps>(a, smem, warp, lane, leave);
   else
-    alone_rows_fan(a, smem, warp, lane, leave);
+    alone_rows_fan<decltype(leave), kStamps>(a, smem, warp, lane, leave);
+  stamp<kStamps>(a.mc.stamps, kStampLoopEnd);  // fan_in_phases ends on its stores' completion
+  stamp<kStamps>(a.mc.stamps, kStampFlushed);
 }
 
 // Rank-major: token t's row goes to output row pos[t][0] when one of its slots names an expert

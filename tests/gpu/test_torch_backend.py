@@ -196,6 +196,40 @@ def test_a_timeline_buffer_smaller_than_the_grid_needs_is_refused():
         ctx.set_stamps(0)  # the normal kernels: nothing to size
 
 
+@pytest.mark.parametrize("layout", ["expert", "rank"])
+def test_the_routed_kernel_s_timeline_build_stamps_every_warp_and_moves_the_same_rows(layout, seed):
+    """set_stamps(..., routed=True): the W=1 dispatch that routes runs the routed kernel's
+    stamped build. Every warp of every block stamps every mark, in order (no phase is negative),
+    and the rows, ids and weights are the unstamped run's, bitwise."""
+    from symmoe import timeline
+    from symmoe.buffer import Buffer
+
+    cfg = gpu_config(**{"buffer.hidden": 7168, "buffer.max_tokens_per_rank": 2048, "buffer.expert_alignment": 1})
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(2048, 7168, device="cuda", generator=g).to(torch.bfloat16)
+    idx = torch.rand(2048, 64, device="cuda", generator=g).topk(8, dim=1).indices
+    w = torch.rand(2048, 8, device="cuda", generator=g)
+    with mock.patch.dict(os.environ, ENV), Buffer(None, from_dict(cfg)) as buf:
+        pr = buf._protocol
+        plain, _ = pr.dispatch(x, idx, w, layout, 1)
+        plain = [t.clone() for t in (plain.x, plain.topk_idx, plain.topk_weights)]
+        stamps = torch.zeros(pr.ctx.grid * timeline.words(pr.mod.STAMP_WARPS), dtype=torch.int64, device="cuda")
+        pr.ctx.set_stamps(stamps.data_ptr(), stamps.numel(), True)
+        try:
+            got, _ = pr.dispatch(x, idx, w, layout, 1)
+            assert pr.routed_in_fan_out
+        finally:
+            pr.ctx.set_stamps(0)
+        for name, a, b in zip(("x", "topk_idx", "topk_weights"), (got.x, got.topk_idx, got.topk_weights), plain):
+            assert torch.equal(a.view(torch.uint8) if a.is_floating_point() else a,
+                               b.view(torch.uint8) if b.is_floating_point() else b), name
+        p = timeline.phases(stamps, pr.mod.STAMP_WARPS, spans=timeline.ROUTED_PHASES)
+        slots = stamps.view(pr.ctx.grid, pr.mod.STAMP_WARPS, -1) != 0
+        assert int(slots.any(dim=2).any(dim=1).sum()) == pr.ctx.grid  # every block
+        assert p["warps"] == int(slots.any(dim=2).sum())  # every warp that ran stamped every mark
+        assert all(p[name]["min"] >= 0 for name in p["phases"]), p
+
+
 # -- what the host reads after its wait ----------------------------------------------------
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_the_routing_kernel_leaves_the_host_the_matrix_s_summary(world_size, seed):
