@@ -127,6 +127,22 @@ __device__ __forceinline__ void alone_fan(const AloneArgs& a, uint8_t* smem, int
                        warp, lane);
 }
 
+// Rank-major, alone: output row o's metadata for token t, whole warp: lanes < K their slot's id
+// e and weight w (0 for a masked slot), lane 0 the source (rank 0, token t, slot 0) and selfmap.
+__device__ __forceinline__ void rank_row_meta(const AloneArgs& a, int64_t o, int64_t t, int e, float w, int lane) {
+  const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots);
+  if (lane < K) {
+    a.o.idx[o * K + lane] = e;
+    a.o.w[o * K + lane] = e >= 0 ? w : 0.f;
+  }
+  if (lane == 0) {
+    a.o.src_rank[o] = 0;
+    a.o.src_token[o] = static_cast<int32_t>(t);
+    a.o.src_slot[o] = 0;
+    if (a.o.selfmap != nullptr) a.o.selfmap[t * S] = static_cast<int32_t>(o);
+  }
+}
+
 // Rank-major in phases, on the routing (a.routed; round 0's rows already loading, fan_begin):
 // token t's row to its one output row pos[t][0] when one of its slots names an expert, with the
 // slots' ids and weights (-1 / 0 for masked slots), source rank 0, token t and slot 0, as
@@ -136,7 +152,7 @@ __device__ __forceinline__ void alone_fan(const AloneArgs& a, uint8_t* smem, int
 // outputs' capacity, and the host raises and drops these outputs on bad ids or over capacity.
 template <class Leave, bool kStamps = false>
 __device__ __forceinline__ void alone_rows_fan(const AloneArgs& a, uint8_t* smem, int warp, int lane, Leave leave) {
-  const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots), PC = 1 + K;
+  const int K = static_cast<int>(a.lay.topk), PC = 1 + K;
   const int64_t rb = a.lay.row_bytes(), rows = a.o.capacity, T = a.routed.tokens;
   const int64_t per = (T + a.routed.chunks - 1) / a.routed.chunks;  // RoutingArgs::chunk_begin's split
   __shared__ bool dead;
@@ -162,18 +178,7 @@ __device__ __forceinline__ void alone_rows_fan(const AloneArgs& a, uint8_t* smem
                                }
                                int64_t o = __any_sync(0xffffffffu, lane < K && e >= 0) ? int64_t(__ldcg(a.pos + t * PC)) : -1;
                                if (o >= rows) o = -1;  // only with corrupt inputs; never write out of bounds
-                               if (o >= 0) {
-                                 if (lane < K) {
-                                   a.o.idx[o * K + lane] = e;
-                                   a.o.w[o * K + lane] = e >= 0 ? w : 0.f;
-                                 }
-                                 if (lane == 0) {
-                                   a.o.src_rank[o] = 0;
-                                   a.o.src_token[o] = static_cast<int32_t>(t);
-                                   a.o.src_slot[o] = 0;
-                                   if (a.o.selfmap != nullptr) a.o.selfmap[t * S] = static_cast<int32_t>(o);
-                                 }
-                               }
+                               if (o >= 0) rank_row_meta(a, o, t, e, w, lane);
                                return RowDsts{a.o.x + max(o, int64_t(0)) * rb, o >= 0 ? 1 : 0};
                              },
                              warp, lane);
@@ -293,7 +298,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kerne
 // or over capacity the host raises and drops these outputs, as it does when nothing moved.
 template <bool kEarly>
 __device__ __forceinline__ void alone_rows(const AloneArgs& a) {
-  const int K = static_cast<int>(a.lay.topk), S = static_cast<int>(a.lay.combine_slots), PC = 1 + K;
+  const int K = static_cast<int>(a.lay.topk), PC = 1 + K;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t rb = a.lay.row_bytes();
   __shared__ bool dead;
@@ -322,16 +327,7 @@ __device__ __forceinline__ void alone_rows(const AloneArgs& a) {
     const int64_t o = cur.pos_of(a.pos, t, PC, 0);
     if (o < 0 || o >= rows) continue;  // only with corrupt inputs; never write out of bounds
     move_row(mv, a.x + t * rb, a.o.x + o * rb, 1, rb, a.mc.slot_bytes, lane);
-    if (lane < K) {
-      a.o.idx[o * K + lane] = cur.e;
-      a.o.w[o * K + lane] = cur.e >= 0 ? cur.w : 0.f;
-    }
-    if (lane == 0) {
-      a.o.src_rank[o] = 0;
-      a.o.src_token[o] = static_cast<int32_t>(t);
-      a.o.src_slot[o] = 0;
-      if (a.o.selfmap != nullptr) a.o.selfmap[t * S] = static_cast<int32_t>(o);
-    }
+    rank_row_meta(a, o, t, cur.e, cur.w, lane);
   }
   mv.flush();
 }
