@@ -225,13 +225,16 @@ struct OwnRouting {
 
 // World size 1, a dispatch that routes: the routing and the fan-out in one launch, so no
 // routing grid comes first; expert-major (kExpert) each row to its slots' rows, rank-major to its
-// one row (alone_rows_fan). Each block issues round 0's row loads (those over the routing
-// tables after the routing), takes a ticket: tickets < f.a.chunks route that chunk
-// (route_chunk_marked; kOwnChunkTokens a chunk, so its walk and the sums are short), the last ticket
-// (never a routing one) does the routing's end: the bad-id flag, the counts row and the hand-over
-// to the host (hand_counts). Then every block waits for the chunks' placed marks, as
-// alone_fan_kernel<true> does behind route_kernel, and fans out. Launched after the stream's
-// earlier work ended (x, topk_idx and topk_weights are read at once).
+// one row (alone_rows_fan). Each block takes a ticket: tickets < f.a.chunks route that chunk
+// (route_chunk_marked; kOwnChunkTokens a chunk, so its walk and the sums are short) and issue
+// round 0's row loads after it; the other blocks issue theirs at once (those over the routing
+// tables after the routing), and the last ticket (never a routing one) does the routing's end:
+// the bad-id flag, the counts row and the hand-over to the host (hand_counts). A routing chunk's
+// global round trips queue behind the loads in flight, and its own add to them (session 36:
+// expert-major kernel 147 -> 145 µs, the ticket before any load 7 -> 0.4 µs). Then every block
+// waits for the chunks' placed marks, as alone_fan_kernel<true> does behind route_kernel, and
+// fans out. Launched after the stream's earlier work ended (x, topk_idx and topk_weights are read
+// at once).
 // kStamps: the timeline's build (a.mc.stamps; timeline.ROUTED_MARKS names its marks).
 template <bool kExpert, typename Idx, bool kStamps = false>
 __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kernel(AloneArgs a, OwnRouting<Idx> f) {
@@ -239,7 +242,6 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kerne
   const int64_t rb = a.lay.row_bytes();
   uint8_t* smem = dyn_smem();
   stamp<kStamps>(a.mc.stamps, kStampEnter);
-  fan_begin(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane, f.delayed);
   start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
   __shared__ int ticket;
   __shared__ bool dead;
@@ -251,12 +253,19 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kerne
   __syncthreads();
   stamp<kStamps>(a.mc.stamps, kStampChecked);
   const int b = ticket;
+  const bool routes = b < f.a.chunks;
+  if (!routes) fan_begin(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane, f.delayed);
   bool ok = !dead;
-  if (ok && b < f.a.chunks)
+  if (ok && routes)
     ok = route_chunk_marked<true>(f.a, f.sc, b, f.stride, reinterpret_cast<int32_t*>(smem + f.tables_off), f.epoch,
                                   a.sy.timeout_ns, a.sy.err, a.sy.err_host);
   stamp<kStamps>(a.mc.stamps, kStampTables);
-  fan_begin_rest(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane, f.delayed);  // the tables are done
+  if (routes) {
+    __syncthreads();  // the tables are done: every warp's row may load
+    fan_begin(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane);
+  } else {
+    fan_begin_rest(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane, f.delayed);
+  }
   if (ok && b == int(gridDim.x) - 1) {
     // Every chunk counted: the bad-id flag is final, and the totals are the chunks' sums.
     for (int i = threadIdx.x; i < f.a.chunks && ok; i += blockDim.x)
