@@ -12,11 +12,7 @@
 # R: the stamped builds), both routed timelines (which chunks route late, and the routing's time without
 # loads in flight), torch benches V / R / V / R.
 R=$PWD; O=$OUT; RT=${ROWS:?set ROWS}; V=${V4:?set V4}
-. "$R/results/session34/calls/next_lib.sh"  # s
-bt() { (cd $R/trees/$1 && SYMMOE_COMMIT=$1 BENCH_WORLD_SIZES=1 BENCH_BACKENDS=torch BENCH_PROTOCOLS=push BENCH_REPEATS=20 \
-    OUT=/tmp/o/$2 LOG=/tmp/l/$2 scripts/gpu_check.sh build bench 2>&1 | tail -1; cp /tmp/l/$2/bench.json $O/bench_$2.json); echo "$2 t=$SECONDS"; }
-tl() { (cd $R/trees/$1 && SYMMOE_COMMIT=$1 OUT=/tmp/o/$2 LOG=/tmp/l/$2 TIMELINE_ROUTED=1 TIMELINE_BACKENDS=torch BENCH_PROTOCOLS=push \
-    scripts/gpu_check.sh timeline 2>&1 | tail -1; cp /tmp/l/$2/timeline.json $O/timeline_$2.json; (echo "== timeline $2"; cat /tmp/l/$2/timeline.txt) >> $O/summaries.txt); echo "$2 t=$SECONDS"; }
+. "$R/results/session34/calls/next_lib.sh"  # s, bt, tl
 (cd $R/trees/$V && SYMMOE_COMMIT=$V OUT=/tmp/o/tv LOG=/tmp/l/tv TEST_LIMIT_S=200 FAULT_S=190 \
   PYTEST_ARGS="-rA -k 'routes_inside or routed_kernel or timeline or alone_bad or (num_worst and 1-) or (cached and 1-) or (bitwise_equal and 1-)'" \
   scripts/gpu_check.sh build test 2>&1 | tail -1); s "torch V" tv; echo "t=$SECONDS"
