@@ -227,11 +227,12 @@ struct OwnRouting {
 // routing grid comes first; expert-major (kExpert) each row to its slots' rows, rank-major to its
 // one row (alone_rows_fan). Each block takes a ticket: tickets < f.a.chunks route that chunk
 // (route_chunk_marked; kOwnChunkTokens a chunk, so its walk and the sums are short) and issue
-// round 0's row loads after it; the other blocks issue theirs at once (those over the routing
-// tables after the routing), and the last ticket (never a routing one) does the routing's end:
-// the bad-id flag, the counts row and the hand-over to the host (hand_counts). A routing chunk's
-// global round trips queue behind the loads in flight, and its own add to them (session 36:
-// expert-major kernel 147 -> 145 µs, the ticket before any load 7 -> 0.4 µs). Then every block
+// round 0's row loads after it; the other blocks issue theirs at once (but for the rows where a
+// routing block's tables lie, after its routing would be done), and the last ticket (never a
+// routing one) does the routing's end: the bad-id flag, the counts row and the hand-over to the
+// host (hand_counts). A routing chunk's global round trips queue behind the loads in flight, and
+// its own add to them (session 36: expert-major kernel 147 -> 145 µs, rank-major within 1 µs,
+// the ticket before any load 7 -> 0.4 µs). Then every block
 // waits for the chunks' placed marks, as alone_fan_kernel<true> does behind route_kernel, and
 // fans out. Launched after the stream's earlier work ended (x, topk_idx and topk_weights are read
 // at once).
