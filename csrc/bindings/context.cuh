@@ -334,8 +334,8 @@ struct Ctx {
   // Device memory of `words` int64 words, symmoe.timeline.words(STAMP_WARPS) per block of
   // `grid`: the next pull/push launches are the kernels built with stamps and leave their
   // timeline there (scripts/timeline_probe.py); 0: the normal kernels again. `routed`: instead
-  // the next W=1 dispatches that route run alone_fan_routed_kernel's stamped build (its marks:
-  // symmoe.timeline.ROUTED_MARKS); the others run as with no timeline.
+  // the next W=1 dispatches that route run alone_fan_routed_kernel's stamped build (what its
+  // marks mean: symmoe.timeline.ROUTED_PHASES); the others run as with no timeline.
   void set_stamps(uintptr_t s, int64_t words, bool routed) {
     const int64_t need = int64_t(grid) * kStampWarps * kStampMarks * 2;
     if (s != 0 && words < need)

@@ -232,11 +232,10 @@ struct OwnRouting {
 // routing one) does the routing's end: the bad-id flag, the counts row and the hand-over to the
 // host (hand_counts). A routing chunk's global round trips queue behind the loads in flight, and
 // its own add to them (session 36: expert-major kernel 147 -> 145 µs, rank-major within 1 µs,
-// the ticket before any load 7 -> 0.4 µs). Then every block
-// waits for the chunks' placed marks, as alone_fan_kernel<true> does behind route_kernel, and
-// fans out. Launched after the stream's earlier work ended (x, topk_idx and topk_weights are read
-// at once).
-// kStamps: the timeline's build (a.mc.stamps; timeline.ROUTED_MARKS names its marks).
+// the ticket before any load 7 -> 0.4 µs). Then every block waits for the chunks' placed marks,
+// as alone_fan_kernel<true> does behind route_kernel, and fans out. Launched after the stream's
+// earlier work ended (x, topk_idx and topk_weights are read at once).
+// kStamps: the timeline's build (a.mc.stamps; timeline.ROUTED_PHASES says what its marks mean).
 template <bool kExpert, typename Idx, bool kStamps = false>
 __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kernel(AloneArgs a, OwnRouting<Idx> f) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, C = f.a.columns();

@@ -1,12 +1,12 @@
 # The helpers of next_callA/B/C.sh (sourced; R: the repository root, O: the device tool's $OUT).
-b() { # tree label: build + bench W=1 torch push + nvshmem, 20 repeats
-  (cd $R/trees/$1 && SYMMOE_COMMIT=$1 BENCH_WORLD_SIZES=1 BENCH_BACKENDS=torch,nvshmem BENCH_PROTOCOLS=push BENCH_REPEATS=20 \
+b() { # tree label [backends]: build + bench W=1 push (torch,nvshmem unless named), 20 repeats
+  (cd $R/trees/$1 && SYMMOE_COMMIT=$1 BENCH_WORLD_SIZES=1 BENCH_BACKENDS=${3:-torch,nvshmem} BENCH_PROTOCOLS=push BENCH_REPEATS=20 \
     OUT=/tmp/o/$2 LOG=/tmp/l/$2 scripts/gpu_check.sh build bench 2>&1 | tail -1; cp /tmp/l/$2/bench.json $O/bench_$2.json); echo "$2 t=$SECONDS"; }
 s() { # title label: that run's summary and its tests' PASSED / FAILED lines into summaries.txt
   (echo "== $1"; cat /tmp/o/$2/summary.txt; grep -h '^PASSED\|^FAILED\|^ERROR' /tmp/l/$2/*tests.log /tmp/l/$2/pytest.log 2>/dev/null) >> $O/summaries.txt; }
-bt() { # tree label: build + bench W=1 torch push only, 20 repeats (session 36)
-  (cd $R/trees/$1 && SYMMOE_COMMIT=$1 BENCH_WORLD_SIZES=1 BENCH_BACKENDS=torch BENCH_PROTOCOLS=push BENCH_REPEATS=20 \
-    OUT=/tmp/o/$2 LOG=/tmp/l/$2 scripts/gpu_check.sh build bench 2>&1 | tail -1; cp /tmp/l/$2/bench.json $O/bench_$2.json); echo "$2 t=$SECONDS"; }
 tl() { # tree label: the routed kernel's timeline (torch push, both layouts) into timeline_<label>.json and summaries.txt
   (cd $R/trees/$1 && SYMMOE_COMMIT=$1 OUT=/tmp/o/$2 LOG=/tmp/l/$2 TIMELINE_ROUTED=1 TIMELINE_BACKENDS=torch BENCH_PROTOCOLS=push \
     scripts/gpu_check.sh timeline 2>&1 | tail -1; cp /tmp/l/$2/timeline.json $O/timeline_$2.json; (echo "== timeline $2"; cat /tmp/l/$2/timeline.txt) >> $O/summaries.txt); echo "$2 t=$SECONDS"; }
+tt() { # tree label limit_s expr: build + the torch GPU tests matching -k expr, their lines into summaries.txt
+  (cd $R/trees/$1 && SYMMOE_COMMIT=$1 OUT=/tmp/o/$2 LOG=/tmp/l/$2 TEST_LIMIT_S=$3 FAULT_S=$(($3 - 10)) \
+    PYTEST_ARGS="-rA -k '$4'" scripts/gpu_check.sh build test 2>&1 | tail -1); s "torch tests $2" $2; echo "$2 t=$SECONDS"; }

@@ -12,15 +12,12 @@
 # R: the stamped builds), both routed timelines (which chunks route late, and the routing's time without
 # loads in flight), torch benches V / R / V / R.
 R=$PWD; O=$OUT; RT=${ROWS:?set ROWS}; V=${V4:?set V4}
-. "$R/results/session34/calls/next_lib.sh"  # s, bt, tl
-(cd $R/trees/$V && SYMMOE_COMMIT=$V OUT=/tmp/o/tv LOG=/tmp/l/tv TEST_LIMIT_S=200 FAULT_S=190 \
-  PYTEST_ARGS="-rA -k 'routes_inside or routed_kernel or timeline or alone_bad or (num_worst and 1-) or (cached and 1-) or (bitwise_equal and 1-)'" \
-  scripts/gpu_check.sh build test 2>&1 | tail -1); s "torch V" tv; echo "t=$SECONDS"
+. "$R/results/session34/calls/next_lib.sh"  # b, s, tl, tt
+tt $V tv 200 'routes_inside or routed_kernel or timeline or alone_bad or (num_worst and 1-) or (cached and 1-) or (bitwise_equal and 1-)'
 tl $V lv
-(cd $R/trees/$RT && SYMMOE_COMMIT=$RT OUT=/tmp/o/tr LOG=/tmp/l/tr TEST_LIMIT_S=100 FAULT_S=95 PYTEST_ARGS="-rA -k 'timeline'" \
-  scripts/gpu_check.sh build test 2>&1 | tail -1); s "torch R" tr; echo "t=$SECONDS"
+tt $RT tr 100 'timeline'
 tl $RT lr
-bt $V v1; bt $RT r1
-[ $SECONDS -lt 490 ] && bt $V v2
-[ $SECONDS -lt 540 ] && bt $RT r2
+b $V v1 torch; b $RT r1 torch
+[ $SECONDS -lt 490 ] && b $V v2 torch
+[ $SECONDS -lt 540 ] && b $RT r2 torch
 tar czf $O/logs.tar.gz -C /tmp/l . 2>/dev/null

@@ -6,12 +6,10 @@
 # run with V4=<V's tree> V4R=<its tree>: torch tests of the routed kernel on it, its timeline, torch benches
 # W / V / W / V (the expert-major kernel is the same in both: only the rank-major rows differ).
 R=$PWD; O=$OUT; V=${V4:?set V4}; WT=${V4R:?set V4R}
-. "$R/results/session34/calls/next_lib.sh"  # s, bt, tl
-(cd $R/trees/$WT && SYMMOE_COMMIT=$WT OUT=/tmp/o/tw LOG=/tmp/l/tw TEST_LIMIT_S=200 FAULT_S=190 \
-  PYTEST_ARGS="-rA -k 'routes_inside or routed_kernel or alone_bad or (num_worst and 1-) or (bitwise_equal and 1-)'" \
-  scripts/gpu_check.sh build test 2>&1 | tail -1); s "torch W" tw; echo "t=$SECONDS"
+. "$R/results/session34/calls/next_lib.sh"  # b, s, tl, tt
+tt $WT tw 200 'routes_inside or routed_kernel or alone_bad or (num_worst and 1-) or (bitwise_equal and 1-)'
 tl $WT lw
-bt $WT w1; bt $V v1
-[ $SECONDS -lt 490 ] && bt $WT w2
-[ $SECONDS -lt 540 ] && bt $V v2
+b $WT w1 torch; b $V v1 torch
+[ $SECONDS -lt 490 ] && b $WT w2 torch
+[ $SECONDS -lt 540 ] && b $V v2 torch
 tar czf $O/logs.tar.gz -C /tmp/l . 2>/dev/null
