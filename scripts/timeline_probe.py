@@ -7,8 +7,9 @@ nvshmem's dispatch kernel has no stamps: it is not probed. The stamped kernels a
 their own (kStamps, csrc/common/stamps.cuh): up to 16 warps per block let them keep their
 stamps in registers (push 80, pull 96, no spills), where the kernels of a normal call have 64.
     --routed   the W=1 dispatch that routes instead (alone_fan_routed_kernel's stamped build,
-               timeline.ROUTED_PHASES, each mark on the grid's clock too): where its time over
-               the cached dispatch goes (rank-major with num_worst_tokens: no host wait)
+               timeline.ROUTED_PHASES, each mark on the grid's clock too, and block by block in
+               ticket order): where its time over the cached dispatch goes (rank-major with
+               num_worst_tokens: no host wait)
 """
 from __future__ import annotations
 
@@ -75,6 +76,8 @@ def main() -> None:
                     if a.routed and not pr.routed_in_fan_out:
                         raise SystemExit(f"{backend}/{proto} {layout}: the dispatch did not take the routed kernel")
                     runs.append(timeline.phases(stamps, mod.STAMP_WARPS, spans=spans))
+                    if a.routed:
+                        runs[-1]["rows"] = timeline.rows_at(stamps, mod.STAMP_WARPS, timeline.ROUTED_ROW_MARKS)
             finally:
                 ctx.set_stamps(0)
             # the run whose span is the median one, whole (its numbers belong together)
@@ -85,6 +88,8 @@ def main() -> None:
             out["kernels"][name] = {"event_us": ev, "median_run": mid,
                                     "spans_us": [r["span"] for r in runs]}
             lines += [""] + timeline.table(name, mid, at=a.routed)
+            if a.routed:
+                lines += timeline.rows_table(mid["rows"])
             lines.append(f"  event {ev:.1f} us; ratio to the copy {copy_us / ev:.3f}")
     print("\n".join(lines))
     if a.json:

@@ -36,6 +36,11 @@ ROUTED_PHASES = (("ticket", "enter", "checked"), ("route chunk", "checked", "tab
                  ("warp", "enter", "flushed"))
 
 
+# The marks timeline_probe.py --routed reads block by block (rows_at): ticket taken, chunk routed,
+# the routing's end, the plan, round 0 landed.
+ROUTED_ROW_MARKS = ("checked", "tables", "built", "planned", "routed")
+
+
 def words(warp_slots: int, marks: Sequence[str] = MARKS) -> int:
     """int64 words of one block's timeline: [warp_slots][len(marks)][ns, clock]."""
     return warp_slots * len(marks) * 2
@@ -82,6 +87,26 @@ def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS,
     return out
 
 
+def rows_at(stamps: torch.Tensor, warp_slots: int, want: Sequence[str], marks: Sequence[str] = MARKS) -> dict:
+    """Block by block: for each mark of ``want``, each block row's last warp to stamp it, in µs
+    after the first warp's enter (None where no warp of the row stamped it). The routed kernel's
+    rows are in ticket order: row b is chunk b's routing block, the last row the routing's end."""
+    m = len(marks)
+    if stamps.numel() % words(warp_slots, marks):
+        raise ValueError(f"stamps: {stamps.numel()} words is not a whole number of blocks of "
+                         f"{warp_slots} warps x {m} marks x 2")
+    ns = stamps.detach().to("cpu", torch.int64).view(-1, warp_slots, m, 2)[..., 0].double()
+    entered = ns[:, :, marks.index("enter")]
+    if not bool((entered != 0).any()):
+        raise ValueError("stamps: no warp stamped its enter (was the timeline set before the call?)")
+    t0 = float(entered[entered != 0].min())
+    out = {}
+    for k in want:
+        col = ns[:, :, marks.index(k)]
+        out[k] = [round((float(r[r != 0].max()) - t0) / 1e3, 3) if bool((r != 0).any()) else None for r in col]
+    return out
+
+
 def table(name: str, p: dict, at: bool = False) -> list[str]:
     """A few lines for one kernel's phases (µs: min / median / max over warps); ``at``: then
     each mark on the grid's clock."""
@@ -92,4 +117,15 @@ def table(name: str, p: dict, at: bool = False) -> list[str]:
     if at:
         lines.append("  at (µs after the first warp's enter):")
         lines += [f"    {k:<13} {v['min']:7.2f} {v['median']:7.2f} {v['max']:7.2f}" for k, v in p["at"].items()]
+    return lines
+
+
+def rows_table(rows: dict, every: int = 4) -> list[str]:
+    """rows_at's marks as lines: every ``every``-th row and the last (µs after the first enter)."""
+    n = len(next(iter(rows.values())))
+    pick = sorted({*range(0, n, every), n - 1})
+    cell = lambda v: f"{'-':>6}" if v is None else f"{v:6.2f}"  # noqa: E731
+    lines = ["  by row (row b: the block that took ticket b), µs after the first warp's enter:",
+             "    row         " + " ".join(f"{r:>6}" for r in pick)]
+    lines += [f"    {k:<11} " + " ".join(cell(v[r]) for r in pick) for k, v in rows.items()]
     return lines

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from symmoe.timeline import MARKS, ROUTED_PHASES, phases, table
+from symmoe.timeline import MARKS, ROUTED_PHASES, phases, rows_at, rows_table, table
 
 SLOTS = 4  # warp slots per block in these synthetic timelines
 
@@ -84,6 +84,22 @@ def test_the_routed_kernel_s_phases_and_each_mark_on_the_grid_s_clock():
     assert "error check" not in p
     text = "\n".join(table("torch/push expert dispatch with routing", p, at=True))
     assert "marks + plan" in text and "at (µs after the first warp's enter)" in text and "planned" in text
+
+
+def test_rows_at_gives_each_block_row_its_last_warp_s_mark_and_leaves_rows_that_never_ran_empty():
+    # row 0: two warps (the later one routes longer); row 1: one warp that stops after the ticket;
+    # row 2: never ran
+    a = marks_at(3_000_000, [0, 500, 9_000, 9_000, 10_000, 11_000, 12_000, 50_000, 50_000])
+    b = marks_at(3_000_250, [0, 750, 12_750, 12_750, 13_750, 14_000, 15_000, 51_000, 51_000])
+    c = [m if i < 2 else (0, 0) for i, m in enumerate(marks_at(2_999_000, [0, 400, 0, 0, 0, 0, 0, 0, 0]))]
+    r = rows_at(timeline({(0, 0): a, (0, 3): b, (1, 1): c}, blocks=3), SLOTS, ("checked", "tables", "flushed"))
+    assert r["checked"] == pytest.approx([2.0, 0.4, None])  # µs after row 1's enter, the first
+    assert r["tables"][0] == pytest.approx(14.0) and r["tables"][1:] == [None, None]
+    assert r["flushed"][0] == pytest.approx(52.25)
+    text = "\n".join(rows_table(r, every=2))
+    assert "ticket" in text and "tables" in text and "    -" in text
+    with pytest.raises(ValueError, match="enter"):
+        rows_at(torch.zeros(2 * SLOTS * len(MARKS) * 2, dtype=torch.int64), SLOTS, ("tables",))
 
 
 def test_probe_inputs_are_the_bench_s_world_size_one_inputs_and_a_copy_of_their_bytes():

@@ -24,14 +24,34 @@ enum StampMark : int {
 };
 constexpr int kStampWarps = 16;  // warps per block a timeline holds room for (kMaxMoverWarps)
 
-// s: [blocks][kStampWarps][kStampMarks][2] uint64 (globaltimer ns, clock64).
+// One mark's time: (globaltimer ns, clock64).
+struct StampTime {
+  uint64_t ns = 0, clk = 0;
+  __device__ static StampTime now() { return {global_timer_ns(), uint64_t(clock64())}; }
+};
+
+// s: [blocks][kStampWarps][kStampMarks][2] uint64; the calling warp's `mark` in row `row`.
+__device__ __forceinline__ void stamp_at(uint64_t* s, int64_t row, int mark, StampTime t) {
+  if ((threadIdx.x & 31) != 0) return;
+  uint64_t* p = s + ((row * kStampWarps + (threadIdx.x >> 5)) * kStampMarks + mark) * 2;
+  p[0] = t.ns;
+  p[1] = t.clk;
+}
+
+// The calling warp's `mark`, now, in its block's row.
 template <bool kOn>
 __device__ __forceinline__ void stamp(uint64_t* s, int mark) {
   if constexpr (!kOn) return;
   if ((threadIdx.x & 31) != 0) return;
-  uint64_t* p = s + ((int64_t(blockIdx.x) * kStampWarps + (threadIdx.x >> 5)) * kStampMarks + mark) * 2;
-  p[0] = global_timer_ns();
-  p[1] = uint64_t(clock64());
+  stamp_at(s, blockIdx.x, mark, StampTime::now());
+}
+
+// A kernel whose blocks take tickets keeps its rows in ticket order: the stamps of block
+// blockIdx.x land in row `row` once every later stamp goes through the returned base.
+__device__ __forceinline__ uint64_t* stamp_rows_as(uint64_t* s, int64_t row) {
+  // integer arithmetic: the moved base may lie before s (only ever offset back into it)
+  const int64_t shift = (row - int64_t(blockIdx.x)) * kStampWarps * kStampMarks * 2 * int64_t(sizeof(uint64_t));
+  return reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(s) + uintptr_t(shift));
 }
 
 }  // namespace symmoe

@@ -235,13 +235,15 @@ struct OwnRouting {
 // the ticket before any load 7 -> 0.4 µs). Then every block waits for the chunks' placed marks,
 // as alone_fan_kernel<true> does behind route_kernel, and fans out. Launched after the stream's
 // earlier work ended (x, topk_idx and topk_weights are read at once).
-// kStamps: the timeline's build (a.mc.stamps; timeline.ROUTED_PHASES says what its marks mean).
+// kStamps: the timeline's build (a.mc.stamps; timeline.ROUTED_PHASES says what its marks mean),
+// its rows in ticket order (row b: the block that took ticket b; timeline.rows_at reads them).
 template <bool kExpert, typename Idx, bool kStamps = false>
 __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kernel(AloneArgs a, OwnRouting<Idx> f) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, C = f.a.columns();
   const int64_t rb = a.lay.row_bytes();
   uint8_t* smem = dyn_smem();
-  stamp<kStamps>(a.mc.stamps, kStampEnter);
+  [[maybe_unused]] StampTime entered;
+  if constexpr (kStamps) entered = StampTime::now();
   start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
   __shared__ int ticket;
   __shared__ bool dead;
@@ -251,8 +253,12 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kerne
     if (ticket == int(gridDim.x) - 1) *f.sc.ticket = 0u;  // every block has its ticket: zero for the next launch
   }
   __syncthreads();
-  stamp<kStamps>(a.mc.stamps, kStampChecked);
   const int b = ticket;
+  if constexpr (kStamps) {
+    a.mc.stamps = stamp_rows_as(a.mc.stamps, b);
+    stamp_at(a.mc.stamps, blockIdx.x, kStampEnter, entered);
+  }
+  stamp<kStamps>(a.mc.stamps, kStampChecked);
   const bool routes = b < f.a.chunks;
   if (!routes) fan_begin(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane, f.delayed);
   bool ok = !dead;
