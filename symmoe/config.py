@@ -28,7 +28,7 @@ PROTOCOLS: dict[str, tuple[str, ...]] = {
 }
 OUTPUT_LAYOUTS = ("rank", "expert")
 PUSH_MODES = ("auto", "stream", "unpack")
-FAN_PHASES = ("off", "block", "grid")
+FAN_PHASES = ("off", "block", "grid", "steal")
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,8 @@ class KernelConfig:
     # into shared memory, then stores each to its rows (at the DeepSeek shape push 153 -> 146 us,
     # session 27, pull 152 -> 145, session 28; nvshmem 159 -> 143, session 29); "grid" = the same
     # with every block meeting the others between loads and stores (all resident at once);
+    # "steal" = block, but after the first round each block takes the next group of rows from a
+    # grid counter (a block whose rounds run slow takes fewer);
     # "off" = the bulk-copy mover (nvshmem: its dispatch kernel)
     fan_phases: str = "block"
     # push with peers (torch/nccl): "unpack" = push kernel, barrier, then a kernel copies the

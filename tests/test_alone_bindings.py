@@ -36,8 +36,8 @@ def test_a_wrong_pointer_count_layout_or_mode_is_refused_naming_it(mod):
         _routed(mod, layout=[1, 2, 3])
     with pytest.raises(ValueError, match="alone: expected 13 pointers, got 22"):
         mod.alone(_layout(), True, 1, 512, 1, 10**9, [0] * 22, 1, 8, *NONE)
-    with pytest.raises(ValueError, match="alone_fan_routed_kernel: fan_phases mode 3, must be 1 or 2"):
-        _routed(mod, mode=3)
+    with pytest.raises(ValueError, match="alone_fan_routed_kernel: fan_phases mode 4, must be 1, 2 or 3"):
+        _routed(mod, mode=4)
 
 
 @pytest.mark.parametrize("case", ["peers", "fan_phases off", "no token", "one block"])

@@ -14,7 +14,7 @@ def _config(phases: str, num_sms: int = 132) -> Config:
     return Config().replace(**{"kernel.fan_phases": phases, "kernel.num_sms": num_sms})
 
 
-@pytest.mark.parametrize("phases,mode", [("off", 0), ("block", 1), ("grid", 2)])
+@pytest.mark.parametrize("phases,mode", [("off", 0), ("block", 1), ("grid", 2), ("steal", 3)])
 def test_each_name_is_the_kernels_mode(phases, mode):
     assert fan_phases_mode(_config(phases), 1, sms=132, sms_held=132) == mode
 

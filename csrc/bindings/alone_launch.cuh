@@ -42,15 +42,15 @@ inline bool fan_geometry(MoveCfg& m, int64_t E, int64_t rb, int limit, bool grid
 }
 
 // The launch of a one-rank dispatch whose arguments `a` (all but the mover's geometry) are
-// set: expert-major the phased fan-out with mode kernel.fan_phases (1 block, 2 grid; sy.done:
-// a zeroed grid counter), else the rows by the mover, in pieces of at most `row_piece` bytes
+// set: expert-major the phased fan-out with mode kernel.fan_phases (1 block, 2 grid, 3 steal;
+// sy.done: a zeroed grid counter), else the rows by the mover, in pieces of at most `row_piece` bytes
 // with `row_depth` slots a warp (depth_auto as fit_mover's). False, launching nothing, when the
 // layout has peers or, expert-major, not one row fits in shared memory: the caller runs its
 // own kernel.
 inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int blocks, int64_t row_piece, int row_depth,
                               bool depth_auto, cudaStream_t s) {
-  if (expert_major && mode != 1 && mode != 2)
-    throw std::invalid_argument("alone: fan_phases mode " + std::to_string(mode) + ", must be 1 or 2");
+  if (expert_major && (mode < 1 || mode > 3))
+    throw std::invalid_argument("alone: fan_phases mode " + std::to_string(mode) + ", must be 1, 2 or 3");
   if (a.lay.world_size != 1) return false;
   const int64_t rb = a.lay.row_bytes();
   MoveCfg m{};
@@ -69,6 +69,7 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
       early = fan_geometry(past, E, rb, limit, mode == 2, true) && past.phase_rows == m.phase_rows;
       if (early) m = past;
     }
+    m.phase_steal = mode == 3;
     if (m.phase_grid) {
       const std::string refusal =
           phase_grid_refusal(early ? alone_fan_kernel<true> : alone_fan_kernel<false>, m, rb, blocks);
@@ -110,8 +111,9 @@ constexpr int64_t kOwnChunkTokens = 64;
 template <typename Idx>
 bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, bool expert_major, int mode, int blocks, cudaStream_t s,
                          uint64_t* stamps = nullptr) {
-  if (mode != 1 && mode != 2)
-    throw std::invalid_argument("alone_fan_routed_kernel: fan_phases mode " + std::to_string(mode) + ", must be 1 or 2");
+  if (mode < 1 || mode > 3)
+    throw std::invalid_argument("alone_fan_routed_kernel: fan_phases mode " + std::to_string(mode) +
+                                ", must be 1, 2 or 3");
   if (a.lay.world_size != 1 || f.a.chunks < 1 || f.a.chunks >= blocks || f.stride % 4) return false;
   static const int plain_limit = alone_smem_limit(alone_fan_kernel<false>, "alone_fan_kernel");
   // Every instance gets the opt-in (the same static part); `stamps`: the timeline's build.
@@ -145,6 +147,7 @@ bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, bool expert_major, int 
   }
   a.mc = m;
   a.mc.stamps = stamps;
+  a.mc.phase_steal = mode == 3;
   a.routed = AloneArgs::Routed{f.sc.placed, f.a.chunks, f.epoch, a.routed.tokens, f.sc.totals};
   // Not a following launch: x and the routing's inputs are read at once.
   kernel<<<blocks, m.warps * 32, size_t(smem), s>>>(a, f);

@@ -56,7 +56,7 @@ struct Ctx {
   MoveCfg move;        // data kernels' bulk piece size and warps per block (for plan_bytes = 0)
   MoveCfg move_fan;    // the same for the expert-major dispatch (a piece goes to several rows)
   bool depth_auto = true;  // kernel.copy_depth 0: kRowDepth where two warps still fit, else 2
-  int fan_phases = 0;       // kernel.fan_phases: 0 off, 1 per block, 2 grid-wide (set_fan_phases)
+  int fan_phases = 0;       // kernel.fan_phases: 0 off, 1 per block, 2 grid-wide, 3 steal (set_fan_phases)
   int32_t* counts_host = nullptr;  // where a dispatch's routing kernels leave the counts matrix
   int32_t* counts_snap = nullptr;
   uint8_t* routing_copy = nullptr;
@@ -123,8 +123,9 @@ struct Ctx {
   // The world-size-1 expert-major dispatch in phases of whole rows (fan_in_phases): 0 off, 1
   // each block alone, 2 every block meeting the others (all of them resident at once).
   void set_fan_phases(int mode) {
-    if (mode < 0 || mode > 2)
-      throw std::invalid_argument("fan_phases=" + std::to_string(mode) + ": must be 0 (off), 1 (block) or 2 (grid)");
+    if (mode < 0 || mode > 3)
+      throw std::invalid_argument("fan_phases=" + std::to_string(mode) +
+                                  ": must be 0 (off), 1 (block), 2 (grid) or 3 (steal)");
     fan_phases = mode;
   }
 

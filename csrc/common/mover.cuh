@@ -50,6 +50,9 @@ struct MoveCfg {
   // (one per warp; warps == phase_rows), and whether all blocks meet between phases.
   int phase_rows = 0;
   bool phase_grid = false;
+  // kernel.fan_phases=steal (alone kernels, block phases): after round 0 a block takes the next
+  // group of phase_rows tokens from a grid counter instead of its fixed share of each round.
+  bool phase_steal = false;
   int64_t phase_base = 0;  // where those rows start: the end of the plan tables the phases still read
 };
 

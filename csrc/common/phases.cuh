@@ -40,6 +40,30 @@ struct PhaseSplit {
   }
 };
 
+// Block blockIdx.x's round 0 tokens [b0, b1): its share of the even split, or with
+// mc.phase_steal group blockIdx.x of phase_rows tokens (the later groups go to whichever block
+// asks first: phase_steal_next).
+__device__ __forceinline__ void phase_round0(int64_t T, const MoveCfg& mc, int64_t& b0, int64_t& b1) {
+  if (mc.phase_steal) {
+    b0 = min(T, int64_t(blockIdx.x) * mc.phase_rows);
+    b1 = min(T, b0 + mc.phase_rows);
+  } else {
+    PhaseSplit(T, mc.phase_rows).block_range(T, 0, b0, b1);
+  }
+}
+
+// One thread of a block: the next group of `rows` tokens nobody has taken (>= the groups of T:
+// none left). Every block asks until it is refused, so a launch asks max(groups - blocks, 0) +
+// blocks times; the last ask zeroes the counter for the next launch. A block that leaves the
+// phases early would leave it counting: that happens only after a device wait expired, and the
+// Buffer is unusable then.
+__device__ __forceinline__ int64_t phase_steal_next(unsigned int* counter, int64_t T, int rows) {
+  const int64_t G = gridDim.x, groups = (T + rows - 1) / rows;
+  const unsigned int v = atomicAdd(counter, 1u);
+  if (int64_t(v) == max(groups - G, int64_t(0)) + G - 1) *counter = 0u;
+  return G + v;
+}
+
 // Every row is read once and written once: evict-first keeps the streamed rows from pushing the
 // outputs' metadata (small scattered stores) and the routing out of L2.
 __device__ __forceinline__ void phase_load(uint8_t* tile, const uint8_t* row, int64_t rb, uint64_t* bar) {
@@ -61,7 +85,7 @@ __device__ __forceinline__ void fan_begin(const uint8_t* x, int64_t T, int64_t r
     mbar_init(bar, 1);
     mbar_init_fence();
     int64_t b0, b1;
-    PhaseSplit(T, mc.phase_rows).block_range(T, 0, b0, b1);
+    phase_round0(T, mc, b0, b1);
     if (warp < upto && b0 + warp < b1) phase_load(tile, x + (b0 + warp) * rb, rb, bar);
   }
   __syncwarp();
@@ -74,7 +98,7 @@ __device__ __forceinline__ void fan_begin_rest(const uint8_t* x, int64_t T, int6
   __syncthreads();
   if (warp < from || lane != 0) return;
   int64_t b0, b1;
-  PhaseSplit(T, mc.phase_rows).block_range(T, 0, b0, b1);
+  phase_round0(T, mc, b0, b1);
   if (b0 + warp >= b1) return;
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + mc.phase_base + int64_t(mc.phase_rows) * rb) + warp;
   fence_proxy_async_shared();  // the tables' generic writes before the bulk load's
@@ -87,7 +111,7 @@ __device__ __forceinline__ void fan_abandon(int64_t T, const MoveCfg& mc, uint8_
                                             int lane, int64_t rb) {
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + mc.phase_base + int64_t(mc.phase_rows) * rb) + warp;
   int64_t b0, b1;
-  PhaseSplit(T, mc.phase_rows).block_range(T, 0, b0, b1);
+  phase_round0(T, mc, b0, b1);
   if (lane == 0 && b0 + warp < b1 && !mbar_try_wait(bar, 0))
     mbar_wait_bounded(bar, 0, MoverWatch{sy.timeout_ns, sy.err, sy.err_host, sy.epoch});
   __syncthreads();
@@ -100,11 +124,16 @@ __device__ __forceinline__ void fan_abandon(int64_t T, const MoveCfg& mc, uint8_
 // others after its loads and after its stores, so HBM serves the round's reads, then its
 // writes: the session 26 microbenchmark moved the fan-out's traffic in 137.7 µs that way against
 // 142.5-146.8 interleaved. Block phases gain only with two rounds (16 rows a block at the
-// DeepSeek shape on 132 SMs: session 27, 137.0 µs against 141.9 at 15 rows). The rows' smem
-// starts at mc.phase_base; sy.done is the phases' counter (at world size 1 no cross-rank
-// barrier uses it). Whole block calls; false: a wait expired (recorded in the ErrorWord).
+// DeepSeek shape on 132 SMs: session 27, 137.0 µs against 141.9 at 15 rows). With phase_steal
+// (block phases) the rounds after the first are groups of phase_rows tokens handed to whichever
+// block asks first: a block whose rounds run slow takes fewer. The rows' smem starts at
+// mc.phase_base; sy.done is the phases' counter, or the steal's (zero between launches; at world
+// size 1 no cross-rank barrier uses it). Whole block calls; false: a wait expired (recorded in
+// the ErrorWord).
 // kBegun: fan_begin issued the mbarriers and round 0's loads (with the same T and geometry).
-template <bool kStamps, bool kBegun = false, class Dests>
+// kMaySteal: mc.phase_steal is honoured (the alone kernels; the push / pull kernels' instances
+// leave the steal out, which kept their registers from spilling).
+template <bool kStamps, bool kBegun = false, bool kMaySteal = false, class Dests>
 __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const MoveCfg& mc, uint8_t* smem_raw,
                               const Sync& sy, Dests dests, int warp, int lane) {
   uint8_t* tile = smem_raw + mc.phase_base + int64_t(warp) * rb;
@@ -128,10 +157,20 @@ __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const Mov
     if (mc.phase_grid) ok = gp.sync(sy.timeout_ns, sy.err, sy.err_host, sy.epoch) && ok;
   };
   const PhaseSplit split(T, mc.phase_rows);
+  // Steal: round 0 is group blockIdx.x (phase_round0), then whatever group the block is given;
+  // every block runs round 0, so that each asks (and is refused) at least once.
+  const bool steal = kMaySteal && mc.phase_steal && !mc.phase_grid;
+  __shared__ int64_t given;
+  int64_t g = blockIdx.x;
   uint32_t parity = 0;
-  for (int64_t r = 0; r < split.rounds; ++r) {
+  for (int64_t r = 0; steal ? (r == 0 || g * mc.phase_rows < T) : r < split.rounds; ++r) {
     int64_t b0, b1;
-    split.block_range(T, r, b0, b1);
+    if (steal) {
+      b0 = min(T, g * mc.phase_rows);
+      b1 = min(T, b0 + mc.phase_rows);
+    } else {
+      split.block_range(T, r, b0, b1);
+    }
     const int64_t t = b0 + warp;
     const bool mine = ok && t < b1;  // warp-uniform
     RowDsts d{nullptr, 0};
@@ -145,6 +184,9 @@ __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const Mov
       parity ^= 1u;
     }
     meet(landed);
+    // Past the meeting every thread has read the last round's `given`; the ask's round trip
+    // runs under this round's stores.
+    if (steal && threadIdx.x == 0) given = phase_steal_next(sy.done, T, mc.phase_rows);
     if (r == 0) stamp<kStamps>(mc.stamps, kStampRouted);  // the timeline's marks: round 0's loads, then its stores
     if (mine && ok) {
       const uint64_t policy = evict_first_policy();
@@ -160,6 +202,7 @@ __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const Mov
     }
     meet(1);
     if (r == 0) stamp<kStamps>(mc.stamps, kStampFirstPush);
+    if (steal) g = given;
   }
   if (lane == 0) {
     bulk_wait_all();

@@ -99,7 +99,7 @@ __device__ __forceinline__ void alone_fan(const AloneArgs& a, uint8_t* smem, int
   fill_padding(pl.goff, [&](int j) { return pl.gcnt[j]; }, E, a.o, rb);
   stamp<kStamps>(a.mc.stamps, kStampPlanned);
   const int64_t PC = 1 + K;
-  fan_in_phases<kStamps, kEarly>(a.x, T, rb, a.mc, smem, a.sy,
+  fan_in_phases<kStamps, kEarly, true>(a.x, T, rb, a.mc, smem, a.sy,
                        [&](int64_t t) {
                          int e = -1;
                          float w = 0.f;
@@ -160,7 +160,7 @@ __device__ __forceinline__ void alone_rows_fan(const AloneArgs& a, uint8_t* smem
   __syncthreads();
   if (dead) return leave();  // an earlier wait failed: the host raises
   stamp<kStamps>(a.mc.stamps, kStampPlanned);
-  fan_in_phases<kStamps, true>(a.x, T, rb, a.mc, smem, a.sy,
+  fan_in_phases<kStamps, true, true>(a.x, T, rb, a.mc, smem, a.sy,
                              [&](int64_t t) {
                                int placed = 1;
                                if (lane == 0)

@@ -34,7 +34,7 @@ def usable_sms(device: torch.device) -> int:
 
 
 def fan_phases_mode(config: Config, world_size: int, sms: int, sms_held: int) -> int:
-    """kernel.fan_phases as the kernels take it (0 off, 1 block, 2 grid), for a GPU of `sms`
+    """kernel.fan_phases as the kernels take it (0 off, 1 block, 2 grid, 3 steal), for a GPU of `sms`
     SMs of which this process holds `sms_held` (its MPS share). Grid-wide phases need every
     block of the dispatch resident at once: a grid of more blocks than the share holds is
     refused here (the kernel's own check counts every SM)."""
