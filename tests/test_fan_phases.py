@@ -19,8 +19,8 @@ def test_each_name_is_the_kernels_mode(phases, mode):
     assert fan_phases_mode(_config(phases), 1, sms=132, sms_held=132) == mode
 
 
-def test_block_is_the_default():
-    assert fan_phases_mode(Config(), 1, sms=132, sms_held=132) == 1
+def test_steal_is_the_default():
+    assert fan_phases_mode(Config(), 1, sms=132, sms_held=132) == 3
 
 
 def test_grid_needs_every_block_resident_and_names_the_share():

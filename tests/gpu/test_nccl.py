@@ -108,7 +108,7 @@ def test_dispatch_combine_bitwise(dtype, seed):
     assert check_dispatch_combine(0, 1, cfg, seed=seed, device="cuda", repeats=2) == len(CHECK_ROUTINGS) * 2 * 2
 
 
-@pytest.mark.parametrize("phases", ["off", "block", "grid"])
+@pytest.mark.parametrize("phases", ["off", "block", "grid", "steal"])
 def test_fan_out_in_phases_bitwise(phases, seed):
     """kernel.fan_phases: the expert-major fan-out in phases of whole rows (several rounds:
     1024 tokens on 8 blocks), on the window's LSA transport as on torch's."""

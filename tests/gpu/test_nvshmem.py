@@ -133,7 +133,7 @@ def test_num_worst_tokens_returns_the_worst_case_outputs_without_a_copy(world_si
     assert got == [CASES] * world_size
 
 
-@pytest.mark.parametrize("phases", ["off", "block", "grid"])
+@pytest.mark.parametrize("phases", ["off", "block", "grid", "steal"])
 @pytest.mark.parametrize("hidden", [256, 7168])
 def test_one_pe_fan_out_in_phases_matches_the_reference(hidden, phases, seed):
     """Alone, the expert-major dispatch runs the CUDA protocols' phased fan-out (alone_fan_kernel;

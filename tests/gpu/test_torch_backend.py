@@ -357,11 +357,11 @@ def test_alone_bad_expert_id_and_over_capacity_raise_and_the_buffer_stays_usable
     assert "rank 0 would receive 96 rows" in msg and "recv_capacity" in msg, msg
 
 
-@pytest.mark.parametrize("phases", ["off", "block", "grid"])
+@pytest.mark.parametrize("phases", ["off", "block", "grid", "steal"])
 @pytest.mark.parametrize("protocol", ["pull", "push"])
 @pytest.mark.parametrize("hidden", [256, 7168])
 def test_fan_out_in_phases_matches_the_reference(hidden, protocol, phases, seed):
-    """kernel.fan_phases at world size 1 (block is the default; off runs the bulk-copy mover):
+    """kernel.fan_phases at world size 1 (steal is the default; off runs the bulk-copy mover):
     expert-major rows loaded whole into shared memory and stored in phases, over several rounds
     (up to 1024 tokens on 16 blocks of at most 16 rows), bitwise as the reference; then dispatch
     along a cached handle and num_worst_tokens outputs through the same kernel. The rank-major
