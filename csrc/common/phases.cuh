@@ -54,9 +54,9 @@ __device__ __forceinline__ void phase_round0(int64_t T, const MoveCfg& mc, int64
 
 // One thread of a block: the next group of `rows` tokens nobody has taken (>= the groups of T:
 // none left). Every block asks until it is refused, so a launch asks max(groups - blocks, 0) +
-// blocks times; the last ask zeroes the counter for the next launch. A block that leaves the
-// phases early would leave it counting: that happens only after a device wait expired, and the
-// Buffer is unusable then.
+// blocks times; the last ask zeroes the counter for the next launch. The callers' exits before
+// the phases are taken by every block or none (they read the same words), and a block leaves
+// the phases early only after a device wait expired, when the Buffer is unusable anyway.
 __device__ __forceinline__ int64_t phase_steal_next(unsigned int* counter, int64_t T, int rows) {
   const int64_t G = gridDim.x, groups = (T + rows - 1) / rows;
   const unsigned int v = atomicAdd(counter, 1u);
