@@ -108,10 +108,10 @@ def test_alone_dispatch_routes_inside_its_fan_out_kernel(hidden, num_sms, layout
 @pytest.mark.parametrize("num_sms", [8, 132])
 def test_steal_hands_the_later_rounds_to_whichever_block_asks_and_moves_the_same_rows(num_sms, layout, seed):
     """kernel.fan_phases=steal at world size 1: round 0 is block b's group of 16 tokens, the later
-    groups go to the blocks that ask first (8 blocks: 31 groups of 3968 tokens; 132: 124 after
-    round 0). The dispatch that routes (both layouts) and the cached dispatch (expert-major,
-    alone_fan_kernel) must move the reference's rows, twice in a row (the counter is zero again
-    after each launch), and their num_worst_tokens outputs too."""
+    groups go to the blocks that ask first (1984-3968 tokens, up to 248 groups: 8 blocks ask for
+    all but 8 of them, 132 blocks for up to 116). The dispatch that routes (both layouts) and the
+    cached dispatch (expert-major, alone_fan_kernel) must move the reference's rows, twice in a
+    row (the counter is zero again after each launch), and their num_worst_tokens outputs too."""
     cfg = gpu_config(**{"buffer.hidden": 7168, "buffer.max_tokens_per_rank": 3968, "kernel.num_sms": num_sms,
                         "buffer.output_layout": layout, "kernel.fan_phases": "steal"})
     n, layouts = 3, (layout,)
