@@ -57,7 +57,7 @@ class KernelConfig:
     # "steal" (default) = block, but after the first round each block takes the next group of
     # rows from a grid counter (a block whose rounds run slow takes fewer; the rank-major
     # dispatch that routes at the DeepSeek shape 45.1 -> 43.5 us torch, 46.0 -> 43.7 nvshmem,
-    # session 37);
+    # session 37 call C, results/session37/C);
     # "off" = the bulk-copy mover (nvshmem: its dispatch kernel)
     fan_phases: str = "steal"
     # push with peers (torch/nccl): "unpack" = push kernel, barrier, then a kernel copies the

@@ -51,6 +51,16 @@ def _pct(xs: Sequence[float]) -> dict[str, float]:
     return {"min": s[0], "median": statistics.median(s), "max": s[-1]}
 
 
+def _blocks(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str]) -> torch.Tensor:
+    """The stamps on the host as [blocks][warp_slots][len(marks)][ns, clock]; ValueError when
+    they are not whole blocks."""
+    m = len(marks)
+    if stamps.numel() % words(warp_slots, marks):
+        raise ValueError(f"stamps: {stamps.numel()} words is not a whole number of blocks of "
+                         f"{warp_slots} warps x {m} marks x 2")
+    return stamps.detach().to("cpu", torch.int64).view(-1, warp_slots, m, 2)
+
+
 def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS,
            spans: Sequence[tuple[str, str, str]] = PHASES) -> dict:
     """stamps: the kernel's int64 words, [blocks][warp_slots][len(marks)][2] flattened; a warp
@@ -59,10 +69,7 @@ def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS,
     enter, globaltimer); ``at`` (each mark against the first warp's enter: where the warps are
     on the grid's clock); ``span`` (first enter to last flushed); ``clock_ghz``; ``warps``."""
     m = len(marks)
-    if stamps.numel() % words(warp_slots, marks):
-        raise ValueError(f"stamps: {stamps.numel()} words is not a whole number of blocks of "
-                         f"{warp_slots} warps x {m} marks x 2")
-    t = stamps.detach().to("cpu", torch.int64).view(-1, warp_slots, m, 2).reshape(-1, m, 2)
+    t = _blocks(stamps, warp_slots, marks).reshape(-1, m, 2)
     t = t[(t != 0).all(dim=2).all(dim=1)]  # warps that stamped every mark
     if t.shape[0] == 0:
         raise ValueError("stamps: no warp stamped every mark (was the timeline set before the call?)")
@@ -91,11 +98,7 @@ def rows_at(stamps: torch.Tensor, warp_slots: int, want: Sequence[str], marks: S
     """Block by block: for each mark of ``want``, each block row's last warp to stamp it, in µs
     after the first warp's enter (None where no warp of the row stamped it). The routed kernel's
     rows are in ticket order: row b is chunk b's routing block, the last row the routing's end."""
-    m = len(marks)
-    if stamps.numel() % words(warp_slots, marks):
-        raise ValueError(f"stamps: {stamps.numel()} words is not a whole number of blocks of "
-                         f"{warp_slots} warps x {m} marks x 2")
-    ns = stamps.detach().to("cpu", torch.int64).view(-1, warp_slots, m, 2)[..., 0].double()
+    ns = _blocks(stamps, warp_slots, marks)[..., 0].double()
     entered = ns[:, :, marks.index("enter")]
     if not bool((entered != 0).any()):
         raise ValueError("stamps: no warp stamped its enter (was the timeline set before the call?)")

@@ -40,13 +40,18 @@ struct PhaseSplit {
   }
 };
 
+// Group g's tokens [b0, b1) under mc.phase_steal: phase_rows tokens a group.
+__device__ __forceinline__ void phase_group(int64_t T, int rows, int64_t g, int64_t& b0, int64_t& b1) {
+  b0 = min(T, g * rows);
+  b1 = min(T, b0 + rows);
+}
+
 // Block blockIdx.x's round 0 tokens [b0, b1): its share of the even split, or with
-// mc.phase_steal group blockIdx.x of phase_rows tokens (the later groups go to whichever block
-// asks first: phase_steal_next).
+// mc.phase_steal group blockIdx.x (the later groups go to whichever block asks first:
+// phase_steal_next).
 __device__ __forceinline__ void phase_round0(int64_t T, const MoveCfg& mc, int64_t& b0, int64_t& b1) {
   if (mc.phase_steal) {
-    b0 = min(T, int64_t(blockIdx.x) * mc.phase_rows);
-    b1 = min(T, b0 + mc.phase_rows);
+    phase_group(T, mc.phase_rows, blockIdx.x, b0, b1);
   } else {
     PhaseSplit(T, mc.phase_rows).block_range(T, 0, b0, b1);
   }
@@ -166,8 +171,7 @@ __device__ bool fan_in_phases(const uint8_t* x, int64_t T, int64_t rb, const Mov
   for (int64_t r = 0; steal ? (r == 0 || g * mc.phase_rows < T) : r < split.rounds; ++r) {
     int64_t b0, b1;
     if (steal) {
-      b0 = min(T, g * mc.phase_rows);
-      b1 = min(T, b0 + mc.phase_rows);
+      phase_group(T, mc.phase_rows, g, b0, b1);
     } else {
       split.block_range(T, r, b0, b1);
     }
