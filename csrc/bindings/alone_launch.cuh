@@ -148,7 +148,7 @@ bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, bool expert_major, int 
   a.mc = m;
   a.mc.stamps = stamps;
   a.mc.phase_steal = mode == 3;
-  a.routed = AloneArgs::Routed{f.sc.placed, f.a.chunks, f.epoch, a.routed.tokens, f.sc.totals};
+  a.routed = AloneArgs::Routed{f.sc.placed, f.a.chunks, f.epoch, a.routed.tokens, f.sc.totals, f.sc.totals_ready};
   // Not a following launch: x and the routing's inputs are read at once.
   kernel<<<blocks, m.warps * 32, size_t(smem), s>>>(a, f);
   const cudaError_t e = cudaGetLastError();
@@ -197,7 +197,8 @@ inline bool launch_alone(const std::vector<int64_t>& layout, bool expert_major, 
 
 // alone_routed's own routing scratch, zeroed once by the caller, in int32 words for `blocks`
 // blocks and C columns (1 + E alone): the chunks' counted, then placed epochs (int64), the
-// ticket (a 16-byte word), the column totals, then each chunk's counts at stride(C).
+// ticket (a 16-byte word: the ticket, then the totals' ready epoch at its second 8 bytes), the
+// column totals, then each chunk's counts at stride(C).
 struct RoutedScratch {
   static int64_t stride(int64_t C) { return (C + 3) / 4 * 4; }
   static int64_t words(int64_t blocks, int64_t C) { return 4 * blocks + 4 + (1 + blocks) * stride(C); }
@@ -206,6 +207,7 @@ struct RoutedScratch {
     sc.counted = reinterpret_cast<int64_t*>(s);
     sc.placed = sc.counted + blocks;
     sc.ticket = reinterpret_cast<unsigned int*>(s + 4 * blocks);
+    sc.totals_ready = reinterpret_cast<int64_t*>(s + 4 * blocks + 2);
     sc.totals = s + 4 * blocks + 4;
     sc.part = sc.totals + stride(C);
     return sc;

@@ -210,11 +210,12 @@ struct Ctx {
     return int(std::max<int64_t>(1, std::min<int64_t>(route_max_blocks(), (T + 127) / 128)));
   }
   // Bytes of global routing scratch the caller allocates once, zeroed (RouteScratch: the
-  // chunks' counted epochs, then their placed epochs, then the int32 tables; alone, then the
-  // counts of alone_fan_routed_kernel's chunks, own_stride() int32 each, 16-byte aligned).
+  // chunks' counted epochs, then their placed epochs, then the int32 tables; alone, then
+  // alone_fan_routed_kernel's totals ready epoch (4 words) and its chunks' counts, own_stride()
+  // int32 each, 16-byte aligned).
   int64_t layout_scratch_bytes() const {
     const int64_t B = route_max_blocks();
-    return 4 * (L.world_size == 1 ? own_part_words() + B * own_stride() : own_part_words());
+    return 4 * (L.world_size == 1 ? own_part_words() + 4 + B * own_stride() : own_part_words());
   }
   int own_stride() const { return int(RoutedScratch::stride(route_columns())); }
   // int32 words before those chunk counts (RouteScratch's part): a multiple of 4.
@@ -286,7 +287,8 @@ struct Ctx {
     f.a = routing_args(idx, w, T, in_rank, true);
     f.a.chunks = chunks;
     f.sc = route_scratch(scratch, true);
-    f.sc.part = scratch + own_part_words();  // layout_scratch_bytes' last part: 16-byte aligned
+    f.sc.totals_ready = reinterpret_cast<int64_t*>(scratch + own_part_words());
+    f.sc.part = scratch + own_part_words() + 4;  // layout_scratch_bytes' last part: 16-byte aligned
     f.stride = own_stride();
     f.epoch = route_epoch;
     f.counts_row = reinterpret_cast<int32_t*>(tp.local + L.counts);
@@ -410,7 +412,8 @@ struct Ctx {
     if (L.world_size != 1 || stamps || (expert_major && !fan_phases)) return false;
     AloneArgs a{};
     if (after_route)
-      a.routed = AloneArgs::Routed{routed.placed, routed.chunks, routed.epoch, routed.tokens, routed.totals};
+      a.routed = AloneArgs::Routed{routed.placed, routed.chunks, routed.epoch, routed.tokens, routed.totals,
+                                   nullptr};  // route_kernel marks every chunk, not the totals
     a.lay = L;
     a.alignment = alignment;
     a.x = P<const uint8_t>(x);

@@ -37,12 +37,15 @@ struct AloneArgs {
   // once each of its `chunks` chunks is marked placed with `epoch`, not on that grid's end
   // (counts is then not read: the routing's last block is still writing it). Expert-major, the
   // experts' counts come from the routing's column totals (expert e at 1 + e), which its last
-  // chunk writes before its mark, and round 0's rows load before the marks.
+  // chunk writes before its mark, and round 0's rows load before the marks. totals_ready (where
+  // the routing marks it, RouteScratch::totals_ready): the plan is built once the totals are, and
+  // each token's row waits for its own chunk's mark (nullptr: every chunk's before the plan).
   struct Routed {
     const int64_t* placed;
     int chunks;
     int64_t epoch, tokens;
     const int32_t* totals;
+    const int64_t* totals_ready;
   } routed;
 };
 
@@ -54,6 +57,20 @@ __device__ __forceinline__ bool routing_placed(const AloneArgs::Routed& r, const
     for (int i = lane; i < r.chunks && ok; i += 32)
       ok = wait_at_least_gpu(r.placed + i, r.epoch, sy.timeout_ns, sy.err, sy.err_host, kStageRouteChunk, i, r.epoch);
   return __syncthreads_and(ok) != 0;
+}
+
+// Whole warp: token t's chunk of the routing a.routed names is marked placed (lane 0 waits; its
+// acquire is ordered before the other lanes' reads, which must bypass L1: lines of other chunks
+// may lie there). False when the wait expired or an earlier one did (recorded: the host raises).
+__device__ __forceinline__ bool token_placed(const AloneArgs& a, int64_t t, int lane) {
+  const AloneArgs::Routed& r = a.routed;
+  const int64_t per = (r.tokens + r.chunks - 1) / r.chunks;  // RoutingArgs::chunk_begin's split
+  int placed = 1;
+  if (lane == 0)
+    placed = !error_set(a.sy.err) && wait_at_least_gpu(r.placed + t / per, r.epoch, a.sy.timeout_ns, a.sy.err,
+                                                        a.sy.err_host, kStageRouteChunk, int(t / per), r.epoch);
+  __syncwarp();
+  return __shfl_sync(0xffffffffu, placed, 0) != 0;
 }
 
 // Shared tables before the phases' rows: goff [E + 1] (read by the phases), then gcnt [E] and
@@ -83,7 +100,17 @@ __device__ __forceinline__ void alone_fan(const AloneArgs& a, uint8_t* smem, int
   if (threadIdx.x == 0) dead = error_set(a.sy.err);
   __syncthreads();
   if (dead) return leave();  // an earlier wait failed: the host raises
-  if (kEarly && !routing_placed(a.routed, a.sy, warp, lane)) return leave();  // recorded: the host raises
+  if (kEarly) {  // recorded when a wait expired: the host raises
+    const AloneArgs::Routed& r = a.routed;
+    bool ok = true;
+    if (r.totals_ready == nullptr)
+      ok = routing_placed(r, a.sy, warp, lane);
+    else
+      ok = __syncthreads_and(threadIdx.x != 0 ||
+                             wait_at_least_gpu(r.totals_ready, r.epoch, a.sy.timeout_ns, a.sy.err, a.sy.err_host,
+                                               kStageRouteChunk, r.chunks - 1, r.epoch)) != 0;
+    if (!ok) return leave();
+  }
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     const int32_t g = kEarly ? __ldcg(a.routed.totals + 1 + e) : __ldg(a.counts + 2 + e);
     pl.gcnt[e] = g;
@@ -101,13 +128,15 @@ __device__ __forceinline__ void alone_fan(const AloneArgs& a, uint8_t* smem, int
   const int64_t PC = 1 + K;
   fan_in_phases<kStamps, kEarly, true>(a.x, T, rb, a.mc, smem, a.sy,
                        [&](int64_t t) {
+                         if (kEarly && a.routed.totals_ready != nullptr && !token_placed(a, t, lane))
+                           return RowDsts{nullptr, 0};  // recorded: the host raises
                          int e = -1;
                          float w = 0.f;
                          int p = 0;
-                         if (lane < K) {
-                           e = a.idx[t * K + lane];
-                           w = a.w[t * K + lane];
-                           p = a.pos[t * PC + 1 + lane];
+                         if (lane < K) {  // early, the routing wrote them in this launch: past L1
+                           e = kEarly ? __ldcg(a.idx + t * K + lane) : a.idx[t * K + lane];
+                           w = kEarly ? __ldcg(a.w + t * K + lane) : a.w[t * K + lane];
+                           p = kEarly ? __ldcg(a.pos + t * PC + 1 + lane) : a.pos[t * PC + 1 + lane];
                          }
                          // Early, a bad id may still be here: never read past goff.
                          int64_t o = e >= 0 && (!kEarly || e < E) ? int64_t(pl.goff[e]) + p : -1;
@@ -147,14 +176,13 @@ __device__ __forceinline__ void rank_row_meta(const AloneArgs& a, int64_t o, int
 // token t's row to its one output row pos[t][0] when one of its slots names an expert, with the
 // slots' ids and weights (-1 / 0 for masked slots), source rank 0, token t and slot 0, as
 // alone_rows writes it. pos[t][0] is final once t's own chunk is placed, so each warp waits for
-// that one mark, not for every chunk (its reads bypass L1: lines of other chunks may lie there).
+// that one mark, not for every chunk (token_placed).
 // The rows are not known yet (the routing's end may still run): the kernel keeps inside the
 // outputs' capacity, and the host raises and drops these outputs on bad ids or over capacity.
 template <class Leave, bool kStamps = false>
 __device__ __forceinline__ void alone_rows_fan(const AloneArgs& a, uint8_t* smem, int warp, int lane, Leave leave) {
   const int K = static_cast<int>(a.lay.topk), PC = 1 + K;
   const int64_t rb = a.lay.row_bytes(), rows = a.o.capacity, T = a.routed.tokens;
-  const int64_t per = (T + a.routed.chunks - 1) / a.routed.chunks;  // RoutingArgs::chunk_begin's split
   __shared__ bool dead;
   if (threadIdx.x == 0) dead = error_set(a.sy.err);
   __syncthreads();
@@ -162,14 +190,7 @@ __device__ __forceinline__ void alone_rows_fan(const AloneArgs& a, uint8_t* smem
   stamp<kStamps>(a.mc.stamps, kStampPlanned);
   fan_in_phases<kStamps, true, true>(a.x, T, rb, a.mc, smem, a.sy,
                              [&](int64_t t) {
-                               int placed = 1;
-                               if (lane == 0)
-                                 placed = !error_set(a.sy.err) &&
-                                          wait_at_least_gpu(a.routed.placed + t / per, a.routed.epoch,
-                                                            a.sy.timeout_ns, a.sy.err, a.sy.err_host,
-                                                            kStageRouteChunk, int(t / per), a.routed.epoch);
-                               __syncwarp();  // orders lane 0's acquire before the other lanes' reads
-                               if (!__shfl_sync(0xffffffffu, placed, 0)) return RowDsts{nullptr, 0};  // recorded
+                               if (!token_placed(a, t, lane)) return RowDsts{nullptr, 0};  // recorded
                                int e = -1;
                                float w = 0.f;
                                if (lane < K) {
