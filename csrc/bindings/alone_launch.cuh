@@ -148,7 +148,9 @@ bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, bool expert_major, int 
   a.mc = m;
   a.mc.stamps = stamps;
   a.mc.phase_steal = mode == 3;
-  a.routed = AloneArgs::Routed{f.sc.placed, f.a.chunks, f.epoch, a.routed.tokens, f.sc.totals, f.sc.totals_ready};
+  if (!expert_major) f.sc.sums = nullptr, f.sc.summed = nullptr;  // only the expert-major plan reads them
+  a.routed = AloneArgs::Routed{f.sc.placed, f.a.chunks, f.epoch,     a.routed.tokens,
+                               f.sc.totals, f.sc.sums,  f.sc.summed, f.sc.sums_readers};
   // Not a following launch: x and the routing's inputs are read at once.
   kernel<<<blocks, m.warps * 32, size_t(smem), s>>>(a, f);
   const cudaError_t e = cudaGetLastError();
@@ -197,19 +199,21 @@ inline bool launch_alone(const std::vector<int64_t>& layout, bool expert_major, 
 
 // alone_routed's own routing scratch, zeroed once by the caller, in int32 words for `blocks`
 // blocks and C columns (1 + E alone): the chunks' counted, then placed epochs (int64), the
-// ticket (a 16-byte word: the ticket, then the totals' ready epoch at its second 8 bytes), the
-// column totals, then each chunk's counts at stride(C).
+// ticket (a 16-byte word: the ticket, the chunks summed into sums, the blocks that read them),
+// the column totals, sums (RouteScratch::sums), then each chunk's counts at stride(C).
 struct RoutedScratch {
   static int64_t stride(int64_t C) { return (C + 3) / 4 * 4; }
-  static int64_t words(int64_t blocks, int64_t C) { return 4 * blocks + 4 + (1 + blocks) * stride(C); }
+  static int64_t words(int64_t blocks, int64_t C) { return 4 * blocks + 4 + (2 + blocks) * stride(C); }
   static RouteScratch carve(int32_t* s, int64_t blocks, int64_t C) {
     RouteScratch sc{};
     sc.counted = reinterpret_cast<int64_t*>(s);
     sc.placed = sc.counted + blocks;
     sc.ticket = reinterpret_cast<unsigned int*>(s + 4 * blocks);
-    sc.totals_ready = reinterpret_cast<int64_t*>(s + 4 * blocks + 2);
+    sc.summed = sc.ticket + 1;
+    sc.sums_readers = sc.ticket + 2;
     sc.totals = s + 4 * blocks + 4;
-    sc.part = sc.totals + stride(C);
+    sc.sums = sc.totals + stride(C);
+    sc.part = sc.sums + stride(C);
     return sc;
   }
 };

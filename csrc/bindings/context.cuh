@@ -211,11 +211,11 @@ struct Ctx {
   }
   // Bytes of global routing scratch the caller allocates once, zeroed (RouteScratch: the
   // chunks' counted epochs, then their placed epochs, then the int32 tables; alone, then
-  // alone_fan_routed_kernel's totals ready epoch (4 words) and its chunks' counts, own_stride()
-  // int32 each, 16-byte aligned).
+  // alone_fan_routed_kernel's RouteScratch::summed and sums_readers (4 words), sums and its
+  // chunks' counts, own_stride() int32 each, 16-byte aligned).
   int64_t layout_scratch_bytes() const {
     const int64_t B = route_max_blocks();
-    return 4 * (L.world_size == 1 ? own_part_words() + 4 + B * own_stride() : own_part_words());
+    return 4 * (L.world_size == 1 ? own_part_words() + 4 + (1 + B) * own_stride() : own_part_words());
   }
   int own_stride() const { return int(RoutedScratch::stride(route_columns())); }
   // int32 words before those chunk counts (RouteScratch's part): a multiple of 4.
@@ -287,8 +287,10 @@ struct Ctx {
     f.a = routing_args(idx, w, T, in_rank, true);
     f.a.chunks = chunks;
     f.sc = route_scratch(scratch, true);
-    f.sc.totals_ready = reinterpret_cast<int64_t*>(scratch + own_part_words());
-    f.sc.part = scratch + own_part_words() + 4;  // layout_scratch_bytes' last part: 16-byte aligned
+    f.sc.summed = reinterpret_cast<unsigned int*>(scratch + own_part_words());
+    f.sc.sums_readers = f.sc.summed + 1;
+    f.sc.sums = scratch + own_part_words() + 4;
+    f.sc.part = f.sc.sums + own_stride();  // layout_scratch_bytes' last part: 16-byte aligned
     f.stride = own_stride();
     f.epoch = route_epoch;
     f.counts_row = reinterpret_cast<int32_t*>(tp.local + L.counts);
@@ -413,7 +415,7 @@ struct Ctx {
     AloneArgs a{};
     if (after_route)
       a.routed = AloneArgs::Routed{routed.placed, routed.chunks, routed.epoch, routed.tokens, routed.totals,
-                                   nullptr};  // route_kernel marks every chunk, not the totals
+                                   nullptr};  // route_kernel keeps no sums: the plan waits for every chunk
     a.lay = L;
     a.alignment = alignment;
     a.x = P<const uint8_t>(x);

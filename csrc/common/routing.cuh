@@ -183,10 +183,11 @@ __device__ __forceinline__ void place_final(const RoutingArgs<Idx>& a, const int
 // positions. The first kKeep steps of a warp stay in registers (at 128 tokens a chunk, top-8,
 // 32 warps: one step); later ones park their ranks in `pos`.
 // kCount: this is the routing's only look at the ids (route_kernel): it also publishes them,
-// checks them and writes is_token_in_rank.
+// checks them and writes is_token_in_rank. sums (nullptr: none): the chunk total is also added
+// there, before `between()`.
 template <bool kCount, typename Idx, typename Between>
 __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int32_t* hist, int32_t* total, int b,
-                            Between&& between) {
+                            Between&& between, int32_t* sums = nullptr) {
   constexpr int kKeep = 2;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
   const int C = a.columns(), PC = a.W + a.K;
@@ -214,6 +215,7 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
       run += v;
     }
     if (total) total[c] = run;
+    if (sums && run) atomicAdd(sums + c, run);
   }
   __syncthreads();
   if (!between()) return;  // a wait failed: the host raises; no position is written

@@ -37,15 +37,18 @@ struct AloneArgs {
   // once each of its `chunks` chunks is marked placed with `epoch`, not on that grid's end
   // (counts is then not read: the routing's last block is still writing it). Expert-major, the
   // experts' counts come from the routing's column totals (expert e at 1 + e), which its last
-  // chunk writes before its mark, and round 0's rows load before the marks. totals_ready (where
-  // the routing marks it, RouteScratch::totals_ready): the plan is built once the totals are, and
-  // each token's row waits for its own chunk's mark (nullptr: every chunk's before the plan).
+  // chunk writes before its mark, and round 0's rows load before the marks. summed (where the
+  // routing keeps RouteScratch::sums): the plan is built from `sums` once every chunk added its
+  // counts (summed == chunks), and each token's row waits for its own chunk's mark (nullptr:
+  // from `totals` once every chunk is placed). The last block to read sums zeroes them, summed
+  // and `readers` (RouteScratch::sums_readers) for the next launch.
   struct Routed {
     const int64_t* placed;
     int chunks;
     int64_t epoch, tokens;
     const int32_t* totals;
-    const int64_t* totals_ready;
+    int32_t* sums;
+    unsigned int *summed, *readers;
   } routed;
 };
 
@@ -103,20 +106,31 @@ __device__ __forceinline__ void alone_fan(const AloneArgs& a, uint8_t* smem, int
   if (kEarly) {  // recorded when a wait expired: the host raises
     const AloneArgs::Routed& r = a.routed;
     bool ok = true;
-    if (r.totals_ready == nullptr)
+    if (r.summed == nullptr)
       ok = routing_placed(r, a.sy, warp, lane);
     else
-      ok = __syncthreads_and(threadIdx.x != 0 ||
-                             wait_at_least_gpu(r.totals_ready, r.epoch, a.sy.timeout_ns, a.sy.err, a.sy.err_host,
-                                               kStageRouteChunk, r.chunks - 1, r.epoch)) != 0;
+      ok = __syncthreads_and(threadIdx.x != 0 || wait_at_least_gpu(r.summed, unsigned(r.chunks), a.sy.timeout_ns, a.sy.err,
+                                                                   a.sy.err_host, kStageRouteChunk, r.chunks - 1,
+                                                                   r.epoch)) != 0;
     if (!ok) return leave();
   }
+  const int32_t* totals = kEarly && a.routed.summed != nullptr ? a.routed.sums : a.routed.totals;
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
-    const int32_t g = kEarly ? __ldcg(a.routed.totals + 1 + e) : __ldg(a.counts + 2 + e);
+    const int32_t g = kEarly ? __ldcg(totals + 1 + e) : __ldg(a.counts + 2 + e);
     pl.gcnt[e] = g;
     pl.goff[e] = (g + a.alignment - 1) / a.alignment * a.alignment;
   }
   __syncthreads();
+  if (kEarly && a.routed.summed != nullptr) {  // every thread has its sums: the last block zeroes them
+    const AloneArgs::Routed& r = a.routed;
+    __shared__ bool last;
+    if (threadIdx.x == 0) last = atomicAdd(r.readers, 1u) == gridDim.x - 1;
+    __syncthreads();
+    if (last) {
+      for (int c = threadIdx.x; c <= E; c += blockDim.x) r.sums[c] = 0;
+      if (threadIdx.x == 0) *r.summed = 0u, *r.readers = 0u;
+    }
+  }
   const int32_t rows = block_exclusive_scan(pl.goff, E, pl.tmp);
   const int64_t T = kEarly ? a.routed.tokens : __ldg(a.counts);
   // Bad ids or over capacity: every block, the host raises.
@@ -128,7 +142,7 @@ __device__ __forceinline__ void alone_fan(const AloneArgs& a, uint8_t* smem, int
   const int64_t PC = 1 + K;
   fan_in_phases<kStamps, kEarly, true>(a.x, T, rb, a.mc, smem, a.sy,
                        [&](int64_t t) {
-                         if (kEarly && a.routed.totals_ready != nullptr && !token_placed(a, t, lane))
+                         if (kEarly && a.routed.summed != nullptr && !token_placed(a, t, lane))
                            return RowDsts{nullptr, 0};  // recorded: the host raises
                          int e = -1;
                          float w = 0.f;

@@ -50,10 +50,12 @@ struct RouteScratch {  // global scratch of the routing kernels (sized by the ho
   // [blocks] the epoch once chunk i's positions are published (zeroed once; nullptr: no marks):
   // a data kernel alone may start on them instead of on the routing grid's end.
   int64_t* placed = nullptr;
-  // The epoch once `totals` is complete (zeroed once; nullptr: not marked): the last chunk sets it
-  // before its own place pass, so a kernel that waits for each token's chunk (placed) can build
-  // its plan without waiting for every chunk.
-  int64_t* totals_ready = nullptr;
+  // [C] the column totals as each chunk adds its counts, and `summed` the chunks that have (all
+  // three zero at launch; nullptr: not kept): complete as soon as every chunk is counted, where
+  // `totals` waits for the last chunk's sums over the others. Their readers count themselves in
+  // sums_readers, and the last zeroes all three (AloneArgs::Routed).
+  int32_t* sums = nullptr;
+  unsigned int *summed = nullptr, *sums_readers = nullptr;
 };
 
 // The exchanged counts matrix m ([W][1 + W + E], W <= kMaxSlots) into host-mapped memory
@@ -215,8 +217,8 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingAr
 // published after theirs and the chunk marked placed (sc.placed, where kept). The chunks' counts
 // lie `stride` int32 apart in sc.part; kVec: stride % 4 == 0 and their sums are vector loads
 // (chunk_sum_vec), else chunk_base's. tables: base [stride], then the warps' [warps][C]. The
-// block of the last chunk also leaves the column totals in sc.totals, marked in sc.totals_ready
-// (where kept) before its place pass. False: a wait expired
+// block of the last chunk also leaves the column totals in sc.totals (each chunk adds its own to
+// sc.sums, where kept, before its counted mark). False: a wait expired
 // (recorded in the ErrorWord); no position was written.
 template <bool kVec, typename Idx>
 __device__ bool route_chunk_marked(const RoutingArgs<Idx>& a, const RouteScratch& sc, int b, int stride,
@@ -227,8 +229,9 @@ __device__ bool route_chunk_marked(const RoutingArgs<Idx>& a, const RouteScratch
   bool placing = false;
   route_chunk<true>(a, tables, tables + stride, part, b, [&] {
     if (threadIdx.x == 0) {
-      __threadfence();  // cumulative: the block's counts in `part` before the mark
+      __threadfence();  // cumulative: the block's counts in `part` (and sc.sums) before the marks
       st_release_gpu(sc.counted + b, epoch);
+      if (sc.summed != nullptr) atomicAdd(sc.summed, 1u);
     }
     // Chunks before b belong to blocks that took their tickets first: each is running.
     bool ok = true;
@@ -240,19 +243,11 @@ __device__ bool route_chunk_marked(const RoutingArgs<Idx>& a, const RouteScratch
       chunk_sum_vec(sc.part, stride, b, tables);
     else
       chunk_base(sc, C, tables, b);
-    if (b == last) {
+    if (b == last)
       for (int c = threadIdx.x; c < C; c += blockDim.x) sc.totals[c] = tables[c] + part[c];
-      if (sc.totals_ready != nullptr) {
-        __syncthreads();
-        if (threadIdx.x == 0) {
-          __threadfence();  // cumulative: every thread's totals before the mark
-          st_release_gpu(sc.totals_ready, epoch);
-        }
-      }
-    }
     placing = true;
     return true;
-  });
+  }, sc.sums);
   // route_chunk's last barrier ordered every thread's positions before this fence.
   if (placing && sc.placed != nullptr && threadIdx.x == 0) {
     __threadfence();
