@@ -267,8 +267,9 @@ struct OwnRouting {
 // routing one) does the routing's end: the bad-id flag, the counts row and the hand-over to the
 // host (hand_counts). A routing chunk's global round trips queue behind the loads in flight, and
 // its own add to them (session 36: expert-major kernel 147 -> 145 µs, rank-major within 1 µs,
-// the ticket before any load 7 -> 0.4 µs). Then every block waits for the chunks' placed marks,
-// as alone_fan_kernel<true> does behind route_kernel, and fans out. Launched after the stream's
+// the ticket before any load 7 -> 0.4 µs). Then expert-major every block builds its plan on the
+// column totals the chunks add as they are counted (RouteScratch::sums) and each row waits for
+// its own chunk's placed mark (rank-major only the latter), and fans out. Launched after the stream's
 // earlier work ended (x, topk_idx and topk_weights are read at once).
 // kStamps: the timeline's build (a.mc.stamps; timeline.ROUTED_PHASES says what its marks mean),
 // its rows in ticket order (row b: the block that took ticket b; timeline.rows_at reads them).
