@@ -62,6 +62,29 @@ __device__ __forceinline__ bool routing_placed(const AloneArgs::Routed& r, const
   return __syncthreads_and(ok) != 0;
 }
 
+// Whole block, expert-major behind its routing: waits for what the plan reads (with sums, every
+// chunk's counts added there; else every chunk placed) and returns those column totals (expert
+// e at 1 + e); nullptr when a wait expired (recorded: the host raises).
+__device__ __forceinline__ const int32_t* routing_totals(const AloneArgs::Routed& r, const Sync& sy, int warp,
+                                                         int lane) {
+  if (r.summed == nullptr) return routing_placed(r, sy, warp, lane) ? r.totals : nullptr;
+  const bool ok = __syncthreads_and(threadIdx.x != 0 || wait_at_least_gpu(r.summed, unsigned(r.chunks), sy.timeout_ns,
+                                                                         sy.err, sy.err_host, kStageRouteChunk,
+                                                                         r.chunks - 1, r.epoch)) != 0;
+  return ok ? r.sums : nullptr;
+}
+
+// Whole block, once every thread of it has read r's sums (after a barrier): the last block of
+// the grid to do so zeroes sums[0, n), summed and readers for the next launch.
+__device__ __forceinline__ void release_sums(const AloneArgs::Routed& r, int n) {
+  __shared__ bool last;
+  if (threadIdx.x == 0) last = atomicAdd(r.readers, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  for (int c = threadIdx.x; c < n; c += blockDim.x) r.sums[c] = 0;
+  if (threadIdx.x == 0) *r.summed = 0u, *r.readers = 0u;
+}
+
 // Whole warp: token t's chunk of the routing a.routed names is marked placed (lane 0 waits; its
 // acquire is ordered before the other lanes' reads, which must bypass L1: lines of other chunks
 // may lie there). False when the wait expired or an earlier one did (recorded: the host raises).
@@ -103,34 +126,15 @@ __device__ __forceinline__ void alone_fan(const AloneArgs& a, uint8_t* smem, int
   if (threadIdx.x == 0) dead = error_set(a.sy.err);
   __syncthreads();
   if (dead) return leave();  // an earlier wait failed: the host raises
-  if (kEarly) {  // recorded when a wait expired: the host raises
-    const AloneArgs::Routed& r = a.routed;
-    bool ok = true;
-    if (r.summed == nullptr)
-      ok = routing_placed(r, a.sy, warp, lane);
-    else
-      ok = __syncthreads_and(threadIdx.x != 0 || wait_at_least_gpu(r.summed, unsigned(r.chunks), a.sy.timeout_ns, a.sy.err,
-                                                                   a.sy.err_host, kStageRouteChunk, r.chunks - 1,
-                                                                   r.epoch)) != 0;
-    if (!ok) return leave();
-  }
-  const int32_t* totals = kEarly && a.routed.summed != nullptr ? a.routed.sums : a.routed.totals;
+  const int32_t* totals = nullptr;
+  if (kEarly && (totals = routing_totals(a.routed, a.sy, warp, lane)) == nullptr) return leave();
   for (int e = threadIdx.x; e < E; e += blockDim.x) {
     const int32_t g = kEarly ? __ldcg(totals + 1 + e) : __ldg(a.counts + 2 + e);
     pl.gcnt[e] = g;
     pl.goff[e] = (g + a.alignment - 1) / a.alignment * a.alignment;
   }
   __syncthreads();
-  if (kEarly && a.routed.summed != nullptr) {  // every thread has its sums: the last block zeroes them
-    const AloneArgs::Routed& r = a.routed;
-    __shared__ bool last;
-    if (threadIdx.x == 0) last = atomicAdd(r.readers, 1u) == gridDim.x - 1;
-    __syncthreads();
-    if (last) {
-      for (int c = threadIdx.x; c <= E; c += blockDim.x) r.sums[c] = 0;
-      if (threadIdx.x == 0) *r.summed = 0u, *r.readers = 0u;
-    }
-  }
+  if (kEarly && a.routed.summed != nullptr) release_sums(a.routed, E + 1);
   const int32_t rows = block_exclusive_scan(pl.goff, E, pl.tmp);
   const int64_t T = kEarly ? a.routed.tokens : __ldg(a.counts);
   // Bad ids or over capacity: every block, the host raises.

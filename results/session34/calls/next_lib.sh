@@ -10,3 +10,6 @@ tl() { # tree label: the routed kernel's timeline (torch push, both layouts) int
 tt() { # tree label limit_s expr: build + the torch GPU tests matching -k expr, their lines into summaries.txt
   (cd $R/trees/$1 && SYMMOE_COMMIT=$1 OUT=/tmp/o/$2 LOG=/tmp/l/$2 TEST_LIMIT_S=$3 FAULT_S=$(($3 - 10)) \
     PYTEST_ARGS="-rA -k '$4'" scripts/gpu_check.sh build test 2>&1 | tail -1); s "torch tests $2" $2; echo "$2 t=$SECONDS"; }
+tn() { # tree label limit_s expr: build + the nvshmem GPU tests matching -k expr, their lines into summaries.txt (session 38)
+  (cd $R/trees/$1 && SYMMOE_COMMIT=$1 OUT=/tmp/o/$2 LOG=/tmp/l/$2 TEST_LIMIT_S=$3 FAULT_S=$(($3 - 10)) \
+    PYTEST_ARGS="-rA -k '$4'" scripts/gpu_check.sh build nvshmem 2>&1 | tail -1); s "nvshmem tests $2" $2; echo "$2 t=$SECONDS"; }

@@ -6,11 +6,9 @@
 # worst-case and cached at W=1; nvshmem's one-PE tests and the summary; then nccl's 15 (W=1, the
 # same Context and kernels).
 R=$PWD; O=$OUT; M=${MAIN:?set MAIN}
-. "$R/results/session34/calls/next_lib.sh"  # s, tt
+. "$R/results/session34/calls/next_lib.sh"  # s, tt, tn
 tt $M ta 220 'steal or phases or (bitwise_equal and 1-) or (num_worst and 1-) or (cached and 1-)'
-(cd $R/trees/$M && SYMMOE_COMMIT=$M OUT=/tmp/o/n LOG=/tmp/l/n TEST_LIMIT_S=150 FAULT_S=140 \
-  PYTEST_ARGS="-rA -k 'one_pe or summary'" scripts/gpu_check.sh build nvshmem 2>&1 | tail -1)
-s "nvshmem one-PE" n; echo "t=$SECONDS"
+tn $M n 150 'one_pe or summary'
 (cd $R/trees/$M && SYMMOE_COMMIT=$M OUT=/tmp/o/c LOG=/tmp/l/c scripts/gpu_check.sh build nccl 2>&1 | tail -1)
 s "nccl" c; grep -h "passed\|failed" /tmp/l/c/nccl_tests.log >> $O/summaries.txt 2>/dev/null
 tar czf $O/logs.tar.gz -C /tmp/l . 2>/dev/null

@@ -9,11 +9,9 @@
 # tests, benches K / M / K / M (torch + nvshmem), then its timeline ("route chunk" of the rows
 # >= 64 is now their count).
 R=$PWD; O=$OUT; M=${MAIN:?set MAIN}; T=${COUNT:?set COUNT}
-. "$R/results/session34/calls/next_lib.sh"  # b, s, tl, tt
+. "$R/results/session34/calls/next_lib.sh"  # b, s, tl, tt, tn
 tt $T tt 100 'routes_inside or routed_kernel or alone_bad'
-(cd $R/trees/$T && SYMMOE_COMMIT=$T OUT=/tmp/o/n LOG=/tmp/l/n TEST_LIMIT_S=80 FAULT_S=70 \
-  PYTEST_ARGS="-rA -k 'one_pe_bad or one_pe_dispatch_routes'" scripts/gpu_check.sh build nvshmem 2>&1 | tail -1)
-s "nvshmem one-PE" n; echo "t=$SECONDS"
+tn $T n 80 'one_pe_bad or one_pe_dispatch_routes'
 b $T k1; b $M m1; b $T k2
 [ $SECONDS -lt 400 ] && b $M m2
 [ $SECONDS -lt 420 ] && tl $T lt

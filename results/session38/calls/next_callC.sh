@@ -10,11 +10,9 @@
 # routings on one buffer each, bad ids and capacity, cached and num_worst_tokens after it, the
 # steal tests), nvshmem's one-PE routed / bad-input tests, benches G / M / G / M, its timeline.
 R=$PWD; O=$OUT; M=${MAIN:?set MAIN}; T=${GROUPS:?set GROUPS}
-. "$R/results/session34/calls/next_lib.sh"  # b, s, tl, tt
+. "$R/results/session34/calls/next_lib.sh"  # b, s, tl, tt, tn
 tt $T tt 130 'routes_inside or routed_kernel or alone_bad or steal or (num_worst and 1-) or (bitwise_equal and 1-)'
-(cd $R/trees/$T && SYMMOE_COMMIT=$T OUT=/tmp/o/n LOG=/tmp/l/n TEST_LIMIT_S=80 FAULT_S=70 \
-  PYTEST_ARGS="-rA -k 'one_pe_bad or one_pe_dispatch_routes'" scripts/gpu_check.sh build nvshmem 2>&1 | tail -1)
-s "nvshmem one-PE" n; echo "t=$SECONDS"
+tn $T n 80 'one_pe_bad or one_pe_dispatch_routes'
 b $T g1; b $M m1; b $T g2
 [ $SECONDS -lt 420 ] && b $M m2
 [ $SECONDS -lt 440 ] && tl $T lt
