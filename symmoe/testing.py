@@ -22,7 +22,7 @@ from .workload import Routing, make_inputs
 # heavy skew, and every token on one expert.
 CHECK_ROUTINGS = (
     Routing("uniform"),
-    Routing("masked", mask_prob=0.3),
+    Routing("masked", mask_prob=0.3, masked_tokens=0.1),
     Routing("empty_ranks", empty_ranks=(1, 3)),
     Routing("zipf", zipf_s=2.0),
     Routing("one_expert", expert=1),

@@ -19,6 +19,7 @@ class Routing:
     kind: str = "uniform"
     zipf_s: float = 1.2  # zipf: skew exponent
     mask_prob: float = 0.25  # masked: share of slots set to -1
+    masked_tokens: float = 0.0  # masked: share of tokens with every slot -1 (padding, dropped tokens)
     num_groups: int = 8  # group_limited: DeepSeek-V3's node-limited routing
     topk_groups: int = 4
     empty_ranks: tuple[int, ...] = (1,)  # empty_ranks: ranks that receive nothing
@@ -43,6 +44,8 @@ def make_topk_idx(routing: Routing, num_tokens: int, topk: int, num_experts: int
         idx = _distinct_sample(torch.ones(T, E), K, gen)
         if kind == "masked":
             idx[torch.rand(T, K, generator=gen) < routing.mask_prob] = -1
+            if routing.masked_tokens > 0:
+                idx[torch.rand(T, generator=gen) < routing.masked_tokens] = -1
         return idx
     if kind == "zipf":
         weights = 1.0 / torch.arange(1, E + 1, dtype=torch.float64) ** routing.zipf_s

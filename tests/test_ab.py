@@ -318,6 +318,16 @@ def test_make_inputs_for_some_ranks_and_topk_idxs_match_the_full_build():
     assert all(torch.equal(i, f.topk_idx) for i, f in zip(idxs, full))
 
 
+def test_the_masked_routing_can_mask_whole_tokens_as_padding_does():
+    """masked_tokens: that share of tokens has every slot -1 (no row anywhere); the others keep
+    their ids, as mask_prob 0 leaves them."""
+    (idx,) = make_topk_idxs(Routing("masked", mask_prob=0.0, masked_tokens=0.5), num_tokens=[400], topk=4,
+                            num_experts=16, world_size=1, seed=3)
+    whole = (idx < 0).all(1)
+    assert 120 < int(whole.sum()) < 280
+    assert bool((idx[~whole] >= 0).all())
+
+
 def test_a_variant_can_dispatch_x_from_the_input_view_and_stays_bitwise_equal(tmp_path, capsys):
     spec = write_spec(tmp_path, f"""
     world_size: 2

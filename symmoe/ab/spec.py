@@ -62,7 +62,7 @@ WORKLOAD_KEYS = ("tokens_per_rank", "hidden", "topk", "num_experts", "dtype", "o
 VARIANT_KEYS = ("name", "config", "set", "x_in_buffer")
 FALLBACK_KEYS = ("tokens_per_rank", "warmup", "repeats", "world_size")
 ROUTING_PARAMS: dict[str, tuple[str, ...]] = {
-    "uniform": (), "zipf": ("zipf_s",), "group_limited": ("num_groups", "topk_groups"), "masked": ("mask_prob",),
+    "uniform": (), "zipf": ("zipf_s",), "group_limited": ("num_groups", "topk_groups"), "masked": ("mask_prob", "masked_tokens"),
     "empty_ranks": ("empty_ranks",), "one_expert": ("expert",), "replay": ("path",),
 }
 CORRUPT_KEYS = ("tensor", "rank", "row", "col", "call")
@@ -190,7 +190,7 @@ def _routing(src: str, spec_dir: str, value: Any) -> dict[str, Any]:
             continue
         v = data[p]
         kp = f"{key}.{p}"
-        if p in ("zipf_s", "mask_prob"):
+        if p in ("zipf_s", "mask_prob", "masked_tokens"):
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 raise _err(src, kp, v, "expected a number")
             lo, hi = (0.0, 10.0) if p == "zipf_s" else (0.0, 1.0)
