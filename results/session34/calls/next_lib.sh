@@ -13,3 +13,6 @@ tt() { # tree label limit_s expr: build + the torch GPU tests matching -k expr, 
 tn() { # tree label limit_s expr: build + the nvshmem GPU tests matching -k expr, their lines into summaries.txt (session 38)
   (cd $R/trees/$1 && SYMMOE_COMMIT=$1 OUT=/tmp/o/$2 LOG=/tmp/l/$2 TEST_LIMIT_S=$3 FAULT_S=$(($3 - 10)) \
     PYTEST_ARGS="-rA -k '$4'" scripts/gpu_check.sh build nvshmem 2>&1 | tail -1); s "nvshmem tests $2" $2; echo "$2 t=$SECONDS"; }
+need_trees() { # tree...: stop the call before any device work when a tree is missing (session 39: GROUPS=<hash>
+  # is ignored by bash, so its call benched main alone)
+  for t in "$@"; do [ -d "$R/trees/$t" ] || { echo "no tree trees/$t" | tee -a $O/summaries.txt; exit 2; }; done; }

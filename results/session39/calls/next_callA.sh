@@ -9,7 +9,8 @@
 # steal runs each routing twice, so the meeting's counter must be zero again), nvshmem's one-PE
 # routed tests, then benches S / M / S / M (torch + nvshmem) as time allows.
 R=$PWD; O=$OUT; M=${MAIN:?set MAIN}; T=${SPEC:?set SPEC}
-. "$R/results/session34/calls/next_lib.sh"  # b, s, tl, tt, tn
+. "$R/results/session34/calls/next_lib.sh"  # b, s, tl, tt, tn, need_trees
+need_trees $M $T
 tt $T tt 170 'routes_inside or routed_kernel or alone_bad or steal or (bitwise_equal and 1-)'
 tn $T n 80 'one_pe_bad or one_pe_dispatch_routes'
 b $T s1; b $M m1
