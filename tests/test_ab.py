@@ -193,6 +193,8 @@ def test_unknown_keys_are_named_with_what_is_allowed(tmp_path):
     assert "workload.routing.s = 2: unknown key; allowed here: kind, zipf_s" in msg
     msg = _spec_error(tmp_path, "workload: {routing: pareto}\n", two_host_variants())
     assert "workload.routing.kind = 'pareto': allowed: uniform, zipf, group_limited" in msg
+    msg = _spec_error(tmp_path, "workload: {routing: {kind: masked, masked_tokens: 1.5}}\n", two_host_variants())
+    assert "workload.routing.masked_tokens = 1.5: must be in [0, 1]" in msg
 
 
 def test_test_hook_is_an_unknown_key_outside_tests(tmp_path, monkeypatch):
