@@ -4,7 +4,10 @@
 protocol, world size, x placement, layout, op) found in the first file: each run's median µs,
 its ratio to the first run's and, where the bench measured them, its ratio to a same-size copy
 and its speed-up over plain torch; then the kernels' device µs per call of rank 0 (the
-profiler's, without host gaps). Runs are named by their JSON's commit, or by ``--labels``.
+profiler's, without host gaps); then, where the JSON has it, the host's work after the exact
+dispatch's one counts wait (``dispatch_host_phases_timed``, rank 0): a call whose host work
+outlasts its kernel is host-bound, whatever its kernel did. Runs are named by their JSON's
+commit, or by ``--labels``.
 Several runs of one tree (A/B/A/B) read as the spread that a difference has to exceed.
 """
 from __future__ import annotations
@@ -29,6 +32,18 @@ def rows_of(doc: dict[str, Any]) -> dict[Key, dict[str, Any]]:
             for op in ops_of(row):
                 key = (r["backend"], r["protocol"], int(r["world_size"]), bool(r.get("x_in_buffer")), layout, op)
                 out[key] = {**row[op], "kernels_us": sum(kernels.get(op, {}).values())}
+    return out
+
+
+def after_wait_of(doc: dict[str, Any]) -> dict[Key, float]:
+    """Rank 0's median µs of host work after the exact dispatch's counts wait, per layout."""
+    out: dict[Key, float] = {}
+    for r in doc.get("results", []):
+        for layout in r["layouts"]:
+            phases = r["ranks"][0][layout].get("dispatch_host_phases_timed")
+            if phases and "after_wait" in phases:
+                key = (r["backend"], r["protocol"], int(r["world_size"]), bool(r.get("x_in_buffer")), layout, "dispatch")
+                out[key] = phases["after_wait"]["median_us"]
     return out
 
 
@@ -64,9 +79,18 @@ def compare(docs: list[dict[str, Any]], labels: list[str]) -> str:
         times.append(t)
         kernels.append(k)
     head = ["backend", "proto", "W", "layout", "op", *labels]
-    return "\n".join(["median µs (ratio to the first run), ratio to a same-size copy, speed-up over plain torch",
-                      *_aligned([head, *times]), "", "kernels, device µs per call (rank 0)",
-                      *_aligned([head, *kernels])])
+    lines = ["median µs (ratio to the first run), ratio to a same-size copy, speed-up over plain torch",
+             *_aligned([head, *times]), "", "kernels, device µs per call (rank 0)", *_aligned([head, *kernels])]
+    waits = [after_wait_of(d) for d in docs]
+    host = []
+    for key in runs[0]:
+        if any(key in w for w in waits):
+            backend, proto, ws, xbuf, layout, op = key
+            host.append([backend, proto + ("*" if xbuf else ""), str(ws), layout, LABEL[op],
+                         *(f"{w[key]:.1f}" if key in w else "-" for w in waits)])
+    if host:
+        lines += ["", "host after the counts wait, median µs (rank 0, timed dispatches)", *_aligned([head, *host])]
+    return "\n".join(lines)
 
 
 def _aligned(rows: list[list[str]]) -> list[str]:

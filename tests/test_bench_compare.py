@@ -43,6 +43,18 @@ def test_each_op_of_the_baseline_is_set_beside_the_other_runs_with_its_ratio():
     assert _line(text, "torch", "dispatch", section=1)[5:] == ["34.0", "32.0"]  # the kernels' µs
 
 
+def test_the_host_s_work_after_the_counts_wait_is_set_beside_the_kernels_where_measured():
+    docs = [_doc("base", 40.0, 34.0), _doc("change", 36.0, 32.0)]
+    for doc, after in zip(docs, (70.0, 31.5)):
+        phases = {k: {"median_us": v, "p10_us": v, "p90_us": v, "n": 3}
+                  for k, v in (("before_wait", 60.0), ("wait", 900.0), ("after_wait", after))}
+        doc["results"][0]["ranks"][0]["rank"]["dispatch_host_phases_timed"] = phases  # torch only
+    text = bench_compare.compare(docs, ["base", "change"])
+    assert _line(text, "torch", "dispatch", section=2)[5:] == ["70.0", "31.5"]
+    assert not any(ln.startswith("nccl") for ln in text.split("\n\n")[2].splitlines())
+    assert len(bench_compare.compare([_doc("a", 1.0, 1.0), _doc("b", 1.0, 1.0)], ["a", "b"]).split("\n\n")) == 2
+
+
 def test_an_op_missing_from_a_run_shows_a_dash():
     text = bench_compare.compare([_doc("base", 40.0, 34.0), _doc("change", 36.0, 32.0, backends=("torch",))],
                                  ["base", "change"])
