@@ -79,6 +79,44 @@ def launch_costs(proto, idx: torch.Tensor, calls: int = 200) -> str:
     return "\n".join(lines)
 
 
+def after_wait_costs(proto, dispatch, calls: int = 200) -> str:
+    """Unprofiled host µs (median / p90) of an exact dispatch's work after its counts wait,
+    inside real dispatches (the GPU idle before each): the whole span from the wait's end to the
+    call's return (``proto.wait_marks``), and of it ``summarized_result`` alone (timed by wrapping
+    the protocol module's name). The bench's ``after_wait`` swung 38-171 µs from run to run on one
+    code (session 39) where that function takes 13 µs on a CPU-only machine: this says whether
+    the GPU machine's host is slow at the code itself, or loses the time around it."""
+    import statistics
+    import sys
+
+    mod = sys.modules[type(proto).__module__]
+    real = mod.summarized_result
+    inner, whole = [], []
+
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            inner.append(time.perf_counter() - t0)
+
+    mod.summarized_result = timed
+    try:
+        for _ in range(calls):
+            dispatch()
+            end = time.perf_counter()
+            whole.append(end - proto.wait_marks[1])
+            torch.cuda.synchronize()
+    finally:
+        mod.summarized_result = real
+
+    def stat(v: list[float]) -> str:
+        v = sorted(v)
+        return f"{statistics.median(v) * 1e6:7.1f} / {v[int(0.9 * (len(v) - 1))] * 1e6:7.1f} µs"
+    return (f"    after the wait, whole   {stat(whole)} (median / p90, {calls} calls)\n"
+            f"    of it summarized_result {stat(inner)}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backends", default="torch")
@@ -101,6 +139,9 @@ def main() -> None:
                     print(launch_costs(proto, idx), flush=True)
                 for layout in a.layouts.split(","):
                     state = {"d": proto.dispatch(x, idx, w, layout, b.expert_alignment)}
+                    print(f"{backend} {proto_name} {layout} dispatch, the host's work after its counts wait:")
+                    print(after_wait_costs(proto, lambda: proto.dispatch(x, idx, w, layout, b.expert_alignment)),
+                          flush=True)
                     ops = {
                         "dispatch": lambda: state.__setitem__("d", proto.dispatch(x, idx, w, layout, b.expert_alignment)),
                         "cached dispatch": lambda: proto.dispatch_cached(x, state["d"][1]),
