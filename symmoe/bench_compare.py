@@ -23,6 +23,16 @@ Key = tuple[str, str, int, bool, str, str]
 NAME_COLUMNS = 5  # backend, protocol, W, layout, op: left-aligned; the runs' columns right-aligned
 
 
+def _key(r: dict[str, Any], layout: str, op: str) -> Key:
+    return (r["backend"], r["protocol"], int(r["world_size"]), bool(r.get("x_in_buffer")), layout, op)
+
+
+def _name(key: Key) -> list[str]:
+    """A line's name columns (x in the buffer marks the protocol with *)."""
+    backend, proto, ws, xbuf, layout, op = key
+    return [backend, proto + ("*" if xbuf else ""), str(ws), layout, LABEL[op]]
+
+
 def rows_of(doc: dict[str, Any]) -> dict[Key, dict[str, Any]]:
     """Every op of a bench JSON (``python -m symmoe.bench --json``), keyed for matching."""
     out: dict[Key, dict[str, Any]] = {}
@@ -30,8 +40,7 @@ def rows_of(doc: dict[str, Any]) -> dict[Key, dict[str, Any]]:
         for layout, row in r["layouts"].items():
             kernels = r["ranks"][0][layout].get("kernels_us", {})
             for op in ops_of(row):
-                key = (r["backend"], r["protocol"], int(r["world_size"]), bool(r.get("x_in_buffer")), layout, op)
-                out[key] = {**row[op], "kernels_us": sum(kernels.get(op, {}).values())}
+                out[_key(r, layout, op)] = {**row[op], "kernels_us": sum(kernels.get(op, {}).values())}
     return out
 
 
@@ -42,8 +51,7 @@ def after_wait_of(doc: dict[str, Any]) -> dict[Key, float]:
         for layout in r["layouts"]:
             phases = r["ranks"][0][layout].get("dispatch_host_phases_timed")
             if phases and "after_wait" in phases:
-                key = (r["backend"], r["protocol"], int(r["world_size"]), bool(r.get("x_in_buffer")), layout, "dispatch")
-                out[key] = phases["after_wait"]["median_us"]
+                out[_key(r, layout, "dispatch")] = phases["after_wait"]["median_us"]
     return out
 
 
@@ -58,9 +66,7 @@ def compare(docs: list[dict[str, Any]], labels: list[str]) -> str:
         raise ValueError("the first file has no results (expected the JSON of python -m symmoe.bench --json)")
     times, kernels = [], []
     for key, base in runs[0].items():
-        backend, proto, ws, xbuf, layout, op = key
-        name = [backend, proto + ("*" if xbuf else ""), str(ws), layout, LABEL[op]]
-        t, k = list(name), list(name)
+        t, k = _name(key), _name(key)
         for run in runs:
             o = run.get(key)
             if o is None:
@@ -85,9 +91,7 @@ def compare(docs: list[dict[str, Any]], labels: list[str]) -> str:
     host = []
     for key in runs[0]:
         if any(key in w for w in waits):
-            backend, proto, ws, xbuf, layout, op = key
-            host.append([backend, proto + ("*" if xbuf else ""), str(ws), layout, LABEL[op],
-                         *(f"{w[key]:.1f}" if key in w else "-" for w in waits)])
+            host.append([*_name(key), *(f"{w[key]:.1f}" if key in w else "-" for w in waits)])
     if host:
         lines += ["", "host after the counts wait, median µs (rank 0, timed dispatches)", *_aligned([head, *host])]
     return "\n".join(lines)

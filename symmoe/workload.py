@@ -44,7 +44,7 @@ def make_topk_idx(routing: Routing, num_tokens: int, topk: int, num_experts: int
         idx = _distinct_sample(torch.ones(T, E), K, gen)
         if kind == "masked":
             idx[torch.rand(T, K, generator=gen) < routing.mask_prob] = -1
-            if routing.masked_tokens > 0:
+            if routing.masked_tokens > 0:  # no draw at 0: every seeded routing stays what it was
                 idx[torch.rand(T, generator=gen) < routing.masked_tokens] = -1
         return idx
     if kind == "zipf":
