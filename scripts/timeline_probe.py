@@ -69,15 +69,16 @@ def main() -> None:
             stamps = torch.zeros(ctx.grid * timeline.words(mod.STAMP_WARPS), dtype=torch.int64, device="cuda")
             ctx.set_stamps(stamps.data_ptr(), stamps.numel(), a.routed)
             spans = timeline.ROUTED_PHASES if a.routed else timeline.PHASES
+            marks = timeline.ROUTED_MARKS if a.routed else timeline.MARKS
             runs, event = [], []
             try:
                 for _ in range(a.repeats):
                     event.append(_time(call, 0, 1, sleep, stamps.zero_)[0] * 1e6)  # stamps cleared first
                     if a.routed and not pr.routed_in_fan_out:
                         raise SystemExit(f"{backend}/{proto} {layout}: the dispatch did not take the routed kernel")
-                    runs.append(timeline.phases(stamps, mod.STAMP_WARPS, spans=spans))
+                    runs.append(timeline.phases(stamps, mod.STAMP_WARPS, marks, spans))
                     if a.routed:
-                        runs[-1]["rows"] = timeline.rows_at(stamps, mod.STAMP_WARPS, timeline.ROUTED_ROW_MARKS)
+                        runs[-1]["rows"] = timeline.rows_at(stamps, mod.STAMP_WARPS, timeline.ROUTED_ROW_MARKS, marks)
             finally:
                 ctx.set_stamps(0)
             # the run whose span is the median one, whole (its numbers belong together)

@@ -24,21 +24,25 @@ PHASES = (("error check", "enter", "checked"), ("tables", "checked", "tables"), 
           ("loop", "first_push", "loop_end"), ("drain", "loop_end", "flushed"), ("warp", "enter", "flushed"))
 
 # The W=1 routed kernel's stamped build (alone_fan_routed_kernel, ``set_stamps(..., routed=True)``)
-# writes the same marks with these meanings: enter, its ticket taken (checked), its routing chunk
-# done (tables; at once in a block that routes none), the routing's end done (built; only the last
-# ticket's block has one), the placed marks and the plan (planned; rank-major there is no plan,
-# and each warp waits for its own chunk's mark after it, in "round 0 landed"), round 0's rows
-# landed (routed) and stored (first_push), every round done (loop_end = flushed).
+# writes the same slots with these meanings (ROUTED_MARKS): enter, its ticket taken (checked), its
+# routing chunk's counts marked (counted, in loop_end's slot: its rounds end on their stores'
+# completion, flushed; at once in a block that routes none), its chunk done (tables), the
+# routing's end done (built; only the last ticket's block has one), the placed marks and the plan
+# (planned; rank-major there is no plan, and each warp waits for its own chunk's mark after it,
+# in "round 0 landed"), round 0's rows landed (routed) and stored (first_push), every round done
+# (flushed).
+ROUTED_MARKS = tuple("counted" if m == "loop_end" else m for m in MARKS)
 ROUTED_PHASES = (("ticket", "enter", "checked"), ("route chunk", "checked", "tables"),
+                 ("chunk count", "checked", "counted"), ("chunk place", "counted", "tables"),
                  ("routing end", "tables", "built"), ("marks + plan", "built", "planned"),
                  ("round 0 landed", "planned", "routed"), ("round 0 stores", "routed", "first_push"),
-                 ("later rounds", "first_push", "loop_end"), ("to first store", "enter", "routed"),
+                 ("later rounds", "first_push", "flushed"), ("to first store", "enter", "routed"),
                  ("warp", "enter", "flushed"))
 
 
-# The marks timeline_probe.py --routed reads block by block (rows_at): ticket taken, chunk routed,
-# the routing's end, the plan, round 0 landed.
-ROUTED_ROW_MARKS = ("checked", "tables", "built", "planned", "routed")
+# The marks timeline_probe.py --routed reads block by block (rows_at): ticket taken, chunk counted,
+# chunk routed, the routing's end, the plan, round 0 landed.
+ROUTED_ROW_MARKS = ("checked", "counted", "tables", "built", "planned", "routed")
 
 
 def words(warp_slots: int, marks: Sequence[str] = MARKS) -> int:

@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from symmoe.timeline import MARKS, ROUTED_PHASES, phases, rows_at, rows_table, table
+from symmoe.timeline import MARKS, ROUTED_MARKS, ROUTED_PHASES, phases, rows_at, rows_table, table
 
 SLOTS = 4  # warp slots per block in these synthetic timelines
 
@@ -71,12 +71,18 @@ def test_table_names_every_phase():
 
 
 def test_the_routed_kernel_s_phases_and_each_mark_on_the_grid_s_clock():
-    # enter, ticket, routing chunk, routing end, marks + plan, round 0 landed, stored, rounds, end
-    a = marks_at(2_000_000, [0, 1_000, 4_000, 4_000, 9_000, 10_000, 40_000, 130_000, 130_000])
-    b = marks_at(2_000_500, [0, 1_500, 1_500, 7_500, 9_500, 10_500, 41_000, 131_000, 131_000])
-    p = phases(timeline({(0, 0): a, (1, 3): b}), SLOTS, spans=ROUTED_PHASES)
+    # ROUTED_MARKS: enter, ticket, chunk routed, routing end, marks + plan, round 0 landed, stored,
+    # chunk counted (loop_end's slot), end; b routes no chunk (counted with its ticket)
+    assert [m for m in ROUTED_MARKS if m not in MARKS] == ["counted"]
+    assert ROUTED_MARKS.index("counted") == MARKS.index("loop_end")
+    a = marks_at(2_000_000, [0, 1_000, 4_000, 4_000, 9_000, 10_000, 40_000, 2_500, 130_000])
+    b = marks_at(2_000_500, [0, 1_500, 1_500, 7_500, 9_500, 10_500, 41_000, 1_500, 131_000])
+    p = phases(timeline({(0, 0): a, (1, 3): b}), SLOTS, ROUTED_MARKS, ROUTED_PHASES)
     assert p["phases"] == [name for name, _, _ in ROUTED_PHASES]
     assert p["route chunk"] == pytest.approx({"min": 0.0, "median": 1.5, "max": 3.0})
+    assert p["chunk count"] == pytest.approx({"min": 0.0, "median": 0.75, "max": 1.5})
+    assert p["chunk place"]["max"] == pytest.approx(1.5)
+    assert p["later rounds"]["max"] == pytest.approx(90.0)
     assert p["routing end"]["max"] == pytest.approx(6.0)
     assert p["to first store"] == pytest.approx({"min": 10.0, "median": 10.25, "max": 10.5})
     assert p["at"]["planned"] == pytest.approx({"min": 9.0, "median": 9.5, "max": 10.0})

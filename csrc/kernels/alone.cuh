@@ -262,6 +262,11 @@ struct OwnRouting {
   int32_t* counts_row;
 };
 
+// The routed kernel's timeline has no loop end of its own (its rounds end on their stores'
+// completion, flushed); that mark holds its routing chunk's counted mark instead
+// (timeline.ROUTED_MARKS).
+constexpr int kStampRoutedCounted = kStampLoopEnd;
+
 // World size 1, a dispatch that routes: the routing and the fan-out in one launch, so no
 // routing grid comes first; expert-major (kExpert) each row to its slots' rows, rank-major to its
 // one row (alone_rows_fan). Each block takes a ticket: tickets < f.a.chunks route that chunk
@@ -304,7 +309,9 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kerne
   bool ok = !dead;
   if (ok && routes)
     ok = route_chunk_marked<true>(f.a, f.sc, b, f.stride, reinterpret_cast<int32_t*>(smem + f.tables_off), f.epoch,
-                                  a.sy.timeout_ns, a.sy.err, a.sy.err_host);
+                                  a.sy.timeout_ns, a.sy.err, a.sy.err_host,
+                                  [&] { stamp<kStamps>(a.mc.stamps, kStampRoutedCounted); });
+  if (!routes) stamp<kStamps>(a.mc.stamps, kStampRoutedCounted);  // no chunk: at once
   stamp<kStamps>(a.mc.stamps, kStampTables);
   if (routes) {
     __syncthreads();  // the tables are done: every warp's row may load
@@ -339,8 +346,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kerne
     alone_fan<true, decltype(leave), kStamps>(a, smem, warp, lane, leave);
   else
     alone_rows_fan<decltype(leave), kStamps>(a, smem, warp, lane, leave);
-  stamp<kStamps>(a.mc.stamps, kStampLoopEnd);  // fan_in_phases ends on its stores' completion
-  stamp<kStamps>(a.mc.stamps, kStampFlushed);
+  stamp<kStamps>(a.mc.stamps, kStampFlushed);  // fan_in_phases ends on its stores' completion
 }
 
 // Rank-major: token t's row goes to output row pos[t][0] when one of its slots names an expert

@@ -240,7 +240,7 @@ def test_the_routed_kernel_s_timeline_build_stamps_every_warp_and_moves_the_same
         for name, a, b in zip(("x", "topk_idx", "topk_weights"), (got.x, got.topk_idx, got.topk_weights), plain):
             assert torch.equal(a.view(torch.uint8) if a.is_floating_point() else a,
                                b.view(torch.uint8) if b.is_floating_point() else b), name
-        p = timeline.phases(stamps, pr.mod.STAMP_WARPS, spans=timeline.ROUTED_PHASES)
+        p = timeline.phases(stamps, pr.mod.STAMP_WARPS, timeline.ROUTED_MARKS, timeline.ROUTED_PHASES)
         slots = stamps.view(pr.ctx.grid, pr.mod.STAMP_WARPS, -1) != 0
         assert int(slots.any(dim=2).any(dim=1).sum()) == pr.ctx.grid  # every block
         assert p["warps"] == int(slots.any(dim=2).sum())  # every warp that ran stamped every mark
