@@ -117,6 +117,71 @@ def after_wait_costs(proto, dispatch, calls: int = 200) -> str:
             f"    of it summarized_result {stat(inner)}")
 
 
+class _TimedCalls:
+    """Stands in for an extension object (``proto.ctx`` or ``proto.ext``): every method called
+    through it is timed into ``log[name]``, unprofiled."""
+
+    def __init__(self, inner, log: dict[str, list[float]]):
+        self._inner, self._log = inner, log
+
+    def __getattr__(self, name: str):
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def timed(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return attr(*args, **kwargs)
+            finally:
+                self._log.setdefault(name, []).append(time.perf_counter() - t0)
+        return timed
+
+
+def before_wait_costs(proto, dispatch, calls: int = 200) -> str:
+    """Unprofiled host µs (median / p90) of an exact dispatch's work before its counts wait,
+    inside real dispatches (the GPU idle before each): the whole span from the call to the
+    wait's start (``proto.wait_marks``), each extension call in it (its object wrapped by
+    ``_TimedCalls``) and the protocol's output allocation. The bench times a dispatch from an
+    event recorded while the L2 flush runs: whatever of this span outlasts the flush is GPU idle
+    time in the result (session 40: the exact dispatches' host-bound runs)."""
+    import statistics
+
+    name = "ctx" if hasattr(proto, "ctx") else "ext"
+    real, real_outputs = getattr(proto, name), proto._outputs
+    log: dict[str, list[float]] = {}
+
+    def outputs(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return real_outputs(*args, **kwargs)
+        finally:
+            log.setdefault("_outputs (the output tensors)", []).append(time.perf_counter() - t0)
+
+    setattr(proto, name, _TimedCalls(real, log))
+    proto._outputs = outputs
+    whole = []
+    try:
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            dispatch()
+            whole.append(proto.wait_marks[0] - t0)
+            torch.cuda.synchronize()
+    finally:
+        setattr(proto, name, real)
+        del proto._outputs  # the class's method again
+
+    def stat(v: list[float]) -> str:
+        v = sorted(v)
+        return f"{statistics.median(v) * 1e6:7.1f} / {v[int(0.9 * (len(v) - 1))] * 1e6:7.1f} µs"
+    lines = [f"    before the wait, whole                    {stat(whole)} (median / p90, {calls} calls)"]
+    for k, v in sorted(log.items(), key=lambda kv: -statistics.median(kv[1])):
+        if "wait" not in k:  # the wait itself lies after the span
+            label = k if k.startswith("_") else f"{name}.{k}, {len(v) / calls:.0f} a call"
+            lines.append(f"    of it {label:<36} {stat(v)}")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--backends", default="torch")
@@ -141,6 +206,9 @@ def main() -> None:
                     state = {"d": proto.dispatch(x, idx, w, layout, b.expert_alignment)}
                     print(f"{backend} {proto_name} {layout} dispatch, the host's work after its counts wait:")
                     print(after_wait_costs(proto, lambda: proto.dispatch(x, idx, w, layout, b.expert_alignment)),
+                          flush=True)
+                    print(f"{backend} {proto_name} {layout} dispatch, the host's work before its counts wait:")
+                    print(before_wait_costs(proto, lambda: proto.dispatch(x, idx, w, layout, b.expert_alignment)),
                           flush=True)
                     ops = {
                         "dispatch": lambda: state.__setitem__("d", proto.dispatch(x, idx, w, layout, b.expert_alignment)),
