@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import pstats
+import statistics
 import time
 
 import torch
@@ -45,7 +46,6 @@ def launch_costs(proto, idx: torch.Tensor, calls: int = 200) -> str:
     """Unprofiled host µs per call (median) of the extension's bindings against torch's own
     launch, with the GPU kept busy by a sleep kernel (launches queue; nothing waits): is a
     binding that launches a kernel slow, or the Python around it?"""
-    import statistics
 
     dev = idx.device
     W, E, T = proto.layout.world_size, proto.layout.num_experts, idx.shape[0]
@@ -79,6 +79,12 @@ def launch_costs(proto, idx: torch.Tensor, calls: int = 200) -> str:
     return "\n".join(lines)
 
 
+def _median_p90(v: list[float]) -> str:
+    """Seconds as "median / p90 µs"."""
+    v = sorted(v)
+    return f"{statistics.median(v) * 1e6:7.1f} / {v[int(0.9 * (len(v) - 1))] * 1e6:7.1f} µs"
+
+
 def after_wait_costs(proto, dispatch, calls: int = 200) -> str:
     """Unprofiled host µs (median / p90) of an exact dispatch's work after its counts wait,
     inside real dispatches (the GPU idle before each): the whole span from the wait's end to the
@@ -86,7 +92,6 @@ def after_wait_costs(proto, dispatch, calls: int = 200) -> str:
     the protocol module's name). The bench's ``after_wait`` swung 38-171 µs from run to run on one
     code (session 39) where that function takes 13 µs on a CPU-only machine: this says whether
     the GPU machine's host is slow at the code itself, or loses the time around it."""
-    import statistics
     import sys
 
     mod = sys.modules[type(proto).__module__]
@@ -110,11 +115,8 @@ def after_wait_costs(proto, dispatch, calls: int = 200) -> str:
     finally:
         mod.summarized_result = real
 
-    def stat(v: list[float]) -> str:
-        v = sorted(v)
-        return f"{statistics.median(v) * 1e6:7.1f} / {v[int(0.9 * (len(v) - 1))] * 1e6:7.1f} µs"
-    return (f"    after the wait, whole   {stat(whole)} (median / p90, {calls} calls)\n"
-            f"    of it summarized_result {stat(inner)}")
+    return (f"    after the wait, whole   {_median_p90(whole)} (median / p90, {calls} calls)\n"
+            f"    of it summarized_result {_median_p90(inner)}")
 
 
 class _TimedCalls:
@@ -141,24 +143,27 @@ class _TimedCalls:
 def before_wait_costs(proto, dispatch, calls: int = 200) -> str:
     """Unprofiled host µs (median / p90) of an exact dispatch's work before its counts wait,
     inside real dispatches (the GPU idle before each): the whole span from the call to the
-    wait's start (``proto.wait_marks``), each extension call in it (its object wrapped by
-    ``_TimedCalls``) and the protocol's output allocation. The bench times a dispatch from an
-    event recorded while the L2 flush runs: whatever of this span outlasts the flush is GPU idle
-    time in the result (session 40: the exact dispatches' host-bound runs)."""
-    import statistics
-
-    name = "ctx" if hasattr(proto, "ctx") else "ext"
-    real, real_outputs = getattr(proto, name), proto._outputs
-    log: dict[str, list[float]] = {}
+    wait's start (``proto.wait_marks``), each extension call in it (the protocol's extension
+    objects wrapped by ``_TimedCalls``: the CUDA protocols' ``ctx``, nvshmem's ``ext`` and the
+    CUDA module it launches its one-PE kernel from) and the protocol's output allocation. The
+    bench times a dispatch from an event recorded while the L2 flush runs: whatever of this span
+    outlasts the flush is GPU idle time in the result (session 40: the exact dispatches'
+    host-bound runs). Call it after a first dispatch, which loads what is wrapped."""
+    names = [n for n in ("ctx", "ext", "_alone_mod") if getattr(proto, n, None) is not None]
+    real = {n: getattr(proto, n) for n in names}
+    real_outputs = proto._outputs
+    logs: dict[str, dict[str, list[float]]] = {n: {} for n in names}
+    allocs: list[float] = []
 
     def outputs(*args, **kwargs):
         t0 = time.perf_counter()
         try:
             return real_outputs(*args, **kwargs)
         finally:
-            log.setdefault("_outputs (the output tensors)", []).append(time.perf_counter() - t0)
+            allocs.append(time.perf_counter() - t0)
 
-    setattr(proto, name, _TimedCalls(real, log))
+    for n in names:
+        setattr(proto, n, _TimedCalls(real[n], logs[n]))
     proto._outputs = outputs
     whole = []
     try:
@@ -168,18 +173,16 @@ def before_wait_costs(proto, dispatch, calls: int = 200) -> str:
             whole.append(proto.wait_marks[0] - t0)
             torch.cuda.synchronize()
     finally:
-        setattr(proto, name, real)
+        for n in names:
+            setattr(proto, n, real[n])
         del proto._outputs  # the class's method again
 
-    def stat(v: list[float]) -> str:
-        v = sorted(v)
-        return f"{statistics.median(v) * 1e6:7.1f} / {v[int(0.9 * (len(v) - 1))] * 1e6:7.1f} µs"
-    lines = [f"    before the wait, whole                    {stat(whole)} (median / p90, {calls} calls)"]
-    for k, v in sorted(log.items(), key=lambda kv: -statistics.median(kv[1])):
-        if "wait" not in k:  # the wait itself lies after the span
-            label = k if k.startswith("_") else f"{name}.{k}, {len(v) / calls:.0f} a call"
-            lines.append(f"    of it {label:<36} {stat(v)}")
-    return "\n".join(lines)
+    rows = [("_outputs (the output tensors)", allocs)]
+    rows += [(f"{n}.{k}, {len(v) / calls:.0f} a call", v) for n in names for k, v in logs[n].items()
+             if "wait" not in k]  # the wait itself lies after the span
+    rows.sort(key=lambda r: -statistics.median(r[1]))
+    return "\n".join([f"    before the wait, whole                    {_median_p90(whole)} (median / p90, {calls} calls)"]
+                     + [f"    of it {label:<36} {_median_p90(v)}" for label, v in rows])
 
 
 def main() -> None:
