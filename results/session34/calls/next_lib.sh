@@ -16,3 +16,9 @@ tn() { # tree label limit_s expr: build + the nvshmem GPU tests matching -k expr
 need_trees() { # tree...: stop the call before any device work when a tree is missing (session 39: GROUPS=<hash>
   # is ignored by bash, so its call benched main alone)
   for t in "$@"; do [ -d "$R/trees/$t" ] || { echo "no tree trees/$t" | tee -a $O/summaries.txt; exit 2; }; done; }
+hp() { # tree label: the host probe (torch, nvshmem push; scripts/host_profile.py) into host_<label>.txt,
+  # its before / after-wait lines into summaries.txt (session 40)
+  (cd $R/trees/$1 && SYMMOE_COMMIT=$1 OUT=/tmp/o/$2 LOG=/tmp/l/$2 BENCH_BACKENDS=torch,nvshmem BENCH_PROTOCOLS=push \
+    timeout 150 scripts/gpu_check.sh build host 2>&1 | tail -1; cp /tmp/l/$2/host_profile.txt $O/host_$2.txt)
+  (echo "== host $2"; grep -A8 "before its counts wait" $O/host_$2.txt | grep "before\|of it"; grep -A2 "after its counts wait" $O/host_$2.txt | grep "after\|of it") >> $O/summaries.txt
+  echo "$2 t=$SECONDS"; }
