@@ -85,6 +85,17 @@ def _median_p90(v: list[float]) -> str:
     return f"{statistics.median(v) * 1e6:7.1f} / {v[int(0.9 * (len(v) - 1))] * 1e6:7.1f} µs"
 
 
+def _timed(fn, log: list[float]):
+    """``fn``, each call's unprofiled seconds appended to ``log``."""
+    def timed(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            log.append(time.perf_counter() - t0)
+    return timed
+
+
 def after_wait_costs(proto, dispatch, calls: int = 200) -> str:
     """Unprofiled host µs (median / p90) of an exact dispatch's work after its counts wait,
     inside real dispatches (the GPU idle before each): the whole span from the wait's end to the
@@ -97,15 +108,7 @@ def after_wait_costs(proto, dispatch, calls: int = 200) -> str:
     mod = sys.modules[type(proto).__module__]
     real = mod.summarized_result
     inner, whole = [], []
-
-    def timed(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return real(*args, **kwargs)
-        finally:
-            inner.append(time.perf_counter() - t0)
-
-    mod.summarized_result = timed
+    mod.summarized_result = _timed(real, inner)
     try:
         for _ in range(calls):
             dispatch()
@@ -128,16 +131,7 @@ class _TimedCalls:
 
     def __getattr__(self, name: str):
         attr = getattr(self._inner, name)
-        if not callable(attr):
-            return attr
-
-        def timed(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return attr(*args, **kwargs)
-            finally:
-                self._log.setdefault(name, []).append(time.perf_counter() - t0)
-        return timed
+        return _timed(attr, self._log.setdefault(name, [])) if callable(attr) else attr
 
 
 def before_wait_costs(proto, dispatch, calls: int = 200) -> str:
@@ -154,17 +148,9 @@ def before_wait_costs(proto, dispatch, calls: int = 200) -> str:
     real_outputs = proto._outputs
     logs: dict[str, dict[str, list[float]]] = {n: {} for n in names}
     allocs: list[float] = []
-
-    def outputs(*args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return real_outputs(*args, **kwargs)
-        finally:
-            allocs.append(time.perf_counter() - t0)
-
     for n in names:
         setattr(proto, n, _TimedCalls(real[n], logs[n]))
-    proto._outputs = outputs
+    proto._outputs = _timed(real_outputs, allocs)
     whole = []
     try:
         for _ in range(calls):
