@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from symmoe.bench import _inputs, bench_config
+from symmoe.bench import _inputs, bench_config, sleep_cycles_for
 from symmoe.buffer import Buffer
 
 
@@ -96,13 +96,15 @@ def _timed(fn, log: list[float]):
     return timed
 
 
-def after_wait_costs(proto, dispatch, calls: int = 200) -> str:
+def after_wait_costs(proto, dispatch, calls: int = 200, sleep_cycles: int = 0) -> str:
     """Unprofiled host µs (median / p90) of an exact dispatch's work after its counts wait,
     inside real dispatches (the GPU idle before each): the whole span from the wait's end to the
     call's return (``proto.wait_marks``), and of it ``summarized_result`` alone (timed by wrapping
     the protocol module's name). The bench's ``after_wait`` swung 38-171 µs from run to run on one
     code (session 39) where that function takes 13 µs on a CPU-only machine: this says whether
-    the GPU machine's host is slow at the code itself, or loses the time around it."""
+    the GPU machine's host is slow at the code itself, or loses the time around it.
+    ``sleep_cycles``: a ``torch.cuda._sleep`` of that many cycles queued before each dispatch,
+    as the bench's timed calls have (their after-wait took 2-3x the idle GPU's in session 40)."""
     import sys
 
     mod = sys.modules[type(proto).__module__]
@@ -111,6 +113,8 @@ def after_wait_costs(proto, dispatch, calls: int = 200) -> str:
     mod.summarized_result = _timed(real, inner)
     try:
         for _ in range(calls):
+            if sleep_cycles:
+                torch.cuda._sleep(sleep_cycles)
             dispatch()
             end = time.perf_counter()
             whole.append(end - proto.wait_marks[1])
@@ -118,7 +122,8 @@ def after_wait_costs(proto, dispatch, calls: int = 200) -> str:
     finally:
         mod.summarized_result = real
 
-    return (f"    after the wait, whole   {_median_p90(whole)} (median / p90, {calls} calls)\n"
+    behind = f", behind a {sleep_cycles}-cycle sleep" if sleep_cycles else ""
+    return (f"    after the wait, whole   {_median_p90(whole)} (median / p90, {calls} calls{behind})\n"
             f"    of it summarized_result {_median_p90(inner)}")
 
 
@@ -194,8 +199,9 @@ def main() -> None:
                 for layout in a.layouts.split(","):
                     state = {"d": proto.dispatch(x, idx, w, layout, b.expert_alignment)}
                     print(f"{backend} {proto_name} {layout} dispatch, the host's work after its counts wait:")
-                    print(after_wait_costs(proto, lambda: proto.dispatch(x, idx, w, layout, b.expert_alignment)),
-                          flush=True)
+                    for cycles in (0, sleep_cycles_for()):  # the GPU idle before each; as the bench's timed calls
+                        print(after_wait_costs(proto, lambda: proto.dispatch(x, idx, w, layout, b.expert_alignment),
+                                               sleep_cycles=cycles), flush=True)
                     print(f"{backend} {proto_name} {layout} dispatch, the host's work before its counts wait:")
                     print(before_wait_costs(proto, lambda: proto.dispatch(x, idx, w, layout, b.expert_alignment)),
                           flush=True)

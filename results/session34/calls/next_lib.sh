@@ -20,5 +20,5 @@ hp() { # tree label: the host probe (torch, nvshmem push; scripts/host_profile.p
   # its before / after-wait lines into summaries.txt (session 40)
   (cd $R/trees/$1 && SYMMOE_COMMIT=$1 OUT=/tmp/o/$2 LOG=/tmp/l/$2 BENCH_BACKENDS=torch,nvshmem BENCH_PROTOCOLS=push \
     timeout 150 scripts/gpu_check.sh build host 2>&1 | tail -1; cp /tmp/l/$2/host_profile.txt $O/host_$2.txt)
-  (echo "== host $2"; grep -A8 "before its counts wait" $O/host_$2.txt | grep "before\|of it"; grep -A2 "after its counts wait" $O/host_$2.txt | grep "after\|of it") >> $O/summaries.txt
+  (echo "== host $2"; grep -A8 "before its counts wait" $O/host_$2.txt | grep "before\|of it"; grep -A4 "after its counts wait" $O/host_$2.txt | grep "after\|of it") >> $O/summaries.txt
   echo "$2 t=$SECONDS"; }
