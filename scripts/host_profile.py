@@ -145,9 +145,9 @@ def before_wait_costs(proto, dispatch, calls: int = 200) -> str:
     wait's start (``proto.wait_marks``), each extension call in it (the protocol's extension
     objects wrapped by ``_TimedCalls``: the CUDA protocols' ``ctx``, nvshmem's ``ext`` and the
     CUDA module it launches its one-PE kernel from) and the protocol's output allocation. The
-    bench times a dispatch from an event recorded while the L2 flush runs: whatever of this span
-    outlasts the flush is GPU idle time in the result (session 40: the exact dispatches'
-    host-bound runs). Call it after a first dispatch, which loads what is wrapped."""
+    GPU idles for this span where no earlier work is queued (a step's first dispatch); the
+    bench's 1 ms sleep before each timed call hides it. Call it after a first dispatch, which
+    loads what is wrapped."""
     names = [n for n in ("ctx", "ext", "_alone_mod") if getattr(proto, n, None) is not None]
     real = {n: getattr(proto, n) for n in names}
     real_outputs = proto._outputs
