@@ -22,3 +22,7 @@ hp() { # tree label: the host probe (torch, nvshmem push; scripts/host_profile.p
     timeout 150 scripts/gpu_check.sh build host 2>&1 | tail -1; cp /tmp/l/$2/host_profile.txt $O/host_$2.txt)
   (echo "== host $2"; grep -A8 "before its counts wait" $O/host_$2.txt | grep "before\|of it"; grep -A4 "after its counts wait" $O/host_$2.txt | grep "after\|of it") >> $O/summaries.txt
   echo "$2 t=$SECONDS"; }
+ab_benches() { # change main: benches change / main (c1, m1), then again (c2, m2) while the call has time (session 40)
+  b $1 c1; b $2 m1
+  [ $SECONDS -lt 470 ] && b $1 c2
+  [ $SECONDS -lt 510 ] && b $2 m2; }
