@@ -189,6 +189,9 @@ class _CudaProtocol(Protocol):
         self._bad_info = self.mod.host_alloc_mapped(32)  # kind, token, slot, value (int64 each)
         self.ctx.set_input_check(self._bad_flag.data_ptr(), self._bad_info[1])
         self._deferred = self.mod.host_alloc_mapped(64)  # DeferredError of a dispatch without the host wait
+        # check()'s views of the two host-mapped records, made once: it runs twice a dispatch
+        self._deferred_rec = (ctypes.c_int64 * 6).from_address(self._deferred[0])
+        self._err_rec = (ctypes.c_int64 * 4).from_address(self._err[0])
         offs = layout.offsets()
         self._offs = offs
         self._base = mem.local.data_ptr()
@@ -210,12 +213,12 @@ class _CudaProtocol(Protocol):
         CapacityError (once) for an earlier num_worst_tokens dispatch that did not wait."""
         if synchronize:
             self._stream().synchronize()
-        record = (ctypes.c_int64 * 6).from_address(self._deferred[0])
+        record = self._deferred_rec
         if record[0]:
             error = deferred_error(self.layout, list(record), self.rank, self.mod.DEFERRED, self._bad_record)
             record[0] = 0  # raised once: the buffer stays usable (the kernels kept inside their capacity)
             raise error
-        word = (ctypes.c_int64 * 4).from_address(self._err[0])
+        word = self._err_rec
         if word[0]:
             stage = self._stage_names.get(int(word[0]), f"stage {int(word[0])}")
             what = stall_detail(stage, int(word[1]), int(word[2]))

@@ -201,6 +201,8 @@ class NvshmemPush(Protocol):
         check_summary_head("symmoe_nvshmem", self.ext.SUMMARY_HEAD)
         # Beside the matrix, what the host reads of it after its wait (counts.summary_of).
         self._summary = torch.zeros(SUMMARY_HEAD + layout.local_experts, dtype=torch.int32, pin_memory=True)
+        # numpy views of the two, made once: a dispatch reads them right after its host wait
+        self._counts_np, self._summary_np = self._counts_host.numpy(), self._summary.numpy()
         # DeferredError of a dispatch without the host wait (num_worst_tokens; kernels/tail.cuh)
         self._deferred = torch.zeros(8, dtype=torch.int64, pin_memory=True)
         # Peers reachable by load/store get plain stores; the others puts, which read their
@@ -231,7 +233,7 @@ class NvshmemPush(Protocol):
     def host_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """The last exact-size dispatch's counts matrix and its summary as the plan kernel left
         them in pinned memory (views: the next dispatch rewrites them)."""
-        return self._counts_host.numpy(), self._summary.numpy()
+        return self._counts_np, self._summary_np
 
     def _route(self, topk_idx: torch.Tensor, plan: bool, epoch: int, ptrs: dict[str, int],
                stream: torch.cuda.Stream, alignment: int = 1) -> None:
@@ -305,7 +307,7 @@ class NvshmemPush(Protocol):
         ready, err = self._counts_ready.data_ptr(), self.err.data_ptr()
         self._wait_counts(self._counts_event, lambda max_s: self.ext.wait_mapped(ready, epoch, err, max_s))
         raise_if_failed(self.mem, "dispatch.counts")
-        return summarized_result(lay, self._summary.numpy(), self._counts_host.numpy(), me, output_layout, alignment,
+        return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment,
                                  self._bad_info.tolist, out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=plan)
 
     def _tail(self, out: dict[str, torch.Tensor | None], counts: torch.Tensor, worst: int, em: bool,
