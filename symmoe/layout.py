@@ -30,6 +30,7 @@ holds the same fields, in the same order, as a struct the kernels take by value
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Sequence
 
 import torch
@@ -96,15 +97,15 @@ class BufferLayout:
         object.__setattr__(self, "regions", regions)
 
     # -- sizes ---------------------------------------------------------------------------
-    @property
+    @cached_property  # read on every dispatch's host path; the layout never changes
     def local_experts(self) -> int:
         return self.num_experts // self.world_size
 
-    @property
+    @cached_property
     def combine_slots(self) -> int:
         return max(self.world_size, self.topk)
 
-    @property
+    @cached_property
     def recv_rows(self) -> int:
         if self.recv_capacity:
             return self.recv_capacity

@@ -15,7 +15,8 @@ from typing import Sequence
 import torch
 
 # stamps.cuh's StampMark in order (tests/test_timeline.py reads the header)
-MARKS = ("enter", "checked", "tables", "built", "planned", "routed", "first_push", "loop_end", "flushed")
+MARKS = ("enter", "checked", "tables", "built", "planned", "routed", "first_push", "loop_end", "flushed", "walked",
+         "scanned")
 # (name, from mark, to mark): one warp's phases (those whose marks a kernel has)
 PHASES = (("error check", "enter", "checked"), ("tables", "checked", "tables"), ("checks", "tables", "built"),
           ("plan", "checked", "built"), ("mover set-up", "built", "planned"), ("prologue", "enter", "planned"),
@@ -23,9 +24,14 @@ PHASES = (("error check", "enter", "checked"), ("tables", "checked", "tables"), 
           ("first push", "planned", "first_push"),
           ("loop", "first_push", "loop_end"), ("drain", "loop_end", "flushed"), ("warp", "enter", "flushed"))
 
+# Marks only the routed kernel's routing chunks stamp (route_chunk's steps, RouteStep): a warp
+# without them still counts, and their phases are taken over the warps that have them.
+CHUNK_MARKS = ("walked", "scanned")
+
 # The W=1 routed kernel's stamped build (alone_fan_routed_kernel, ``set_stamps(..., routed=True)``)
 # writes the same slots with these meanings (ROUTED_MARKS): enter, its ticket taken (checked), its
-# routing chunk's counts marked (counted, in loop_end's slot: its rounds end on their stores'
+# routing chunk's pairs numbered (walked) and its counts scanned into the sums (scanned), its
+# counts marked (counted, in loop_end's slot: its rounds end on their stores'
 # completion, flushed; at once in a block that routes none), its chunk done (tables), the
 # routing's end done (built; only the last ticket's block has one), the placed marks and the plan
 # (planned; rank-major there is no plan, and each warp waits for its own chunk's mark after it,
@@ -33,7 +39,9 @@ PHASES = (("error check", "enter", "checked"), ("tables", "checked", "tables"), 
 # (flushed).
 ROUTED_MARKS = tuple("counted" if m == "loop_end" else m for m in MARKS)
 ROUTED_PHASES = (("ticket", "enter", "checked"), ("route chunk", "checked", "tables"),
-                 ("chunk count", "checked", "counted"), ("chunk place", "counted", "tables"),
+                 ("chunk count", "checked", "counted"), ("count walk", "checked", "walked"),
+                 ("count scan", "walked", "scanned"), ("count mark", "scanned", "counted"),
+                 ("chunk place", "counted", "tables"),
                  ("routing end", "tables", "built"), ("marks + plan", "built", "planned"),
                  ("round 0 landed", "planned", "routed"), ("round 0 stores", "routed", "first_push"),
                  ("later rounds", "first_push", "flushed"), ("to first store", "enter", "routed"),
@@ -42,7 +50,7 @@ ROUTED_PHASES = (("ticket", "enter", "checked"), ("route chunk", "checked", "tab
 
 # The marks timeline_probe.py --routed reads block by block (rows_at): ticket taken, chunk counted,
 # chunk routed, the routing's end, the plan, round 0 landed.
-ROUTED_ROW_MARKS = ("checked", "counted", "tables", "built", "planned", "routed")
+ROUTED_ROW_MARKS = ("checked", "walked", "scanned", "counted", "tables", "built", "planned", "routed")
 
 
 def words(warp_slots: int, marks: Sequence[str] = MARKS) -> int:
@@ -74,10 +82,11 @@ def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS,
     on the grid's clock); ``span`` (first enter to last flushed); ``clock_ghz``; ``warps``."""
     m = len(marks)
     t = _blocks(stamps, warp_slots, marks).reshape(-1, m, 2)
-    t = t[(t != 0).all(dim=2).all(dim=1)]  # warps that stamped every mark
+    ix = {k: i for i, k in enumerate(marks)}
+    core = [i for k, i in ix.items() if k not in CHUNK_MARKS]
+    t = t[(t[:, core] != 0).all(dim=2).all(dim=1)]  # warps that stamped every mark but the chunk's own
     if t.shape[0] == 0:
         raise ValueError("stamps: no warp stamped every mark (was the timeline set before the call?)")
-    ix = {k: i for i, k in enumerate(marks)}
     ns, clk = t[:, :, 0].double(), t[:, :, 1].double()
     enter, flushed = ix["enter"], ix["flushed"]
     wall = ns[:, flushed] - ns[:, enter]
@@ -88,10 +97,14 @@ def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS,
     for name, a, b in spans:
         if a not in ix or b not in ix:
             continue
-        d = (clk[:, ix[b]] - clk[:, ix[a]]) / ghz / 1e3
+        has = (ns[:, ix[a]] != 0) & (ns[:, ix[b]] != 0)  # only a routing chunk's warps have CHUNK_MARKS
+        if not bool(has.any()):
+            out["phases"].remove(name)
+            continue
+        d = (clk[has, ix[b]] - clk[has, ix[a]]) / ghz / 1e3
         out[name] = _pct(d.tolist())
     t0 = float(ns[:, enter].min())
-    out["at"] = {k: _pct(((ns[:, i] - t0) / 1e3).tolist()) for k, i in ix.items()}
+    out["at"] = {k: _pct(((ns[ns[:, i] != 0, i] - t0) / 1e3).tolist()) for k, i in ix.items() if bool((ns[:, i] != 0).any())}
     out["start"] = _pct(((ns[:, enter] - t0) / 1e3).tolist())
     out["end"] = _pct(((ns[:, flushed] - t0) / 1e3).tolist())
     out["span"] = float(ns[:, flushed].max() - t0) / 1e3

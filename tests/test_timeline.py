@@ -8,10 +8,11 @@ SLOTS = 4  # warp slots per block in these synthetic timelines
 
 
 def timeline(warps: dict[tuple[int, int], list[tuple[int, int]]], blocks: int = 2) -> torch.Tensor:
-    """(block, warp) -> one (ns, clock) pair per mark; other slots stay zero (warps that never ran)."""
+    """(block, warp) -> one (ns, clock) pair per mark, in MARKS' order (those past the list stay
+    zero: the routing chunk's own marks); other slots stay zero (warps that never ran)."""
     t = torch.zeros(blocks, SLOTS, len(MARKS), 2, dtype=torch.int64)
     for (b, w), marks in warps.items():
-        t[b, w] = torch.tensor(marks)
+        t[b, w, :len(marks)] = torch.tensor(marks)
     return t.flatten()
 
 
@@ -72,16 +73,21 @@ def test_table_names_every_phase():
 
 def test_the_routed_kernel_s_phases_and_each_mark_on_the_grid_s_clock():
     # ROUTED_MARKS: enter, ticket, chunk routed, routing end, marks + plan, round 0 landed, stored,
-    # chunk counted (loop_end's slot), end; b routes no chunk (counted with its ticket)
+    # chunk counted (loop_end's slot), end, then the chunk's own: its pairs walked, its counts
+    # scanned; b routes no chunk (counted with its ticket, no walk of its own)
     assert [m for m in ROUTED_MARKS if m not in MARKS] == ["counted"]
     assert ROUTED_MARKS.index("counted") == MARKS.index("loop_end")
-    a = marks_at(2_000_000, [0, 1_000, 4_000, 4_000, 9_000, 10_000, 40_000, 2_500, 130_000])
+    a = marks_at(2_000_000, [0, 1_000, 4_000, 4_000, 9_000, 10_000, 40_000, 2_500, 130_000, 1_800, 2_200])
     b = marks_at(2_000_500, [0, 1_500, 1_500, 7_500, 9_500, 10_500, 41_000, 1_500, 131_000])
     p = phases(timeline({(0, 0): a, (1, 3): b}), SLOTS, ROUTED_MARKS, ROUTED_PHASES)
     assert p["phases"] == [name for name, _, _ in ROUTED_PHASES]
     assert p["route chunk"] == pytest.approx({"min": 0.0, "median": 1.5, "max": 3.0})
     assert p["chunk count"] == pytest.approx({"min": 0.0, "median": 0.75, "max": 1.5})
     assert p["chunk place"]["max"] == pytest.approx(1.5)
+    # the chunk's count split where it was walked and scanned: over a alone, the one that routes
+    assert p["count walk"] == pytest.approx({"min": 0.8, "median": 0.8, "max": 0.8})
+    assert p["count scan"]["median"] == pytest.approx(0.4) and p["count mark"]["median"] == pytest.approx(0.3)
+    assert p["at"]["scanned"] == pytest.approx({"min": 2.2, "median": 2.2, "max": 2.2})
     assert p["later rounds"]["max"] == pytest.approx(90.0)
     assert p["routing end"]["max"] == pytest.approx(6.0)
     assert p["to first store"] == pytest.approx({"min": 10.0, "median": 10.25, "max": 10.5})

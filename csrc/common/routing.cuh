@@ -175,6 +175,14 @@ __device__ __forceinline__ void place_final(const RoutingArgs<Idx>& a, const int
   if (q.cr >= 0) a.publish(a.pos + row + q.cr, base[q.cr] + hw[q.cr] + q.lr);
 }
 
+// The points of a chunk's routing a caller may hook (the routed kernel's timeline stamps there):
+// every warp's pairs numbered (walked), the warps' counts scanned into the chunk's totals and
+// sums (scanned), the chunk's counted mark published (counted).
+enum class RouteStep : int { kWalked, kScanned, kCounted };
+struct NoStep {
+  __device__ void operator()(RouteStep) const {}
+};
+
 // Positions of chunk b's pairs, whole block; hist: [nwarps][C] scratch (shared, or global when C
 // is large). Pass 1 numbers each warp's pairs; then each column's per-warp counts become the
 // warps' starts inside the chunk and its chunk total goes to `total` (nullptr: not kept);
@@ -184,10 +192,10 @@ __device__ __forceinline__ void place_final(const RoutingArgs<Idx>& a, const int
 // 32 warps: one step); later ones park their ranks in `pos`.
 // kCount: this is the routing's only look at the ids (route_kernel): it also publishes them,
 // checks them and writes is_token_in_rank. sums (nullptr: none): the chunk total is also added
-// there, before `between()`.
-template <bool kCount, typename Idx, typename Between>
+// there, before `between()`. on_step: each thread at RouteStep::kWalked and kScanned.
+template <bool kCount, typename Idx, typename Between, class OnStep = NoStep>
 __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int32_t* hist, int32_t* total, int b,
-                            Between&& between, int32_t* sums = nullptr) {
+                            Between&& between, int32_t* sums = nullptr, OnStep on_step = {}) {
   constexpr int kKeep = 2;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
   const int C = a.columns(), PC = a.W + a.K;
@@ -206,6 +214,7 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
     if (q.ce >= 0) a.pos[int64_t(q.t) * PC + a.W + q.k] = q.le;
     if (q.cr >= 0) a.pos[int64_t(q.t) * PC + q.cr] = q.lr;
   }
+  on_step(RouteStep::kWalked);
   __syncthreads();
   for (int c = tid; c < C; c += blockDim.x) {
     int32_t run = 0;
@@ -218,6 +227,7 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
     if (sums && run) atomicAdd(sums + c, run);
   }
   __syncthreads();
+  on_step(RouteStep::kScanned);
   if (!between()) return;  // a wait failed: the host raises; no position is written
   __syncthreads();
 #pragma unroll

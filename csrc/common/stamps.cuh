@@ -20,6 +20,8 @@ enum StampMark : int {
   kStampFirstPush,  // ... and its first bulk load issued
   kStampLoopEnd,
   kStampFlushed,    // the warp's stores complete
+  kStampWalked,     // the routed kernel's routing chunk: its pairs numbered (route_chunk's first walk)
+  kStampScanned,    // ... and its counts scanned and added to the sums (before the counted mark)
   kStampMarks
 };
 constexpr int kStampWarps = 16;  // warps per block a timeline holds room for (kMaxMoverWarps)

@@ -310,7 +310,11 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kerne
   if (ok && routes)
     ok = route_chunk_marked<true>(f.a, f.sc, b, f.stride, reinterpret_cast<int32_t*>(smem + f.tables_off), f.epoch,
                                   a.sy.timeout_ns, a.sy.err, a.sy.err_host,
-                                  [&] { stamp<kStamps>(a.mc.stamps, kStampRoutedCounted); });
+                                  [&](RouteStep step) {
+                                    stamp<kStamps>(a.mc.stamps, step == RouteStep::kWalked    ? kStampWalked
+                                                                : step == RouteStep::kScanned ? kStampScanned
+                                                                                              : kStampRoutedCounted);
+                                  });
   if (!routes) stamp<kStamps>(a.mc.stamps, kStampRoutedCounted);  // no chunk: at once
   stamp<kStamps>(a.mc.stamps, kStampTables);
   if (routes) {

@@ -218,16 +218,13 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingAr
 // lie `stride` int32 apart in sc.part; kVec: stride % 4 == 0 and their sums are vector loads
 // (chunk_sum_vec), else chunk_base's. tables: base [stride], then the warps' [warps][C]. The
 // block of the last chunk also leaves the column totals in sc.totals (each chunk adds its own to
-// sc.sums, where kept, before its counted mark). on_counted: each thread, right after the counted
-// mark (the routed kernel's timeline stamps there). False: a wait expired
+// sc.sums, where kept, before its counted mark). on_step: each thread at route_chunk's steps and
+// right after the counted mark (the routed kernel's timeline stamps there). False: a wait expired
 // (recorded in the ErrorWord); no position was written.
-struct NoHook {
-  __device__ void operator()() const {}
-};
-template <bool kVec, typename Idx, class OnCounted = NoHook>
+template <bool kVec, typename Idx, class OnStep = NoStep>
 __device__ bool route_chunk_marked(const RoutingArgs<Idx>& a, const RouteScratch& sc, int b, int stride,
                                    int32_t* tables, int64_t epoch, uint64_t timeout_ns, ErrorWord* err,
-                                   ErrorWord* err_host, OnCounted on_counted = {}) {
+                                   ErrorWord* err_host, OnStep on_step = {}) {
   const int C = a.columns(), last = (a.chunks ? a.chunks : int(gridDim.x)) - 1;
   int32_t* part = sc.part + int64_t(b) * stride;
   bool placing = false;
@@ -237,7 +234,7 @@ __device__ bool route_chunk_marked(const RoutingArgs<Idx>& a, const RouteScratch
       st_release_gpu(sc.counted + b, epoch);
       if (sc.summed != nullptr) atomicAdd(sc.summed, 1u);
     }
-    on_counted();
+    on_step(RouteStep::kCounted);
     // Chunks before b belong to blocks that took their tickets first: each is running.
     bool ok = true;
     for (int i = threadIdx.x; i < b && ok; i += blockDim.x)
@@ -252,7 +249,7 @@ __device__ bool route_chunk_marked(const RoutingArgs<Idx>& a, const RouteScratch
       for (int c = threadIdx.x; c < C; c += blockDim.x) sc.totals[c] = tables[c] + part[c];
     placing = true;
     return true;
-  }, sc.sums);
+  }, sc.sums, on_step);
   // route_chunk's last barrier ordered every thread's positions before this fence.
   if (placing && sc.placed != nullptr && threadIdx.x == 0) {
     __threadfence();

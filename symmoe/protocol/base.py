@@ -24,6 +24,18 @@ from ..reference import DispatchLayout, RecvResult
 MAX_SLOTS = 64  # combine slots per token, max(world_size, topk): csrc/common/reduce.cuh (kMaxSlots)
 
 
+def int32_pieces(device: torch.device, sizes: "tuple[int, ...]") -> list[torch.Tensor]:
+    """int32 tensors of ``sizes`` elements from one allocation, each starting 128-byte aligned.
+    On the GPU machine's host a CUDA torch.empty costs about 6 µs, mostly the caching allocator,
+    and an exact dispatch made 11 (torch) to 14 (nvshmem) before its launch (session 40's host
+    probe: 72-136 µs before the launch, which no earlier GPU work hides in a step's first
+    dispatch); one split allocates once."""
+    parts = []
+    for n in sizes:
+        parts += [n, -n % 32]
+    return list(torch.empty(sum(parts), dtype=torch.int32, device=device).split(parts)[::2])
+
+
 def usable_sms(device: torch.device) -> int:
     """SMs this process can occupy at once: all of them, or its MPS share."""
     sms = torch.cuda.get_device_properties(device).multi_processor_count
@@ -120,18 +132,22 @@ class Protocol(ABC):
         or fewer when the layout cannot produce that many."""
         return min(self.layout.recv_rows, self.layout.worst_case_rows(output_layout))
 
-    def _outputs(self, cap: int, output_layout: str, dtype: torch.dtype) -> dict[str, torch.Tensor | None]:
-        """A GPU dispatch's output tensors of ``cap`` rows, which its data kernels fill."""
+    def _outputs(self, cap: int, output_layout: str, dtype: torch.dtype,
+                 *extra: int) -> tuple[dict[str, torch.Tensor | None], list[torch.Tensor]]:
+        """A GPU dispatch's output tensors of ``cap`` rows, which its data kernels fill, and
+        int32 tensors of the ``extra`` sizes (the protocol's own state of the dispatch). The
+        int32 ones are carved from one allocation (``int32_pieces``)."""
         lay, dev = self.layout, self.mem.device
         shape = (cap, lay.topk) if output_layout == "rank" else (cap,)
+        src_rank, src_token, src_slot, *rest = int32_pieces(dev, (cap, cap, cap, *extra))
         return {
             "x": torch.empty((cap, lay.hidden), dtype=dtype, device=dev),
             "idx": torch.empty(shape, dtype=torch.int64, device=dev),
             "w": torch.empty(shape, dtype=torch.float32, device=dev),
-            **{k: torch.empty(cap, dtype=torch.int32, device=dev) for k in ("src_rank", "src_token", "src_slot")},
+            "src_rank": src_rank, "src_token": src_token, "src_slot": src_slot,
             "expert_offsets": (torch.empty(lay.local_experts + 1, dtype=torch.int64, device=dev)
                                if output_layout == "expert" else None),
-        }
+        }, rest
 
     def input_view(self, num_tokens: int, dtype: torch.dtype) -> torch.Tensor:
         """This rank's ``input`` region as x [num_tokens, hidden] (Buffer.input_view)."""

@@ -189,6 +189,9 @@ class _CudaProtocol(Protocol):
         self._bad_info = self.mod.host_alloc_mapped(32)  # kind, token, slot, value (int64 each)
         self.ctx.set_input_check(self._bad_flag.data_ptr(), self._bad_info[1])
         self._deferred = self.mod.host_alloc_mapped(64)  # DeferredError of a dispatch without the host wait
+        # check()'s views of the two host-mapped records, made once: it runs twice a dispatch
+        self._deferred_rec = (ctypes.c_int64 * 6).from_address(self._deferred[0])
+        self._err_rec = (ctypes.c_int64 * 4).from_address(self._err[0])
         offs = layout.offsets()
         self._offs = offs
         self._base = mem.local.data_ptr()
@@ -210,12 +213,12 @@ class _CudaProtocol(Protocol):
         CapacityError (once) for an earlier num_worst_tokens dispatch that did not wait."""
         if synchronize:
             self._stream().synchronize()
-        record = (ctypes.c_int64 * 6).from_address(self._deferred[0])
+        record = self._deferred_rec
         if record[0]:
             error = deferred_error(self.layout, list(record), self.rank, self.mod.DEFERRED, self._bad_record)
             record[0] = 0  # raised once: the buffer stays usable (the kernels kept inside their capacity)
             raise error
-        word = (ctypes.c_int64 * 4).from_address(self._err[0])
+        word = self._err_rec
         if word[0]:
             stage = self._stage_names.get(int(word[0]), f"stage {int(word[0])}")
             what = stall_detail(stage, int(word[1]), int(word[2]))
@@ -242,11 +245,10 @@ class _CudaProtocol(Protocol):
 
     # -- routing ---------------------------------------------------------------------------
     def _layout(self, topk_idx: torch.Tensor, topk_weights: torch.Tensor | None, publish: bool,
-                per_rank: torch.Tensor | None, per_expert: torch.Tensor | None, in_rank: torch.Tensor) -> None:
+                per_rank: torch.Tensor | None, per_expert: torch.Tensor | None, in_rank: torch.Tensor, sp: int) -> None:
         epoch = self._next_epoch() if publish else 0
         self.ctx.layout(_ptr(topk_idx), topk_idx.dtype == torch.int64, _ptr(topk_weights), topk_idx.shape[0],
-                        _ptr(self._route_scratch), _ptr(in_rank), _ptr(per_rank), _ptr(per_expert), publish, epoch,
-                        self._stream().cuda_stream)
+                        _ptr(self._route_scratch), _ptr(in_rank), _ptr(per_rank), _ptr(per_expert), publish, epoch, sp)
 
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:
         self.check()
@@ -254,7 +256,7 @@ class _CudaProtocol(Protocol):
         per_rank = torch.empty(W, dtype=torch.int32, device=self.device)
         per_expert = torch.empty(E, dtype=torch.int32, device=self.device)
         in_rank = torch.empty((T, W), dtype=torch.bool, device=self.device)  # the kernel writes every entry
-        self._layout(topk_idx.contiguous(), None, False, per_rank, per_expert, in_rank)
+        self._layout(topk_idx.contiguous(), None, False, per_rank, per_expert, in_rank, self._stream().cuda_stream)
         return DispatchLayout(per_rank, per_expert, in_rank)
 
     # -- dispatch --------------------------------------------------------------------------
@@ -271,23 +273,25 @@ class _CudaProtocol(Protocol):
         self._publish_x(x)
         # Allocate everything first: the launches below then follow each other closely.
         cap = self._capacity(output_layout)  # what the kernels may write; `worst` rows are returned
-        out = self._outputs(max(cap, worst), output_layout, x.dtype)
-        # The output row of each (token, slot) this rank keeps: combine reduces those rows in
-        # place (written by the data kernels; entries of other ranks' slots are never read).
-        selfmap = torch.empty(max(1, T * lay.combine_slots), dtype=torch.int32, device=self.device)
+        # Besides the outputs, int32 pieces of one allocation:
+        # - selfmap: the output row of each (token, slot) this rank keeps; combine reduces those
+        #   rows in place (written by the data kernels; entries of other ranks' slots are never read);
+        # - counts_dev: this dispatch's own device copy of the counts matrix (unpack reads it after
+        #   peers may have moved on; a cached dispatch reuses it), written by the routing kernel;
+        # - routing: the published routing, for a cached dispatch after other dispatches overwrote
+        #   it; the routing kernel stores this copy as it publishes (no copy launch).
+        out, (selfmap, counts_dev, routing) = self._outputs(
+            max(cap, worst), output_layout, x.dtype, max(1, T * lay.combine_slots), W * self._counts_shape[1],
+            self._routing_bytes(T) // 4)
+        counts_dev, routing = counts_dev.view(self._counts_shape), routing.view(torch.uint8)
         args = _kernel_outputs(out, cap, selfmap)
         in_rank = torch.empty((T, W), dtype=torch.bool, device=self.device)
-        # This dispatch's own device copy of the counts matrix (unpack reads it after peers
-        # may have moved on; a cached dispatch reuses it), written by the routing kernel.
-        counts_dev = torch.empty(self._counts_shape, dtype=torch.int32, device=self.device)
-        # The published routing, for a cached dispatch after other dispatches overwrote it:
-        # the routing kernel stores this copy as it publishes (no copy launch).
-        routing = torch.empty(self._routing_bytes(T), dtype=torch.uint8, device=self.device)
+        sp = stream.cuda_stream
         # num_worst_tokens: no host wait, so no host copy of the counts either.
         self.ctx.set_routing_outputs(0 if worst else self._counts_mapped[1], counts_dev.data_ptr(), routing.data_ptr(),
                                      0 if worst else self._counts_ready[1], 0 if worst else self._summary[1],
                                      alignment)
-        epoch = self._route_and_move(x, topk_idx, topk_weights, in_rank, args, expert_major, alignment, counts_dev)
+        epoch = self._route_and_move(x, topk_idx, topk_weights, in_rank, args, expert_major, alignment, counts_dev, sp)
         if not worst:  # after the data kernel: nothing may come between it and the routing kernel it follows
             self._counts_event.record(stream)
         self._published = routing
@@ -331,7 +335,7 @@ class _CudaProtocol(Protocol):
 
     def _route_and_move(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                         in_rank: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
-                        counts_dev: torch.Tensor) -> int:
+                        counts_dev: torch.Tensor, sp: int) -> int:
         """A dispatch's routing and data kernels; returns the routing's epoch, which its kernel
         writes to ``_counts_ready`` after the counts matrix. Alone expert-major, one kernel does
         both where it applies (``Ctx::route_alone``: no routing grid before the fan-out; rank-major
@@ -341,23 +345,21 @@ class _CudaProtocol(Protocol):
             route_epoch, epoch = self._next_epoch(), self._next_epoch()
             self.routed_in_fan_out = self.ctx.route_alone(
                 _ptr(topk_idx), topk_idx.dtype == torch.int64, _ptr(topk_weights), topk_idx.shape[0],
-                _ptr(self._route_scratch), _ptr(in_rank), _ptr(x), args, expert_major, alignment, route_epoch, epoch,
-                self._stream().cuda_stream)
+                _ptr(self._route_scratch), _ptr(in_rank), _ptr(x), args, expert_major, alignment, route_epoch, epoch, sp)
             if self.routed_in_fan_out:
                 return route_epoch
-        self._layout(topk_idx, topk_weights, True, None, None, in_rank)
+        self._layout(topk_idx, topk_weights, True, None, None, in_rank, sp)
         route_epoch = self._epoch
-        self._move(x, args, expert_major, alignment, counts_dev, True)
+        self._move(x, args, expert_major, alignment, counts_dev, True, sp)
         return route_epoch
 
     def _move(self, x: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
-              counts_dev: torch.Tensor, after_route: bool) -> None:
+              counts_dev: torch.Tensor, after_route: bool, sp: int) -> None:
         """The data kernels, after the routing (or its republication) and the counts barrier.
         Alone, the alone kernels where they apply (``Ctx::alone``), as nvshmem runs them;
         ``after_route`` (right behind this dispatch's routing kernel): they start on the
         routing's placed chunks, before its last block hands the counts over (the expert-major
-        one loads its first rows even before that)."""
-        sp = self._stream().cuda_stream
+        one loads its first rows even before that). ``sp``: the current stream's handle."""
         epoch = self._next_epoch()
         if self.world_size == 1 and self.ctx.alone(_ptr(x), args, expert_major, alignment, counts_dev.data_ptr(), epoch,
                                                    after_route, sp):
@@ -397,16 +399,16 @@ class _CudaProtocol(Protocol):
             # what the kernels may write (the received rows are fewer), never past recv_rows
             rows = min(handle.num_recv_rows, self._capacity(handle.output_layout))
         self._publish_x(x)
-        out = self._outputs(max(rows, 1, worst), handle.output_layout, x.dtype)
+        out, _ = self._outputs(max(rows, 1, worst), handle.output_layout, x.dtype)
         args = _kernel_outputs(out, max(rows, 1), None)  # same routing: the handle's selfmap holds
         # Then the counts barrier: peers read what was just republished (pull) and may refill
         # pools this rank still unpacks from an earlier dispatch (push). Alone, with this
         # routing still in place, there is nothing to put back and no one to wait for.
+        sp = self._stream().cuda_stream
         if self.world_size > 1 or self._published is not routing:
-            self.ctx.republish(routing.data_ptr(), routing.numel(), counts_dev.data_ptr(), self._next_epoch(),
-                               self._stream().cuda_stream)
+            self.ctx.republish(routing.data_ptr(), routing.numel(), counts_dev.data_ptr(), self._next_epoch(), sp)
             self._published = routing
-        self._move(x, args, handle.output_layout == "expert", handle.alignment, counts_dev, False)
+        self._move(x, args, handle.output_layout == "expert", handle.alignment, counts_dev, False, sp)
         if not counted:
             return self._tail(out, counts_dev, worst, handle.output_layout == "expert", handle.alignment)
         return recv_views(out, rows, per_expert, worst)

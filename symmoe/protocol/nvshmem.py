@@ -201,6 +201,8 @@ class NvshmemPush(Protocol):
         check_summary_head("symmoe_nvshmem", self.ext.SUMMARY_HEAD)
         # Beside the matrix, what the host reads of it after its wait (counts.summary_of).
         self._summary = torch.zeros(SUMMARY_HEAD + layout.local_experts, dtype=torch.int32, pin_memory=True)
+        # numpy views of the two, made once: a dispatch reads them right after its host wait
+        self._counts_np, self._summary_np = self._counts_host.numpy(), self._summary.numpy()
         # DeferredError of a dispatch without the host wait (num_worst_tokens; kernels/tail.cuh)
         self._deferred = torch.zeros(8, dtype=torch.int64, pin_memory=True)
         # Peers reachable by load/store get plain stores; the others puts, which read their
@@ -231,7 +233,7 @@ class NvshmemPush(Protocol):
     def host_counts(self) -> tuple[np.ndarray, np.ndarray]:
         """The last exact-size dispatch's counts matrix and its summary as the plan kernel left
         them in pinned memory (views: the next dispatch rewrites them)."""
-        return self._counts_host.numpy(), self._summary.numpy()
+        return self._counts_np, self._summary_np
 
     def _route(self, topk_idx: torch.Tensor, plan: bool, epoch: int, ptrs: dict[str, int],
                stream: torch.cuda.Stream, alignment: int = 1) -> None:
@@ -268,17 +270,15 @@ class NvshmemPush(Protocol):
         # Outputs sized for the worst case, allocated before the launches so they follow each
         # other closely; the host's wait for the counts overlaps the data kernel.
         cap = self._capacity(output_layout)  # what the kernel may write; `worst` rows are returned
-        out = self._outputs(max(cap, worst), output_layout, x.dtype)
+        # The routing's outputs, which only this rank reads: int32 pieces of the outputs' one
+        # allocation (the handle keeps them for a cached dispatch); the weights' piece as float32.
+        # selfmap: the output row of each (token, slot) this rank keeps (combine reduces it in place).
+        out, (pub_idx, pub_w, pos, send_ent, counts, selfmap) = self._outputs(
+            max(cap, worst), output_layout, x.dtype, max(1, T * K), max(1, T * K), max(1, T * (W + K)),
+            max(1, T * W), W * (1 + W + lay.num_experts), max(1, T * lay.combine_slots))
         in_rank = torch.empty((T, W), dtype=torch.bool, device=dev)
-        # The routing's outputs, which only this rank reads: plain device memory of this
-        # dispatch (the handle keeps them for a cached dispatch).
-        plan = {"pub_idx": torch.empty(max(1, T * K), dtype=torch.int32, device=dev),
-                "pub_w": torch.empty(max(1, T * K), dtype=torch.float32, device=dev),
-                "pos": torch.empty(max(1, T * (W + K)), dtype=torch.int32, device=dev),
-                "send_ent": torch.empty(max(1, T * W), dtype=torch.int32, device=dev),
-                "counts": torch.empty((W, 1 + W + lay.num_experts), dtype=torch.int32, device=dev),
-                # the output row of each (token, slot) this rank keeps: combine reduces it in place
-                "selfmap": torch.empty(max(1, T * lay.combine_slots), dtype=torch.int32, device=dev)}
+        plan = {"pub_idx": pub_idx, "pub_w": pub_w.view(torch.float32), "pos": pos, "send_ent": send_ent,
+                "counts": counts.view(W, 1 + W + lay.num_experts), "selfmap": selfmap}
         src = self._source(x)
         self._dispatches += 1
         self._last_op = "dispatch"
@@ -307,7 +307,7 @@ class NvshmemPush(Protocol):
         ready, err = self._counts_ready.data_ptr(), self.err.data_ptr()
         self._wait_counts(self._counts_event, lambda max_s: self.ext.wait_mapped(ready, epoch, err, max_s))
         raise_if_failed(self.mem, "dispatch.counts")
-        return summarized_result(lay, self._summary.numpy(), self._counts_host.numpy(), me, output_layout, alignment,
+        return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment,
                                  self._bad_info.tolist, out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=plan)
 
     def _tail(self, out: dict[str, torch.Tensor | None], counts: torch.Tensor, worst: int, em: bool,
@@ -402,7 +402,7 @@ class NvshmemPush(Protocol):
             cap = max(most, 1)
         else:  # the same on every rank, as the handles' N is
             cap = max(1, min(handle.num_recv_rows, self._capacity(handle.output_layout)))
-        out = self._outputs(max(cap, worst), handle.output_layout, x.dtype)
+        out, _ = self._outputs(max(cap, worst), handle.output_layout, x.dtype)
         src = self._source(x)
         if self.W > 1:
             self.mem.barrier_on_stream("dispatch.counts")

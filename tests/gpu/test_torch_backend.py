@@ -245,6 +245,7 @@ def test_the_routed_kernel_s_timeline_build_stamps_every_warp_and_moves_the_same
         assert int(slots.any(dim=2).any(dim=1).sum()) == pr.ctx.grid  # every block
         assert p["warps"] == int(slots.any(dim=2).sum())  # every warp that ran stamped every mark
         assert all(p[name]["min"] >= 0 for name in p["phases"]), p
+        assert {"count walk", "count scan", "count mark"} <= set(p["phases"])  # the routing chunks' own marks
 
 
 # -- what the host reads after its wait ----------------------------------------------------
