@@ -76,8 +76,9 @@ def _blocks(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str]) -> torc
 def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS,
            spans: Sequence[tuple[str, str, str]] = PHASES) -> dict:
     """stamps: the kernel's int64 words, [blocks][warp_slots][len(marks)][2] flattened; a warp
-    that never ran (all zero) is left out. Returns µs: per phase of ``spans`` the min / median /
-    max over warps; ``start`` and ``end`` (each warp's enter and flushed against the first warp's
+    that missed a mark other than CHUNK_MARKS (one that never ran is all zero) is left out.
+    Returns µs: per phase of ``spans`` the min / median / max over warps (a phase with a chunk
+    mark: over the warps that stamped it); ``start`` and ``end`` (each warp's enter and flushed against the first warp's
     enter, globaltimer); ``at`` (each mark against the first warp's enter: where the warps are
     on the grid's clock); ``span`` (first enter to last flushed); ``clock_ghz``; ``warps``."""
     m = len(marks)
