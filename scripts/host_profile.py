@@ -197,16 +197,17 @@ def main() -> None:
                     print(f"{backend} {proto_name} launch costs (median host µs, GPU busy):")
                     print(launch_costs(proto, idx), flush=True)
                 for layout in a.layouts.split(","):
-                    state = {"d": proto.dispatch(x, idx, w, layout, b.expert_alignment)}
+                    def dispatch(layout: str = layout):
+                        return proto.dispatch(x, idx, w, layout, b.expert_alignment)
+
+                    state = {"d": dispatch()}
                     print(f"{backend} {proto_name} {layout} dispatch, the host's work after its counts wait:")
                     for cycles in (0, sleep_cycles_for()):  # the GPU idle before each; as the bench's timed calls
-                        print(after_wait_costs(proto, lambda: proto.dispatch(x, idx, w, layout, b.expert_alignment),
-                                               sleep_cycles=cycles), flush=True)
+                        print(after_wait_costs(proto, dispatch, sleep_cycles=cycles), flush=True)
                     print(f"{backend} {proto_name} {layout} dispatch, the host's work before its counts wait:")
-                    print(before_wait_costs(proto, lambda: proto.dispatch(x, idx, w, layout, b.expert_alignment)),
-                          flush=True)
+                    print(before_wait_costs(proto, dispatch), flush=True)
                     ops = {
-                        "dispatch": lambda: state.__setitem__("d", proto.dispatch(x, idx, w, layout, b.expert_alignment)),
+                        "dispatch": lambda: state.__setitem__("d", dispatch()),
                         "cached dispatch": lambda: proto.dispatch_cached(x, state["d"][1]),
                         "combine": lambda: proto.combine(state["d"][0].x, state["d"][1], None),
                     }
