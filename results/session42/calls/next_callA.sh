@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Prepared in session 42: next/l2rows (ce44263 on main 0ec55d1), kernel.l2_prefetch: its GPU
+# Prepared in session 42: next/l2rows (ce79e30 on main 0ec55d1: the kernels D ran at ce44263 and
+# a comment), kernel.l2_prefetch: its GPU
 # tests (never run), its routed timeline with the key off and on (do "later rounds" shorten?),
 # benches off / on / off / on (torch, nvshmem) in one tree. Session 42 D got one torch pair only:
 # expert dispatch kernel 146.2 / 146.9 device µs. Make it the default only if the expert
