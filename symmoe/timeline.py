@@ -78,9 +78,10 @@ def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS,
     """stamps: the kernel's int64 words, [blocks][warp_slots][len(marks)][2] flattened; a warp
     that missed a mark other than CHUNK_MARKS (one that never ran is all zero) is left out.
     Returns µs: per phase of ``spans`` the min / median / max over warps (a phase with a chunk
-    mark: over the warps that stamped it); ``start`` and ``end`` (each warp's enter and flushed against the first warp's
-    enter, globaltimer); ``at`` (each mark against the first warp's enter: where the warps are
-    on the grid's clock); ``span`` (first enter to last flushed); ``clock_ghz``; ``warps``."""
+    mark: over the warps that stamped it; ``phases`` lists those present); ``start`` and ``end``
+    (each warp's enter and flushed against the first warp's enter, globaltimer); ``at`` (each
+    mark against the first warp's enter: where the warps are on the grid's clock); ``span``
+    (first enter to last flushed); ``clock_ghz``; ``warps``."""
     m = len(marks)
     t = _blocks(stamps, warp_slots, marks).reshape(-1, m, 2)
     ix = {k: i for i, k in enumerate(marks)}
@@ -94,18 +95,19 @@ def phases(stamps: torch.Tensor, warp_slots: int, marks: Sequence[str] = MARKS,
     cyc = clk[:, flushed] - clk[:, enter]
     ghz = statistics.median((cyc[wall > 0] / wall[wall > 0]).tolist()) if bool((wall > 0).any()) else float("nan")
     out: dict = {"warps": int(t.shape[0]), "clock_ghz": ghz}
-    out["phases"] = [name for name, a, b in spans if a in ix and b in ix]
+    stamped = ns != 0  # [warps, marks]; only a routing chunk's warps have CHUNK_MARKS
+    out["phases"] = []
     for name, a, b in spans:
         if a not in ix or b not in ix:
             continue
-        has = (ns[:, ix[a]] != 0) & (ns[:, ix[b]] != 0)  # only a routing chunk's warps have CHUNK_MARKS
+        has = stamped[:, ix[a]] & stamped[:, ix[b]]
         if not bool(has.any()):
-            out["phases"].remove(name)
             continue
-        d = (clk[has, ix[b]] - clk[has, ix[a]]) / ghz / 1e3
-        out[name] = _pct(d.tolist())
+        out["phases"].append(name)
+        out[name] = _pct(((clk[has, ix[b]] - clk[has, ix[a]]) / ghz / 1e3).tolist())
     t0 = float(ns[:, enter].min())
-    out["at"] = {k: _pct(((ns[ns[:, i] != 0, i] - t0) / 1e3).tolist()) for k, i in ix.items() if bool((ns[:, i] != 0).any())}
+    out["at"] = {k: _pct(((ns[stamped[:, i], i] - t0) / 1e3).tolist()) for k, i in ix.items()
+                 if bool(stamped[:, i].any())}
     out["start"] = _pct(((ns[:, enter] - t0) / 1e3).tolist())
     out["end"] = _pct(((ns[:, flushed] - t0) / 1e3).tolist())
     out["span"] = float(ns[:, flushed].max() - t0) / 1e3
