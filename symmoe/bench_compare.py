@@ -6,8 +6,9 @@ its ratio to the first run's and, where the bench measured them, its ratio to a 
 and its speed-up over plain torch; then the kernels' device µs per call of rank 0 (the
 profiler's, without host gaps); then, where the JSON has it, the host's work after the exact
 dispatch's one counts wait (``dispatch_host_phases_timed``, rank 0): a call whose host work
-outlasts its kernel is host-bound, whatever its kernel did. Runs are named by their JSON's
-commit, or by ``--labels``.
+outlasts its kernel is host-bound, whatever its kernel did; then the host's µs inside each call
+with the GPU idle before it (``<op>_host``, rank 0). Runs are named by their JSON's commit, or
+by ``--labels``.
 Several runs of one tree (A/B/A/B) read as the spread that a difference has to exceed.
 """
 from __future__ import annotations
@@ -55,6 +56,19 @@ def after_wait_of(doc: dict[str, Any]) -> dict[Key, float]:
     return out
 
 
+def host_of(doc: dict[str, Any]) -> dict[Key, float]:
+    """Rank 0's median host µs inside each call, the GPU idle before it (``<op>_host``): what a
+    call costs the host where no queued GPU work hides it."""
+    out: dict[Key, float] = {}
+    for r in doc.get("results", []):
+        for layout, row in r["layouts"].items():
+            mine = r["ranks"][0][layout]
+            for op in ops_of(row):
+                if f"{op}_host" in mine:
+                    out[_key(r, layout, op)] = mine[f"{op}_host"]["median_us"]
+    return out
+
+
 def compare(docs: list[dict[str, Any]], labels: list[str]) -> str:
     """The side-by-side tables of ``docs`` (the first is the baseline)."""
     if len(docs) < 2:
@@ -87,13 +101,13 @@ def compare(docs: list[dict[str, Any]], labels: list[str]) -> str:
     head = ["backend", "proto", "W", "layout", "op", *labels]
     lines = ["median µs (ratio to the first run), ratio to a same-size copy, speed-up over plain torch",
              *_aligned([head, *times]), "", "kernels, device µs per call (rank 0)", *_aligned([head, *kernels])]
-    waits = [after_wait_of(d) for d in docs]
-    host = []
-    for key in runs[0]:
-        if any(key in w for w in waits):
-            host.append([*_name(key), *(f"{w[key]:.1f}" if key in w else "-" for w in waits)])
-    if host:
-        lines += ["", "host after the counts wait, median µs (rank 0, timed dispatches)", *_aligned([head, *host])]
+    for title, of in (("host after the counts wait, median µs (rank 0, timed dispatches)", after_wait_of),
+                      ("host inside the call, median µs (rank 0, the GPU idle before it)", host_of)):
+        found = [of(d) for d in docs]
+        host = [[*_name(key), *(f"{f[key]:.1f}" if key in f else "-" for f in found)]
+                for key in runs[0] if any(key in f for f in found)]
+        if host:
+            lines += ["", title, *_aligned([head, *host])]
     return "\n".join(lines)
 
 

@@ -52,7 +52,18 @@ def test_the_host_s_work_after_the_counts_wait_is_set_beside_the_kernels_where_m
     text = bench_compare.compare(docs, ["base", "change"])
     assert _line(text, "torch", "dispatch", section=2)[5:] == ["70.0", "31.5"]
     assert not any(ln.startswith("nccl") for ln in text.split("\n\n")[2].splitlines())
-    assert len(bench_compare.compare([_doc("a", 1.0, 1.0), _doc("b", 1.0, 1.0)], ["a", "b"]).split("\n\n")) == 2
+    assert len(bench_compare.compare([_doc("a", 1.0, 1.0), _doc("b", 1.0, 1.0)], ["a", "b"]).split("\n\n")) == 3
+
+
+def test_the_host_s_time_inside_each_call_is_set_beside_the_other_runs_where_measured():
+    docs = [_doc("base", 40.0, 34.0), _doc("change", 36.0, 32.0)]
+    docs[1]["results"][0]["ranks"][0]["rank"]["combine_host"]["median_us"] = 7.5  # torch's combine, change only
+    del docs[1]["results"][1]["ranks"][0]["rank"]["dispatch_host"]  # nccl's dispatch, not measured in the change
+    text = bench_compare.compare(docs, ["base", "change"])
+    assert text.split("\n\n")[2].startswith("host inside the call")
+    assert _line(text, "torch", "dispatch", section=2)[5:] == ["50.0", "50.0"]
+    assert _line(text, "torch", "combine", section=2)[5:] == ["10.0", "7.5"]
+    assert _line(text, "nccl", "dispatch", section=2)[5:] == ["50.0", "-"]
 
 
 def test_an_op_missing_from_a_run_shows_a_dash():
