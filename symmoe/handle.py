@@ -38,6 +38,10 @@ class DispatchHandle:
     # num_worst_tokens of the dispatch (0: exact outputs). Set: the handle covers that many rows,
     # sources -1 past the received ones, and combine takes that many rows.
     num_worst_tokens: int = 0
+    # (the most rows any rank received, this rank's rows, its unpadded rows per local expert) as
+    # the dispatch read them off its counts on the host (None where it did not wait for them):
+    # a cached dispatch along this handle then reduces nothing on the host.
+    recv_counts: "tuple[int, int, torch.Tensor] | None" = None
 
     @property
     def num_recv_tokens(self) -> int:

@@ -3,14 +3,16 @@ dispatch (symmoe.protocol.counts, shared by the CUDA and NVSHMEM protocols): the
 receiver gets and the per-expert counts must be the reference's, over-capacity and bad ids
 raise with the same decision on every rank, and the results are views of the worst-case
 outputs with a handle that keeps its own copy of the matrix."""
+import dataclasses
+
 import pytest
 import torch
 
 from symmoe import reference
 from symmoe.config import Config
 from symmoe.errors import CapacityError, InputError
-from symmoe.protocol.counts import (SUMMARY_HEAD, bad_input_error, check_summary_head, deferred_error, dispatch_result,
-                                    received_rows, summarized_result, summary_of)
+from symmoe.protocol.counts import (SUMMARY_HEAD, bad_input_error, cached_rows, check_summary_head, deferred_error,
+                                    dispatch_result, received_rows, summarized_result, summary_of)
 from symmoe.testing import CHECK_ROUTINGS, _tokens_per_rank
 from symmoe.workload import make_inputs
 
@@ -137,6 +139,46 @@ def test_a_result_from_the_summary_is_the_result_from_the_matrix(layout):
     assert torch.equal(handle.counts, want_handle.counts) and torch.equal(handle.recv_src_slot, want_handle.recv_src_slot)
     counts[:] = -7  # the mapped memory is rewritten by the next dispatch
     assert torch.equal(handle.counts, want_handle.counts)
+
+
+@pytest.mark.parametrize("W", [1, 2, 4])
+@pytest.mark.parametrize("layout", ["rank", "expert"])
+def test_a_cached_dispatch_reads_its_rows_off_the_handle_as_the_matrix_gives_them(W, layout):
+    """An exact dispatch keeps (most rows, its rows, its per-expert counts) in the handle; the
+    cached dispatch along it gets what reducing the handle's matrix again gives, and a tensor
+    of its own."""
+    for n, routing in enumerate(CHECK_ROUTINGS):
+        lay, inputs, counts = _case(W, routing, seed=400 + 10 * W + n)
+        out = _worst_case_outputs(lay, layout)
+        for r in range(W):
+            in_rank = torch.ones((inputs[r].x.shape[0], W), dtype=torch.bool)
+            made = [summarized_result(lay, summary_of(counts, r, 4, lay.local_experts), counts, r, layout, 4,
+                                      lambda: (0, 0, 0, 0), out, inputs[r].topk_idx, inputs[r].topk_weights, in_rank, 0)[1],
+                    dispatch_result(lay, counts, r, layout, 4, lambda: (0, 0, 0, 0), out, inputs[r].topk_idx,
+                                    inputs[r].topk_weights, in_rank, 0)[1]]
+            for handle in made:
+                assert handle.recv_counts is not None
+                for worst in (0, lay.recv_rows):
+                    most, rows, per_expert = cached_rows(lay, handle, r, worst)
+                    want = cached_rows(lay, dataclasses.replace(handle, recv_counts=None), r, worst)
+                    assert (most, rows, per_expert.tolist()) == (want[0], want[1], want[2].tolist()), (routing, r)
+                    assert rows == handle.num_recv_rows
+                    per_expert += 1  # the caller's own tensor: the handle's counts stay
+                    assert cached_rows(lay, handle, r, worst)[2].tolist() == want[2].tolist()
+
+
+def test_a_cached_dispatch_below_the_most_rows_raises_naming_the_receiver_on_every_rank():
+    from symmoe.workload import Routing
+    lay, inputs, counts = _case(2, Routing("one_expert", expert=0), seed=15)
+    out = _worst_case_outputs(lay, "rank")
+    for r in range(2):
+        handle = summarized_result(lay, summary_of(counts, r, 4, lay.local_experts), counts, r, "rank", 4,
+                                   lambda: (0, 0, 0, 0), out, inputs[r].topk_idx, inputs[r].topk_weights,
+                                   torch.ones((inputs[r].x.shape[0], 2), dtype=torch.bool), 0)[1]
+        most = handle.recv_counts[0]
+        assert cached_rows(lay, handle, r, most)[0] == most
+        with pytest.raises(CapacityError, match=f"num_worst_tokens={most - 1} but rank 0 receives {most} rows"):
+            cached_rows(lay, handle, r, most - 1)
 
 
 def test_a_summary_naming_bad_ids_or_a_receiver_over_capacity_raises_from_the_matrix_on_every_rank():

@@ -78,7 +78,7 @@ def summarized_result(lay: BufferLayout, summary: np.ndarray, counts: np.ndarray
     per_expert = torch.from_numpy(summary[SUMMARY_HEAD:SUMMARY_HEAD + lay.local_experts].copy())
     recv = recv_views(out, rows, per_expert)
     return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, torch.from_numpy(counts.copy()), out,
-                             recv, buffer_id, alignment, cache, 0)
+                             recv, buffer_id, alignment, cache, 0, (most, rows, per_expert))
 
 
 def bad_input_error(lay: BufferLayout, counts: np.ndarray, rank: int, info: "tuple[int, int, int, int]") -> InputError:
@@ -108,25 +108,27 @@ def dispatch_result(lay: BufferLayout, counts: np.ndarray, rank: int, output_lay
     if counts[:, 0].min() < 0:
         raise bad_input_error(lay, counts, rank, bad_info())
     totals, per_expert = received_rows(lay, counts, rank, output_layout, alignment, worst)
-    rows = int(totals[rank])
-    recv = recv_views(out, rows, torch.from_numpy(per_expert), worst)
+    rows, per_expert = int(totals[rank]), torch.from_numpy(per_expert)
+    recv = recv_views(out, rows, per_expert, worst)
     return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, torch.from_numpy(counts), out, recv,
-                             buffer_id, alignment, cache, worst)
+                             buffer_id, alignment, cache, worst, (int(totals.max()), rows, per_expert))
 
 
 def make_handle(output_layout: str, topk_idx: torch.Tensor, topk_weights: torch.Tensor, in_rank: torch.Tensor,
                 counts: torch.Tensor, out: dict[str, torch.Tensor | None], recv: RecvResult, buffer_id: int,
-                alignment: int, cache: Any, worst: int) -> DispatchHandle:
+                alignment: int, cache: Any, worst: int,
+                recv_counts: "tuple[int, int, torch.Tensor] | None" = None) -> DispatchHandle:
     """A GPU dispatch's handle over the rows of ``recv`` (views of its outputs ``out``; all
     ``worst`` of them with num_worst_tokens, whose sources past the received rows are -1):
-    recv's own source views, and the slot column from ``out``."""
+    recv's own source views, and the slot column from ``out``; ``recv_counts`` as
+    ``DispatchHandle.recv_counts`` (where the host read the counts)."""
     rows = recv.src_rank.shape[0]
     return DispatchHandle(
         output_layout=output_layout, num_tokens=topk_idx.shape[0], topk_idx=topk_idx.long(),
         topk_weights=topk_weights, is_token_in_rank=in_rank, counts=counts, num_recv_rows=rows,
         recv_src_rank=recv.src_rank, recv_src_token=recv.src_token, recv_src_slot=out["src_slot"][:rows],
         expert_offsets=out["expert_offsets"], buffer_id=buffer_id, alignment=alignment, cache=cache,
-        num_worst_tokens=worst)
+        num_worst_tokens=worst, recv_counts=recv_counts)
 
 
 def recv_views(out: dict[str, torch.Tensor | None], rows: int, per_expert: torch.Tensor, worst: int = 0) -> RecvResult:
@@ -149,7 +151,12 @@ def cached_rows(lay: BufferLayout, handle: DispatchHandle, rank: int,
     """(the most rows any rank received, the rows ``rank`` received, its
     num_recv_tokens_per_expert) in the dispatch that made ``handle``, from its counts: host
     arithmetic, as a cached dispatch never waits for the device. Raises on every rank when
-    ``worst`` (num_worst_tokens) is less than some rank's rows."""
+    ``worst`` (num_worst_tokens) is less than some rank's rows. Read off ``handle.recv_counts``
+    where the dispatch kept them (the matrix is reduced again only to name who is over)."""
+    if handle.recv_counts is not None:
+        most, rows, per_expert = handle.recv_counts
+        if most <= lay.recv_rows and not (worst and most > worst):  # layout.check_capacity's test
+            return most, rows, per_expert.clone()  # the caller's own: results do not share it
     totals, per_expert = received_rows(lay, handle.counts.numpy(), rank, handle.output_layout, handle.alignment,
                                        worst)
     return int(totals.max()), int(totals[rank]), torch.from_numpy(per_expert)

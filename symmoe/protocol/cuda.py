@@ -68,7 +68,7 @@ from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
-from .base import Protocol, check_combine_slots, fan_phases_mode, stall_detail, usable_sms
+from .base import Protocol, check_combine_slots, fan_phases_mode, stall_detail, stream_handle, usable_sms
 from .counts import (SUMMARY_HEAD, cached_rows, check_summary_head, deferred_error, make_handle, recv_views,
                      summarized_result)
 
@@ -236,7 +236,7 @@ class _CudaProtocol(Protocol):
     def barrier_on_stream(self) -> None:
         self.check()
         self.ctx.barrier(self._offs["barrier"], self._next_epoch(), self.mod.STAGES["barrier"],
-                         self._stream().cuda_stream)
+                         stream_handle(self.device))
 
     def _check_aligned(self, name: str, t: torch.Tensor) -> None:
         if t.numel() and t.data_ptr() % 16:
@@ -256,7 +256,7 @@ class _CudaProtocol(Protocol):
         per_rank = torch.empty(W, dtype=torch.int32, device=self.device)
         per_expert = torch.empty(E, dtype=torch.int32, device=self.device)
         in_rank = torch.empty((T, W), dtype=torch.bool, device=self.device)  # the kernel writes every entry
-        self._layout(topk_idx.contiguous(), None, False, per_rank, per_expert, in_rank, self._stream().cuda_stream)
+        self._layout(topk_idx.contiguous(), None, False, per_rank, per_expert, in_rank, stream_handle(self.device))
         return DispatchLayout(per_rank, per_expert, in_rank)
 
     # -- dispatch --------------------------------------------------------------------------
@@ -324,7 +324,7 @@ class _CudaProtocol(Protocol):
         expert from the device's counts matrix; errors come back at a later call (check)."""
         per_expert = torch.empty(self.layout.local_experts, dtype=torch.int32, device=self.device)
         self.ctx.recv_tail(counts_dev.data_ptr(), _kernel_outputs(out, worst, None), worst, expert_major, alignment,
-                           per_expert.data_ptr(), self._deferred[1], self._epoch, self._stream().cuda_stream)
+                           per_expert.data_ptr(), self._deferred[1], self._epoch, stream_handle(self.device))
         return recv_views(out, worst, per_expert)  # the tail kernel filled what the host would
 
     def _publish_x(self, x: torch.Tensor) -> None:
@@ -404,7 +404,7 @@ class _CudaProtocol(Protocol):
         # Then the counts barrier: peers read what was just republished (pull) and may refill
         # pools this rank still unpacks from an earlier dispatch (push). Alone, with this
         # routing still in place, there is nothing to put back and no one to wait for.
-        sp = self._stream().cuda_stream
+        sp = stream_handle(self.device)
         if self.world_size > 1 or self._published is not routing:
             self.ctx.republish(routing.data_ptr(), routing.numel(), counts_dev.data_ptr(), self._next_epoch(), sp)
             self._published = routing
@@ -421,7 +421,7 @@ class _CudaProtocol(Protocol):
         self._check_aligned("x", y)
         T, rows = handle.num_tokens, handle.num_recv_rows
         expert_major = handle.output_layout == "expert"
-        sp = self._stream().cuda_stream
+        sp = stream_handle(self.device)
         rw = recv_topk_weights.float().contiguous() if recv_topk_weights is not None else None
         out = torch.empty((T, lay.hidden), dtype=y.dtype, device=self.device)
         out_w = torch.empty((T, lay.topk), dtype=torch.float32, device=self.device) if rw is not None else None

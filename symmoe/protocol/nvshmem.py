@@ -74,7 +74,7 @@ import torch
 from .. import build
 from ..errors import ConfigError, InputError, StallError
 from ..reference import DispatchLayout, RecvResult
-from .base import Protocol, check_combine_slots, fan_phases_mode, usable_sms
+from .base import Protocol, check_combine_slots, fan_phases_mode, stream_handle, usable_sms
 from .counts import (SUMMARY_HEAD, cached_rows, check_summary_head, deferred_error, make_handle, recv_views,
                      summarized_result)
 
@@ -321,7 +321,7 @@ class NvshmemPush(Protocol):
                       [counts.data_ptr(), *(out[k].data_ptr() for k in ("x", "idx", "w", "src_rank", "src_token",
                                                                           "src_slot")),
                        per_expert.data_ptr(), self._deferred.data_ptr()],
-                      counts_late, torch.cuda.current_stream(self.device).cuda_stream)
+                      counts_late, stream_handle(self.device))
         return recv_views(out, worst, per_expert)  # the tail kernel filled what the host would
 
     def _source(self, x: torch.Tensor) -> torch.Tensor:
@@ -364,7 +364,7 @@ class NvshmemPush(Protocol):
              in_rank.data_ptr(), self._routed_scratch.data_ptr(), self._bad_flag.data_ptr(), self._bad_info.data_ptr(),
              host.get("counts_host", 0), host.get("counts_ready", 0), host.get("summary", 0)],
             self.fan_phases, self.alone_blocks, self._alone_done.data_ptr(), self.ext.error_mirror(),
-            self.err.data_ptr(), torch.cuda.current_stream(self.device).cuda_stream)
+            self.err.data_ptr(), stream_handle(self.device))
 
     def _send(self, src: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], cap: int, em: bool,
               alignment: int, epoch: int, selfmap: torch.Tensor | None) -> None:
@@ -372,7 +372,7 @@ class NvshmemPush(Protocol):
         recording the rows this rank keeps in ``selfmap`` (None: the same routing recorded them).
         Alone, symmoe_cuda's alone kernels instead (expert-major with kernel.fan_phases on,
         where a row fits in shared memory)."""
-        stream = torch.cuda.current_stream(self.device).cuda_stream
+        stream = stream_handle(self.device)
         if self.W == 1 and (not em or self.fan_phases):
             if self._alone().alone(self.args, em, alignment, cap, epoch, self.timeout_ns,
                                    self._alone_ptrs(src, plan, o, em, selfmap), self.fan_phases, self.alone_blocks,
@@ -430,7 +430,6 @@ class NvshmemPush(Protocol):
         lay, me = self.layout, self.me
         H, K = lay.hidden, lay.topk
         dev = self.device
-        stream = torch.cuda.current_stream(dev)
         T, rows = handle.num_tokens, handle.num_recv_rows
         src, src_w = y, recv_topk_weights
         if src_w is not None:
@@ -459,7 +458,7 @@ class NvshmemPush(Protocol):
                 out_x.data_ptr(), out_w.data_ptr() if out_w is not None else 0, self.err.data_ptr()]
         self.ext.combine(self.mem.local.data_ptr(), self.args, me, self.combine_channels,
                          int(handle.output_layout == "expert"), self.direct, T, rows, _ELEM_KIND[y.dtype],
-                         self.reduce_blocks, self._combines, self.timeout_ns, ptrs, stream.cuda_stream)
+                         self.reduce_blocks, self._combines, self.timeout_ns, ptrs, stream_handle(dev))
         return out_x, out_w
 
 
