@@ -40,7 +40,8 @@ class DispatchHandle:
     num_worst_tokens: int = 0
     # (the most rows any rank received, this rank's rows, its unpadded rows per local expert) as
     # the dispatch read them off its counts on the host (None where it did not wait for them):
-    # a cached dispatch along this handle then reduces nothing on the host.
+    # a cached dispatch along this handle then reduces nothing on the host. The tensor is the
+    # protocol's RecvResult's own (Buffer hands users a list); cached dispatches get clones.
     recv_counts: "tuple[int, int, torch.Tensor] | None" = None
 
     @property
