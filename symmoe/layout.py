@@ -171,15 +171,19 @@ class BufferLayout:
         offs = self.offsets()
         return [int(getattr(self, f)) for f in self.KERNEL_FIELDS] + [offs[k] for k in self.KERNEL_OFFSETS]
 
+    def fits(self, most: int, worst: int = 0) -> bool:
+        """Whether a dispatch whose receivers get at most ``most`` rows fits ``recv_rows`` and the
+        ``worst`` rows the call asked for (num_worst_tokens; 0: exact outputs)."""
+        return most <= self.recv_rows and not (worst and most > worst)
+
     def check_capacity(self, totals: Sequence[int], output_layout: str, worst: int = 0) -> None:
         """Raise CapacityError if a receiver's rows (``totals[r]``, from the exchanged counts
         matrix, so every rank raises together) exceed ``recv_rows``, or the outputs of
         ``worst`` rows the call asked for (num_worst_tokens; 0: exact outputs). A GPU dispatch
         calls this after its host wait, so the common case (nobody over) is one comparison."""
-        cap = self.recv_rows
-        most = max((int(t) for t in totals), default=0)
-        if most <= cap and not (worst and most > worst):
+        if self.fits(max((int(t) for t in totals), default=0), worst):
             return
+        cap = self.recv_rows
         for r, n in enumerate(int(t) for t in totals):
             if n > cap:
                 raise CapacityError(

@@ -72,7 +72,7 @@ def summarized_result(lay: BufferLayout, summary: np.ndarray, counts: np.ndarray
     capacity). The host does this after its wait, while only the data kernel hides it."""
     bad, rank_rows, rank_most, expert_rows, expert_most = summary[:5].tolist()
     rows, most = (rank_rows, rank_most) if output_layout == "rank" else (expert_rows, expert_most)
-    if bad or most > lay.recv_rows:  # the matrix names the bad rank or the receiver over
+    if bad or not lay.fits(most):  # the matrix names the bad rank or the receiver over
         return dispatch_result(lay, counts, rank, output_layout, alignment, bad_info, out, topk_idx, topk_weights,
                                in_rank, buffer_id, cache)
     per_expert = torch.from_numpy(summary[SUMMARY_HEAD:SUMMARY_HEAD + lay.local_experts].copy())
@@ -155,7 +155,7 @@ def cached_rows(lay: BufferLayout, handle: DispatchHandle, rank: int,
     where the dispatch kept them (the matrix is reduced again only to name who is over)."""
     if handle.recv_counts is not None:
         most, rows, per_expert = handle.recv_counts
-        if most <= lay.recv_rows and not (worst and most > worst):  # layout.check_capacity's test
+        if lay.fits(most, worst):
             return most, rows, per_expert.clone()  # the caller's own: results do not share it
     totals, per_expert = received_rows(lay, handle.counts.numpy(), rank, handle.output_layout, handle.alignment,
                                        worst)

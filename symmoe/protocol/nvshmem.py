@@ -236,14 +236,14 @@ class NvshmemPush(Protocol):
         return self._counts_np, self._summary_np
 
     def _route(self, topk_idx: torch.Tensor, plan: bool, epoch: int, ptrs: dict[str, int],
-               stream: torch.cuda.Stream, alignment: int = 1) -> None:
+               sp: int, alignment: int = 1) -> None:
         """Routing kernels (``plan``: the whole dispatch planning); ``ptrs`` by name, absent = null;
         ``alignment``: the expert-major group padding the host summary's rows count."""
         ptrs = {"idx": topk_idx.data_ptr(), "scratch": self._route_scratch.data_ptr(), "err": self.err.data_ptr(),
                 "done": self._done.data_ptr(), **ptrs}
         self.ext.route(self.mem.local.data_ptr(), self.args, self.me, topk_idx.dtype == torch.int64, topk_idx.shape[0],
                        plan, epoch, self.timeout_ns, [ptrs.get(n, 0) for n in _ROUTE_PTRS],
-                       stream.cuda_stream, alignment)
+                       sp, alignment)
 
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:
         self._raise_if_failed("dispatch")
@@ -253,7 +253,7 @@ class NvshmemPush(Protocol):
         in_rank = torch.empty((T, W), dtype=torch.bool, device=self.device)
         self._route(topk_idx.contiguous(), False, 0,
                     {"in_rank": in_rank.data_ptr(), "per_rank": per_rank.data_ptr(), "per_expert": per_expert.data_ptr()},
-                    torch.cuda.current_stream(self.device))
+                    stream_handle(self.device))
         return DispatchLayout(per_rank, per_expert, in_rank)
 
     # -- dispatch --------------------------------------------------------------------------
@@ -293,7 +293,8 @@ class NvshmemPush(Protocol):
                 "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": plan["pub_idx"].data_ptr(),
                 "pub_w": plan["pub_w"].data_ptr(), "pos": plan["pos"].data_ptr(), "send_ent": plan["send_ent"].data_ptr(),
                 "counts_snap": plan["counts"].data_ptr(), **host,
-                "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream, alignment)
+                "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream.cuda_stream,
+                alignment)
             self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
         if not worst:  # after the dispatch kernel: nothing may come between it and the plan kernel it follows
             self._counts_event.record(stream)
