@@ -17,8 +17,9 @@ import time
 
 import torch
 
-from symmoe.bench import _inputs, bench_config, sleep_cycles_for
+from symmoe.bench import _inputs, bench_config
 from symmoe.buffer import Buffer
+from symmoe.timing import sleep_cycles_for
 
 
 def profile_op(fn, calls: int, top: int) -> str:

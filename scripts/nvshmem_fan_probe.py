@@ -24,7 +24,8 @@ from datetime import datetime, timezone
 
 import torch
 
-from symmoe.bench import _time, bench_config, probe_inputs, sleep_cycles_for
+from symmoe.bench import _time, bench_config, probe_inputs
+from symmoe.timing import sleep_cycles_for
 
 
 def main() -> None:

@@ -22,8 +22,9 @@ from datetime import datetime, timezone
 import torch
 
 from symmoe import timeline
-from symmoe.bench import _time, bench_config, probe_inputs, sleep_cycles_for
+from symmoe.bench import _time, bench_config, probe_inputs
 from symmoe.config import PROTOCOLS, parse_key_value
+from symmoe.timing import sleep_cycles_for
 
 
 def main() -> None:

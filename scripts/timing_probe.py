@@ -18,8 +18,9 @@ import statistics
 
 import torch
 
-from symmoe.bench import bench_config, kernel_breakdown, probe_inputs, sleep_cycles_for
+from symmoe.bench import bench_config, kernel_breakdown, probe_inputs
 from symmoe.config import PROTOCOLS, parse_key_value
+from symmoe.timing import sleep_cycles_for
 
 
 def ways(fn, sleep_cycles: int, repeats: int = 20) -> dict[str, float]:

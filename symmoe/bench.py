@@ -54,6 +54,7 @@ from . import launch
 from .config import PROTOCOLS, Config, from_dict, parse_key_value
 from .layout import MAX_CHANNELS
 from .ops import BASE_OP, LABEL, ops_of
+from .timing import sleep_cycles_for
 
 HOST_PHASES = ("before_wait", "wait", "after_wait")  # a dispatch's host time, split at its counts wait
 DEEPSEEK_V3 = {"buffer.max_tokens_per_rank": 4096, "buffer.hidden": 7168, "buffer.topk": 8,
@@ -67,11 +68,6 @@ def bench_config(protocol: str = "pull", num_sms: int = 132, **over: Any) -> Con
          "torch.allow_overlapping_devices": True, **DEEPSEEK_V3}
     d.update(over)
     return Config().replace(**d)
-
-
-def sleep_cycles_for(us: float = 1000.0) -> int:
-    """Cycles of the ``torch.cuda._sleep`` kernel queued before each timed call (H200 clock)."""
-    return int(us * 1e-6 * 1.98e9)
 
 
 def _time(fn: Callable[[], Any], warmup: int, repeats: int, sleep_cycles: int, sync: Callable[[], None],

@@ -65,6 +65,12 @@ class Timer:
         self._pending.clear()
 
 
+def sleep_cycles_for(us: float = 1000.0) -> int:
+    """Cycles of the ``torch.cuda._sleep`` kernel queued before a timed call (H200 clock): the
+    host queues the call behind it, so its launch work is hidden from the events."""
+    return int(us * 1e-6 * 1.98e9)
+
+
 _L2_SCRATCH: dict[torch.device, torch.Tensor] = {}
 
 

@@ -351,3 +351,34 @@ def test_a_variant_can_dispatch_x_from_the_input_view_and_stays_bitwise_equal(tm
 def test_x_in_buffer_must_be_a_boolean(tmp_path):
     msg = _spec_error(tmp_path, f"workload: {SMALL}\n", two_host_variants(", x_in_buffer: maybe"))
     assert "variants[1].x_in_buffer = 'maybe': true or false (x built in Buffer.input_view)" in msg
+
+
+def test_timing_says_what_a_gpu_call_s_time_covers_and_a_bad_value_is_named(tmp_path):
+    body = two_host_variants()
+    assert load_spec(write_spec(tmp_path, f"workload: {SMALL}", body)).workload.timing == "call"  # the GPU idle before
+    queued = write_spec(tmp_path, "workload: {tokens_per_rank: 32, hidden: 1024, topk: 8, num_experts: 64, "
+                                  "timing: device}", body)
+    assert load_spec(queued).workload.timing == "device"
+    assert load_spec(write_spec(tmp_path, f"workload: {SMALL}", body), overrides={"timing": "device"}).workload.timing \
+        == "device"
+    bad = write_spec(tmp_path, "workload: {tokens_per_rank: 32, hidden: 1024, topk: 8, num_experts: 64, timing: wall}",
+                     body)
+    with pytest.raises(SpecError, match=r"workload\.timing = 'wall': allowed: call, device"):
+        load_spec(bad)
+
+
+def test_the_table_says_whether_the_host_s_launch_work_is_in_a_gpu_call_s_time(tmp_path, capsys):
+    from symmoe.ab import report
+    out = tmp_path / "out"
+    rc = cli.main([os.path.join(AB, "quickstart.yaml"), "--no-gpu", "--out", str(out), "--warmup", "0",
+                   "--repeats", "1", "--quiet", "--no-plot", "--timing", "device"])
+    assert rc == 0, capsys.readouterr().err
+    res = json.loads((out / "results.json").read_text())
+    assert res["spec"]["workload"]["timing"] == "device"
+    header = next(p for p in report.markdown(res).split("\n\n") if p.startswith("world size"))
+    assert "timer: host perf_counter" in header and "sleep" not in header  # no GPU: nothing to queue behind
+    for r in res["ranks"]:
+        r["timer"] = "cuda-events"
+    assert "each call queued behind a 1 ms sleep (the host's launch work hidden)" in report.markdown(res)
+    res["spec"]["workload"]["timing"] = "call"
+    assert "the GPU idle before each call (the host's launch work included)" in report.markdown(res)

@@ -35,6 +35,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup", type=int, default=None, help="override workload.warmup")
     p.add_argument("--repeats", type=int, default=None, help="override workload.repeats")
     p.add_argument("--tokens-per-rank", type=int, default=None, help="override workload.tokens_per_rank")
+    p.add_argument("--timing", default=None, metavar="call|device",
+                   help="override workload.timing: a GPU call's time with the GPU idle before it (call), or "
+                        "queued behind a 1 ms sleep so the host's launch work is hidden (device)")
     p.add_argument("--set", dest="config_set", action="append", type=parse_key_value, default=[], metavar="KEY=VALUE",
                    help="change a dotted config key in every variant (repeatable), e.g. --set kernel.timeout_s=60")
     p.add_argument("--variants", default=None, metavar="A,B,...",
@@ -49,6 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _options(args: argparse.Namespace, argv: Sequence[str] | None) -> Options:
     return Options(out=args.out, world_size=args.world_size, ranks_per_node=args.ranks_per_node, seed=args.seed,
                    warmup=args.warmup, repeats=args.repeats, tokens_per_rank=args.tokens_per_rank,
+                   timing=args.timing,
                    config_set=dict(args.config_set),
                    only=[n.strip() for n in args.variants.split(",") if n.strip()] if args.variants else None,
                    no_gpu=args.no_gpu, no_fallback=args.no_fallback,

@@ -44,6 +44,7 @@ class Options:
     warmup: int | None = None
     repeats: int | None = None
     tokens_per_rank: int | None = None
+    timing: str | None = None
     config_set: dict[str, Any] = field(default_factory=dict)
     only: list[str] | None = None
     no_gpu: bool = False
@@ -75,7 +76,7 @@ def gpu_visible(no_gpu: bool = False) -> tuple[bool, str]:
 def plan(spec_path: str, opts: Options) -> Plan:
     """Load and check the spec and decide where and how it runs. Raises SpecError."""
     overrides = {"seed": opts.seed, "warmup": opts.warmup, "repeats": opts.repeats,
-                 "tokens_per_rank": opts.tokens_per_rank}
+                 "tokens_per_rank": opts.tokens_per_rank, "timing": opts.timing}
     spec = load_spec(spec_path, overrides=overrides, config_set=opts.config_set, only=opts.only)
     notes: list[str] = []
     fb = None

@@ -224,7 +224,9 @@ def markdown(result: dict[str, Any]) -> str:
     lines += [
         f"world size {result['world_size']} ({result['ranks_per_node']} ranks per node), {spec['workload_text']}; "
         f"{wl['warmup']} warm-up + {wl['repeats']} timed rounds, interleaved; timer: {timer}"
-        + ("; L2 flushed before each call" if timer == "CUDA events" else ""),
+        + ("; L2 flushed before each call" if timer == "CUDA events" else "")
+        + (("; each call queued behind a 1 ms sleep (the host's launch work hidden)" if wl.get("timing") == "device"
+            else "; the GPU idle before each call (the host's launch work included)") if timer == "CUDA events" else ""),
         "",
         "**bitwise:** every variant's recv_x, recv_topk_idx, recv_topk_weights, per-expert counts "
         + _of_dispatches(stats[names[0]])

@@ -10,7 +10,9 @@ mismatch stops every rank at the same point and they all report the same first p
 
 Timing of one call: L2 flushed (GPU: 256 MB scratch write), device synchronised, ranks
 aligned with a process-group barrier, then CUDA events (GPU) or ``perf_counter`` (CPU)
-around the Buffer call as a user makes it (host syncs it does inside included).
+around the Buffer call as a user makes it (host syncs it does inside included). With
+``workload.timing: device`` a GPU call is queued behind a 1 ms sleep kernel first, as
+``symmoe.bench`` times it: the host's launch work is hidden, a host wait inside the call is not.
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from ..buffer import Buffer
 from ..layout import DTYPES
 from ..ops import OPS
 from ..progress import Progress
-from ..timing import flush_l2
+from ..timing import flush_l2, sleep_cycles_for
 from ..workload import make_inputs, make_topk_idxs
 from .spec import TENSORS, Spec
 
@@ -106,9 +108,10 @@ def account_bytes(topk_idxs: list[torch.Tensor], rank: int, num_experts: int, ou
 
 # -- timing -----------------------------------------------------------------------------------
 class _Clock:
-    def __init__(self, device: torch.device, world_size: int):
+    def __init__(self, device: torch.device, world_size: int, queued: bool = False):
         self.device, self.world_size = device, world_size
         self.cuda = device.type == "cuda"
+        self.sleep = sleep_cycles_for() if queued and self.cuda else 0
 
     def _align(self) -> None:
         if self.cuda:
@@ -122,6 +125,8 @@ class _Clock:
         self._align()
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            if self.sleep:
+                torch.cuda._sleep(self.sleep)
             start.record()
             out = fn(*args, **kwargs)
             end.record()
@@ -230,7 +235,7 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
                     x = in_buffer.get(vi)
                     if x is None:
                         x = in_buffer[vi] = buf.input_view(T).copy_(by_device[dev][0])
-                clock = _Clock(dev, world_size)
+                clock = _Clock(dev, world_size, wl.timing == "device")
                 (rx, ri, rw, per_expert, handle, ev), td = clock.time(
                     buf.dispatch, x, idx, w, output_layout=wl.output_layout, expert_alignment=wl.expert_alignment)
                 ev.synchronize()
