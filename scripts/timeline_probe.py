@@ -6,7 +6,7 @@ the call's event time and a same-size copy's. The bench's shape (DeepSeek-V3, 40
 nvshmem's dispatch kernel has no stamps: it is not probed. The stamped kernels are a build of
 their own (kStamps, csrc/common/stamps.cuh): up to 16 warps per block let them keep their
 stamps in registers (push 80, pull 96, no spills), where the kernels of a normal call have 64.
-    --routed   the W=1 dispatch that routes instead (alone_fan_routed_kernel's stamped build,
+    --routed   the W=1 dispatch that routes instead (the routed kernels' stamped builds,
                timeline.ROUTED_PHASES, each mark on the grid's clock too, and block by block in
                ticket order): where its time over the cached dispatch goes (rank-major with
                num_worst_tokens: no host wait)

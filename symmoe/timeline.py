@@ -28,15 +28,16 @@ PHASES = (("error check", "enter", "checked"), ("tables", "checked", "tables"), 
 # without them still counts, and their phases are taken over the warps that have them.
 CHUNK_MARKS = ("walked", "scanned")
 
-# The W=1 routed kernel's stamped build (alone_fan_routed_kernel, ``set_stamps(..., routed=True)``)
-# writes the same slots with these meanings (ROUTED_MARKS): enter, its ticket taken (checked), its
-# routing chunk's pairs numbered (walked) and its counts scanned into the sums (scanned), its
-# counts marked (counted, in loop_end's slot: its rounds end on their stores'
-# completion, flushed; at once in a block that routes none), its chunk done (tables), the
-# routing's end done (built; only the last ticket's block has one), the placed marks and the plan
-# (planned; rank-major there is no plan, and each warp waits for its own chunk's mark after it,
-# in "round 0 landed"), round 0's rows landed (routed) and stored (first_push), every round done
-# (flushed).
+# The W=1 routed kernels' stamped builds (alone_fan_routed_kernel expert-major,
+# alone_rows_routed_kernel rank-major; ``set_stamps(..., routed=True)``) write the same slots with
+# these meanings (ROUTED_MARKS): enter, its ticket taken (checked), its routing chunk's pairs
+# numbered (walked) and its counts scanned into the sums (scanned), its counts marked (counted,
+# in loop_end's slot: its rounds end on their stores' completion, flushed; at once in a block
+# that routes none), its chunk done (tables), the routing's end done (built; only the last
+# ticket's block has one), the placed marks and the plan (planned), round 0's rows landed
+# (routed) and stored (first_push), every round done (flushed). Rank-major there are no rounds:
+# planned is the mover set up, routed / first_push the warp's first row before its copy is
+# issued and after (at once for a warp that moves none), flushed its copies complete.
 ROUTED_MARKS = tuple("counted" if m == "loop_end" else m for m in MARKS)
 ROUTED_PHASES = (("ticket", "enter", "checked"), ("route chunk", "checked", "tables"),
                  ("chunk count", "checked", "counted"), ("count walk", "checked", "walked"),

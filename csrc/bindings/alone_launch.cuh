@@ -100,10 +100,50 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
 // sums 63 chunks' counts, and 64 marks to wait for).
 constexpr int64_t kOwnChunkTokens = 64;
 
-// The launch of alone_fan_routed_kernel (world size 1, a dispatch that routes itself; both
-// layouts, rank-major one row a token): `a` as for launch_alone_args (a.routed.tokens the
-// tokens), f.a / f.sc / f.stride / f.epoch / f.counts_row set, f.a.chunks in [1, blocks). The
-// rows get the geometry
+// The launch of alone_rows_routed_kernel and the repair behind it (world size 1, rank-major, a
+// dispatch that routes itself): `a` and `f` as launch_alone_routed's; the mover's geometry of the
+// cached dispatch's alone_rows_kernel (launch_alone_args: whole rows, kRowDepth slots a warp),
+// in blocks of kMaxMoverWarps warps for the routing, whose tables go past the mover's slots (as
+// many mover warps as fit beside them). False, launching nothing, where not one fits or the
+// scratch keeps no grid counter (f.sc.summed, sums_readers).
+template <typename Idx>
+bool launch_alone_rows_routed(AloneArgs a, OwnRouting<Idx> f, int blocks, cudaStream_t s, uint64_t* stamps) {
+  static const int limit = std::min(alone_smem_limit(alone_rows_routed_kernel<Idx>, "alone_rows_routed_kernel"),
+                                    alone_smem_limit(alone_rows_routed_kernel<Idx, true>, "alone_rows_routed_kernel"));
+  if (f.sc.summed == nullptr || f.sc.sums_readers == nullptr) return false;
+  const int64_t rb = a.lay.row_bytes(), C = int64_t(f.a.W) + f.a.E;  // RoutingArgs::columns() is device-only
+  MoveCfg m{};
+  m.slot_bytes = piece_bytes(rb, kMaxSlotBytes);
+  m.depth = kRowDepth;
+  const int64_t tables = 4 * (int64_t(f.stride) + int64_t(kMaxMoverWarps) * C);  // route_chunk's, 16 warps
+  try {
+    m = fit_mover(m, 0, limit - tables, true);
+  } catch (const std::invalid_argument&) {
+    return false;  // not one slot beside the routing's tables
+  }
+  f.tables_off = int64_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth);  // 128-byte aligned
+  f.delayed = 0;
+  const size_t smem = size_t(f.tables_off + tables);
+  a.mc = m;
+  a.mc.stamps = stamps;
+  // The chunks add nothing into sums rank-major; the scratch's counter words are the mover's.
+  a.routed = AloneArgs::Routed{f.sc.placed, f.a.chunks, f.epoch,       a.routed.tokens,
+                               f.sc.totals, nullptr,    f.sc.summed,   f.sc.sums_readers};
+  f.sc.sums = nullptr, f.sc.summed = nullptr;
+  auto kernel = stamps ? alone_rows_routed_kernel<Idx, true> : alone_rows_routed_kernel<Idx>;
+  // Not a following launch: x and the routing's inputs are read at once.
+  kernel<<<blocks, kMaxMoverWarps * 32, smem, s>>>(a, f);
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) throw std::runtime_error(std::string("alone_rows_routed_kernel launch: ") + cudaGetErrorString(e));
+  e = launch_following(alone_rows_repair_kernel<Idx>, blocks, 256, 0, s, a, f.a, static_cast<const int32_t*>(f.counts_row));
+  if (e != cudaSuccess) throw std::runtime_error(std::string("alone_rows_repair_kernel launch: ") + cudaGetErrorString(e));
+  return true;
+}
+
+// The launch of a dispatch that routes itself at world size 1: rank-major
+// launch_alone_rows_routed's, expert-major alone_fan_routed_kernel. `a` as for launch_alone_args
+// (a.routed.tokens the tokens), f.a / f.sc / f.stride / f.epoch / f.counts_row set, f.a.chunks in
+// [1, blocks). Expert-major the rows get the geometry
 // alone_fan_kernel<false> would (`plain_limit` its shared memory) but past all of FanPlan; the
 // routing's tables go past the rows where they fit, else over the last rows, whose round 0
 // loads wait for the routing. False, launching nothing, where that costs a row or the tables
@@ -115,14 +155,12 @@ bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, bool expert_major, int 
     throw std::invalid_argument("alone_fan_routed_kernel: fan_phases mode " + std::to_string(mode) +
                                 ", must be 1, 2 or 3");
   if (a.lay.world_size != 1 || f.a.chunks < 1 || f.a.chunks >= blocks || f.stride % 4) return false;
+  if (!expert_major) return launch_alone_rows_routed(a, f, blocks, s, stamps);
   static const int plain_limit = alone_smem_limit(alone_fan_kernel<false>, "alone_fan_kernel");
-  // Every instance gets the opt-in (the same static part); `stamps`: the timeline's build.
-  static const int limit = std::min({alone_smem_limit(alone_fan_routed_kernel<true, Idx>, "alone_fan_routed_kernel"),
-                                     alone_smem_limit(alone_fan_routed_kernel<false, Idx>, "alone_fan_routed_kernel"),
-                                     alone_smem_limit(alone_fan_routed_kernel<true, Idx, true>, "alone_fan_routed_kernel"),
-                                     alone_smem_limit(alone_fan_routed_kernel<false, Idx, true>, "alone_fan_routed_kernel")});
-  auto kernel = stamps ? (expert_major ? alone_fan_routed_kernel<true, Idx, true> : alone_fan_routed_kernel<false, Idx, true>)
-                       : (expert_major ? alone_fan_routed_kernel<true, Idx> : alone_fan_routed_kernel<false, Idx>);
+  // Both instances get the opt-in (the same static part); `stamps`: the timeline's build.
+  static const int limit = std::min(alone_smem_limit(alone_fan_routed_kernel<Idx>, "alone_fan_routed_kernel"),
+                                    alone_smem_limit(alone_fan_routed_kernel<Idx, true>, "alone_fan_routed_kernel"));
+  auto kernel = stamps ? alone_fan_routed_kernel<Idx, true> : alone_fan_routed_kernel<Idx>;
   const int64_t rb = a.lay.row_bytes(), E = a.lay.num_experts, C = int64_t(f.a.W) + f.a.E;  // RoutingArgs::columns() is device-only
   MoveCfg plain{}, m{};
   if (!fan_geometry(plain, E, rb, plain_limit, mode == 2, false) || !fan_geometry(m, E, rb, limit, mode == 2, true) ||
@@ -148,7 +186,6 @@ bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, bool expert_major, int 
   a.mc = m;
   a.mc.stamps = stamps;
   a.mc.phase_steal = mode == 3;
-  if (!expert_major) f.sc.sums = nullptr, f.sc.summed = nullptr;  // only the expert-major plan reads them
   a.routed = AloneArgs::Routed{f.sc.placed, f.a.chunks, f.epoch,     a.routed.tokens,
                                f.sc.totals, f.sc.sums,  f.sc.summed, f.sc.sums_readers};
   // Not a following launch: x and the routing's inputs are read at once.

@@ -211,7 +211,7 @@ struct Ctx {
   }
   // Bytes of global routing scratch the caller allocates once, zeroed (RouteScratch: the
   // chunks' counted epochs, then their placed epochs, then the int32 tables; alone, then
-  // alone_fan_routed_kernel's RouteScratch::summed and sums_readers (4 words), sums and its
+  // the routed kernels' RouteScratch::summed and sums_readers (4 words), sums and its
   // chunks' counts, own_stride() int32 each, 16-byte aligned).
   int64_t layout_scratch_bytes() const {
     const int64_t B = route_max_blocks();
@@ -269,9 +269,9 @@ struct Ctx {
     routed = Routed{sc.placed, B, epoch, T, sc.totals};
   }
 
-  // World size 1, a dispatch that routes: the routing inside the fan-out's kernel
-  // (alone_fan_routed_kernel), one launch in place of route_kernel and alone_fan_kernel (rank-major
-  // alone_rows_kernel, its rows then moved in phases too); it
+  // World size 1, a dispatch that routes: the routing inside the data kernel (expert-major
+  // alone_fan_routed_kernel in place of route_kernel and alone_fan_kernel, rank-major
+  // alone_rows_routed_kernel and its repair in place of route_kernel and alone_rows_kernel); it
   // leaves what those leave (the published routing and its copy, is_token_in_rank, the counts
   // matrix, the host's copy and summary, the bad-id record). False, launching nothing, where it
   // does not apply (a timeline, fan_phases off, no token, one block, the routing's tables in
@@ -339,7 +339,7 @@ struct Ctx {
   // Device memory of `words` int64 words, symmoe.timeline.words(STAMP_WARPS) per block of
   // `grid`: the next pull/push launches are the kernels built with stamps and leave their
   // timeline there (scripts/timeline_probe.py); 0: the normal kernels again. `routed`: instead
-  // the next W=1 dispatches that route run alone_fan_routed_kernel's stamped build (what its
+  // the next W=1 dispatches that route run the routed kernels' stamped builds (what their
   // marks mean: symmoe.timeline.ROUTED_PHASES); the others run as with no timeline.
   void set_stamps(uintptr_t s, int64_t words, bool routed) {
     const int64_t need = int64_t(grid) * kStampWarps * kStampMarks * 2;

@@ -25,7 +25,7 @@ PYBIND11_MODULE(symmoe_cuda, m) {
         py::arg("tokens"), py::arg("alignment"), py::arg("capacity"), py::arg("epoch"), py::arg("timeout_ns"),
         py::arg("ptrs"), py::arg("mode"), py::arg("blocks"), py::arg("done"), py::arg("err"), py::arg("err_host"),
         py::arg("stream"),
-        "A one-rank dispatch that routes inside its data kernel (alone_fan_routed_kernel): `alone`'s 13 pointers, "
+        "A one-rank dispatch that routes inside its data kernel (alone_fan_routed_kernel, alone_rows_routed_kernel): `alone`'s 13 pointers, "
         "then topk_idx, topk_weights, in_rank, scratch, bad flag, bad record, host counts, ready word, summary. "
         "False: not launched (no token, one block, fan_phases off, or no room for the routing).");
   m.def("routed_scratch_words", [](int64_t blocks, int64_t num_experts) {

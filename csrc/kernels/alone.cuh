@@ -8,12 +8,16 @@
 //                      whole rows loaded into shared memory, then bulk-stored to every slot's row;
 //   alone_rows_kernel  rank-major: each routed token's row to its output row by the bulk-copy
 //                      mover (common/mover.cuh), as push's own rows move;
-//   alone_fan_routed_kernel  a dispatch that routes: the routing in the first blocks to take a
-//                      ticket, then either fan-out in phases (rank-major one row a token).
+//   alone_fan_routed_kernel  expert-major, a dispatch that routes: the routing in the first blocks
+//                      to take a ticket, then the fan-out in phases;
+//   alone_rows_routed_kernel  rank-major, a dispatch that routes: the same routing, the rows by the
+//                      mover to row t at once, and alone_rows_repair_kernel behind it for the rows
+//                      a token without one moves elsewhere.
 #pragma once
 #include <cstdint>
 
 #include "../common/barrier.cuh"
+#include "../common/fanout.cuh"
 #include "../common/outputs.cuh"
 #include "../common/phases.cuh"
 #include "../common/routing.cuh"
@@ -190,39 +194,6 @@ __device__ __forceinline__ void rank_row_meta(const AloneArgs& a, int64_t o, int
   }
 }
 
-// Rank-major in phases, on the routing (a.routed; round 0's rows already loading, fan_begin):
-// token t's row to its one output row pos[t][0] when one of its slots names an expert, with the
-// slots' ids and weights (-1 / 0 for masked slots), source rank 0, token t and slot 0, as
-// alone_rows writes it. pos[t][0] is final once t's own chunk is placed, so each warp waits for
-// that one mark, not for every chunk (token_placed).
-// The rows are not known yet (the routing's end may still run): the kernel keeps inside the
-// outputs' capacity, and the host raises and drops these outputs on bad ids or over capacity.
-template <class Leave, bool kStamps = false>
-__device__ __forceinline__ void alone_rows_fan(const AloneArgs& a, uint8_t* smem, int warp, int lane, Leave leave) {
-  const int K = static_cast<int>(a.lay.topk), PC = 1 + K;
-  const int64_t rb = a.lay.row_bytes(), rows = a.o.capacity, T = a.routed.tokens;
-  __shared__ bool dead;
-  if (threadIdx.x == 0) dead = error_set(a.sy.err);
-  __syncthreads();
-  if (dead) return leave();  // an earlier wait failed: the host raises
-  stamp<kStamps>(a.mc.stamps, kStampPlanned);
-  fan_in_phases<kStamps, true, true>(a.x, T, rb, a.mc, smem, a.sy,
-                             [&](int64_t t) {
-                               if (!token_placed(a, t, lane)) return RowDsts{nullptr, 0};  // recorded
-                               int e = -1;
-                               float w = 0.f;
-                               if (lane < K) {
-                                 e = __ldcg(a.idx + t * K + lane);
-                                 w = __ldcg(a.w + t * K + lane);
-                               }
-                               int64_t o = __any_sync(0xffffffffu, lane < K && e >= 0) ? int64_t(__ldcg(a.pos + t * PC)) : -1;
-                               if (o >= rows) o = -1;  // only with corrupt inputs; never write out of bounds
-                               if (o >= 0) rank_row_meta(a, o, t, e, w, lane);
-                               return RowDsts{a.o.x + max(o, int64_t(0)) * rb, o >= 0 ? 1 : 0};
-                             },
-                             warp, lane);
-}
-
 // kEarly: right behind this dispatch's route_kernel (a.routed; the host put the rows past all of
 // FanPlan): round 0's rows load while the routing runs, from x, which was final before the
 // routing kernel started, and the plan and the stores start on the routing chunks' placed marks.
@@ -267,54 +238,87 @@ struct OwnRouting {
 // (timeline.ROUTED_MARKS).
 constexpr int kStampRoutedCounted = kStampLoopEnd;
 
-// World size 1, a dispatch that routes: the routing and the fan-out in one launch, so no
-// routing grid comes first; expert-major (kExpert) each row to its slots' rows, rank-major to its
-// one row (alone_rows_fan). Each block takes a ticket: tickets < f.a.chunks route that chunk
-// (route_chunk_marked; kOwnChunkTokens a chunk, so its walk and the sums are short) and issue
-// round 0's row loads after it; the other blocks issue theirs at once (but for the rows where a
-// routing block's tables lie, after its routing would be done), and the last ticket (never a
-// routing one) does the routing's end: the bad-id flag, the counts row and the hand-over to the
-// host (hand_counts). A routing chunk's global round trips queue behind the loads in flight, and
-// its own add to them (session 36: expert-major kernel 147 -> 145 µs, rank-major within 1 µs,
-// the ticket before any load 7 -> 0.4 µs). Then expert-major every block builds its plan on the
-// column totals the chunks add as they are counted (RouteScratch::sums) and each row waits for
-// its own chunk's placed mark (rank-major only the latter), and fans out. Launched after the stream's
-// earlier work ended (x, topk_idx and topk_weights are read at once).
-// kStamps: the timeline's build (a.mc.stamps; timeline.ROUTED_PHASES says what its marks mean),
-// its rows in ticket order (row b: the block that took ticket b; timeline.rows_at reads them).
-template <bool kExpert, typename Idx, bool kStamps = false>
-__global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kernel(AloneArgs a, OwnRouting<Idx> f) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, C = f.a.columns();
-  const int64_t rb = a.lay.row_bytes();
-  uint8_t* smem = dyn_smem();
-  [[maybe_unused]] StampTime entered;
-  if constexpr (kStamps) entered = StampTime::now();
-  start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
+// The routed kernels' start, whole block: this block's ticket (the last to take one zeroes the
+// word for the next launch), and whether an earlier wait failed (then nothing runs: the host
+// raises). kStamps: the block's timeline rows go in ticket order from here on.
+template <bool kStamps>
+__device__ __forceinline__ int routed_ticket(AloneArgs& a, unsigned int* word, StampTime entered, bool& dead) {
   __shared__ int ticket;
-  __shared__ bool dead;
+  __shared__ bool failed;
   if (threadIdx.x == 0) {
-    dead = error_set(a.sy.err);
-    ticket = int(atomicAdd(f.sc.ticket, 1u));
-    if (ticket == int(gridDim.x) - 1) *f.sc.ticket = 0u;  // every block has its ticket: zero for the next launch
+    failed = error_set(a.sy.err);
+    ticket = int(atomicAdd(word, 1u));
+    if (ticket == int(gridDim.x) - 1) *word = 0u;  // every block has its ticket: zero for the next launch
   }
   __syncthreads();
-  const int b = ticket;
+  dead = failed;
   if constexpr (kStamps) {
-    a.mc.stamps = stamp_rows_as(a.mc.stamps, b);
+    a.mc.stamps = stamp_rows_as(a.mc.stamps, ticket);
     stamp_at(a.mc.stamps, blockIdx.x, kStampEnter, entered);
   }
   stamp<kStamps>(a.mc.stamps, kStampChecked);
-  const bool routes = b < f.a.chunks;
-  if (!routes) fan_begin(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane, f.delayed);
-  bool ok = !dead;
-  if (ok && routes)
-    ok = route_chunk_marked<true>(f.a, f.sc, b, f.stride, reinterpret_cast<int32_t*>(smem + f.tables_off), f.epoch,
-                                  a.sy.timeout_ns, a.sy.err, a.sy.err_host,
+  return ticket;
+}
+
+// Chunk b of the routed kernels' own routing (route_chunk_marked), whole block, its tables at
+// `tables`, with the timeline's walked / scanned / counted marks. False: a wait expired (recorded).
+template <bool kStamps, typename Idx>
+__device__ __forceinline__ bool route_own_chunk(const AloneArgs& a, const OwnRouting<Idx>& f, int b, int32_t* tables) {
+  return route_chunk_marked<true>(f.a, f.sc, b, f.stride, tables, f.epoch, a.sy.timeout_ns, a.sy.err, a.sy.err_host,
                                   [&](RouteStep step) {
                                     stamp<kStamps>(a.mc.stamps, step == RouteStep::kWalked    ? kStampWalked
                                                                 : step == RouteStep::kScanned ? kStampScanned
                                                                                               : kStampRoutedCounted);
                                   });
+}
+
+// The routed kernels' routing end, by the block of the last ticket (never a routing one), whole
+// block: once every chunk is counted the bad-id flag is final and the totals are the chunks'
+// sums (summed into `totals`, [f.stride] int32 of shared memory); the counts row and its
+// hand-over to the host (hand_counts). False: a wait expired (recorded).
+template <typename Idx>
+__device__ __forceinline__ bool routed_end(const AloneArgs& a, const OwnRouting<Idx>& f, int32_t* totals) {
+  bool ok = true;
+  for (int i = threadIdx.x; i < f.a.chunks && ok; i += blockDim.x)
+    ok = wait_at_least_gpu(f.sc.counted + i, f.epoch, a.sy.timeout_ns, a.sy.err, a.sy.err_host, kStageRouteChunk, i,
+                           f.epoch);
+  if (!__syncthreads_and(ok)) return false;
+  chunk_sum_vec(f.sc.part, f.stride, f.a.chunks, totals);
+  const bool bad = route_ticketed_end(f.a, f.sc);
+  for (int c = threadIdx.x; c < f.a.columns(); c += blockDim.x) f.counts_row[1 + c] = totals[c];
+  if (threadIdx.x == 0) f.counts_row[0] = bad ? -1 : f.a.T;
+  __syncthreads();
+  hand_counts(f.counts_row, 1, f.a.E, f.sc.counts_host, f.sc.counts_snap, f.sc.counts_ready, f.epoch, f.sc.summary);
+  return true;
+}
+
+// World size 1, expert-major, a dispatch that routes: the routing and the fan-out in one launch,
+// so no routing grid comes first. Each block takes a ticket: tickets < f.a.chunks route that chunk
+// (route_chunk_marked; kOwnChunkTokens a chunk, so its walk and the sums are short) and issue
+// round 0's row loads after it; the other blocks issue theirs at once (but for the rows where a
+// routing block's tables lie, after its routing would be done), and the last ticket (never a
+// routing one) does the routing's end (routed_end). A routing chunk's global round trips queue
+// behind the loads in flight, and its own add to them (session 36: kernel 147 -> 145 µs, the
+// ticket before any load 7 -> 0.4 µs). Then every block builds its plan on the column totals
+// the chunks add as they are counted (RouteScratch::sums), each row waits for its own chunk's
+// placed mark, and fans out. Launched after the stream's earlier work ended (x, topk_idx and
+// topk_weights are read at once).
+// kStamps: the timeline's build (a.mc.stamps; timeline.ROUTED_PHASES says what its marks mean),
+// its rows in ticket order (row b: the block that took ticket b; timeline.rows_at reads them).
+template <typename Idx, bool kStamps = false>
+__global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kernel(AloneArgs a, OwnRouting<Idx> f) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t rb = a.lay.row_bytes();
+  uint8_t* smem = dyn_smem();
+  [[maybe_unused]] StampTime entered;
+  if constexpr (kStamps) entered = StampTime::now();
+  start_following_grid();  // alone, nothing waits on a peer: a num_worst_tokens tail may be scheduled now
+  bool dead;
+  const int b = routed_ticket<kStamps>(a, f.sc.ticket, entered, dead);
+  const bool routes = b < f.a.chunks;
+  if (!routes) fan_begin(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane, f.delayed);
+  bool ok = !dead;
+  if (ok && routes) ok = route_own_chunk<kStamps>(a, f, b, reinterpret_cast<int32_t*>(smem + f.tables_off));
   if (!routes) stamp<kStamps>(a.mc.stamps, kStampRoutedCounted);  // no chunk: at once
   stamp<kStamps>(a.mc.stamps, kStampTables);
   if (routes) {
@@ -323,34 +327,125 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_fan_routed_kerne
   } else {
     fan_begin_rest(a.x, a.routed.tokens, rb, a.mc, smem, warp, lane, f.delayed);
   }
-  if (ok && b == int(gridDim.x) - 1) {
-    // Every chunk counted: the bad-id flag is final, and the totals are the chunks' sums.
-    for (int i = threadIdx.x; i < f.a.chunks && ok; i += blockDim.x)
-      ok = wait_at_least_gpu(f.sc.counted + i, f.epoch, a.sy.timeout_ns, a.sy.err, a.sy.err_host, kStageRouteChunk,
-                             i, f.epoch);
-    ok = __syncthreads_and(ok) != 0;
-    if (ok) {
-      int32_t* totals = reinterpret_cast<int32_t*>(smem);  // FanPlan's tables, built after this
-      chunk_sum_vec(f.sc.part, f.stride, f.a.chunks, totals);
-      const bool bad = route_ticketed_end(f.a, f.sc);
-      for (int c = threadIdx.x; c < C; c += blockDim.x) f.counts_row[1 + c] = totals[c];
-      if (threadIdx.x == 0) f.counts_row[0] = bad ? -1 : f.a.T;
-      __syncthreads();
-      hand_counts(f.counts_row, 1, f.a.E, f.sc.counts_host, f.sc.counts_snap, f.sc.counts_ready, f.epoch,
-                  f.sc.summary);
-    }
-  }
+  // FanPlan's tables hold the totals: the plan is built after this.
+  if (ok && b == int(gridDim.x) - 1) ok = routed_end(a, f, reinterpret_cast<int32_t*>(smem));
   stamp<kStamps>(a.mc.stamps, kStampBuilt);
-  if (!ok) {
-    fan_abandon(a.routed.tokens, a.mc, smem, a.sy, warp, lane, rb);
-    return;
-  }
   const auto leave = [&] { fan_abandon(a.routed.tokens, a.mc, smem, a.sy, warp, lane, rb); };
-  if constexpr (kExpert)
-    alone_fan<true, decltype(leave), kStamps>(a, smem, warp, lane, leave);
-  else
-    alone_rows_fan<decltype(leave), kStamps>(a, smem, warp, lane, leave);
+  if (!ok) return leave();
+  alone_fan<true, decltype(leave), kStamps>(a, smem, warp, lane, leave);
   stamp<kStamps>(a.mc.stamps, kStampFlushed);  // fan_in_phases ends on its stores' completion
+}
+
+// Whole warp, token t at W = 1: lanes < K read their slot's id and weight from the dispatch's
+// inputs (not the routing's copy, which may not be written yet); true when some slot names an
+// expert of [0, E): the token has an output row (the routing's rank column counts it).
+template <typename Idx>
+__device__ __forceinline__ bool token_in_rank(const RoutingArgs<Idx>& ra, int64_t t, int lane, int& e, float& w) {
+  e = -1;
+  w = 0.f;
+  if (lane < ra.K) {
+    e = static_cast<int>(__ldg(ra.idx + t * ra.K + lane));
+    w = __ldg(ra.w + t * ra.K + lane);
+  }
+  return __any_sync(0xffffffffu, lane < ra.K && e >= 0 && e < ra.E);
+}
+
+// World size 1, rank-major, a dispatch that routes: the routing and the rows in one launch, the
+// rows by the bulk-copy mover (as the cached dispatch's alone_rows_kernel moves them) instead of
+// in phases. A token's row is the count of tokens with a row before it, which only the whole
+// routing knows; but when every token has one (the usual case) it is t. So each row is stored
+// at once to row t, as if every token had a row (token_in_rank: the inputs' ids), with its ids
+// and weights, and alone_rows_repair_kernel, which follows, moves again the rows the routing's
+// positions put elsewhere (its grid starts after this one's stores: no row is overwritten by a
+// stale one). Blocks take tickets as alone_fan_routed_kernel's: tickets < f.a.chunks route that
+// chunk first (16 warps: the mover's few warps would walk its pairs slowly), the last ticket does
+// the routing's end, and every mover warp then takes tokens one at a time from a grid counter
+// (a.routed.summed; a.routed.readers counts the blocks done, and the last zeroes both), so the
+// blocks that routed take fewer. Rows past the outputs' capacity are left to the repair (the
+// routing's rows are not known yet; the host raises on bad ids or over capacity).
+// kStamps: the timeline's build, with alone_fan_routed_kernel's marks (planned: the mover set up).
+template <typename Idx, bool kStamps = false>
+__global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_routed_kernel(AloneArgs a, OwnRouting<Idx> f) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t rb = a.lay.row_bytes(), cap = a.o.capacity, T = a.routed.tokens;
+  uint8_t* smem = dyn_smem();
+  [[maybe_unused]] StampTime entered;
+  if constexpr (kStamps) entered = StampTime::now();
+  start_following_grid();  // the repair kernel's blocks may be scheduled now; it waits for this grid's end
+  bool dead;
+  const int b = routed_ticket<kStamps>(a, f.sc.ticket, entered, dead);
+  int32_t* tables = reinterpret_cast<int32_t*>(smem + f.tables_off);  // past the mover's slots
+  bool ok = !dead;
+  if (ok && b < f.a.chunks) ok = route_own_chunk<kStamps>(a, f, b, tables);
+  if (b >= f.a.chunks) stamp<kStamps>(a.mc.stamps, kStampRoutedCounted);  // no chunk: at once
+  stamp<kStamps>(a.mc.stamps, kStampTables);
+  if (ok && b == int(gridDim.x) - 1) ok = routed_end(a, f, tables);
+  stamp<kStamps>(a.mc.stamps, kStampBuilt);
+  if (!ok) return;  // recorded: the host raises (the buffer is unusable after a failed wait)
+  if (warp < a.mc.warps) {
+    WarpMover mv;
+    mv.init(smem + int64_t(warp) * WarpMoverSmem::per_warp_bytes(a.mc.slot_bytes, a.mc.depth), a.mc.slot_bytes,
+            a.mc.depth, MoverWatch{a.sy.timeout_ns, a.sy.err, a.sy.err_host, a.sy.epoch});
+    stamp<kStamps>(a.mc.stamps, kStampPlanned);
+    [[maybe_unused]] bool first = true;
+    // The next token is taken while this one moves (lane 0 holds it): the atomic's round trip hides.
+    unsigned int taken = lane == 0 ? atomicAdd(a.routed.summed, 1u) : 0u;
+    for (;;) {
+      const int64_t t = __shfl_sync(0xffffffffu, taken, 0);
+      if (t >= T) break;
+      if (lane == 0) taken = t + 1 < T ? atomicAdd(a.routed.summed, 1u) : unsigned(T);
+      int e;
+      float w;
+      if (!token_in_rank(f.a, t, lane, e, w) || t >= cap) continue;
+      if constexpr (kStamps)
+        if (first) stamp<kStamps>(a.mc.stamps, kStampRouted);
+      move_row(mv, a.x + t * rb, a.o.x + t * rb, 1, rb, a.mc.slot_bytes, lane);
+      rank_row_meta(a, t, t, e, w, lane);
+      if constexpr (kStamps)
+        if (first) stamp<kStamps>(a.mc.stamps, kStampFirstPush), first = false;
+    }
+    mv.flush();
+    if constexpr (kStamps)
+      if (first) stamp<kStamps>(a.mc.stamps, kStampRouted), stamp<kStamps>(a.mc.stamps, kStampFirstPush);
+  } else if constexpr (kStamps) {  // a routing warp without a mover: its marks at once
+    stamp<kStamps>(a.mc.stamps, kStampPlanned);
+    stamp<kStamps>(a.mc.stamps, kStampRouted);
+    stamp<kStamps>(a.mc.stamps, kStampFirstPush);
+  }
+  stamp<kStamps>(a.mc.stamps, kStampFlushed);
+  __syncthreads();  // every warp of the block is past the counter
+  if (threadIdx.x == 0 && atomicAdd(a.routed.readers, 1u) == gridDim.x - 1) {
+    *a.routed.summed = 0u;  // every block is past it: zero for the next launch
+    *a.routed.readers = 0u;
+  }
+}
+
+// Behind alone_rows_routed_kernel (a following launch): once the routing is complete, when
+// fewer tokens have rows than the dispatch has tokens (a token with every slot masked, or rows
+// past the outputs' capacity), each row whose routing position is not t is moved again from x
+// with its ids and weights. The usual case reads two words and ends. Rare: few registers, not
+// speed.
+template <typename Idx>
+__global__ void __launch_bounds__(256) alone_rows_repair_kernel(AloneArgs a, RoutingArgs<Idx> ra,
+                                                                 const int32_t* counts_row) {
+  wait_prior_grid();
+  start_following_grid();  // the tail kernel, which follows, waits for this grid's end
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, PC = 1 + ra.K;
+  const int64_t rb = a.lay.row_bytes(), cap = a.o.capacity, T = ra.T;
+  if (error_set(a.sy.err)) return;  // a failed wait: the host raises
+  const int32_t head = __ldcg(counts_row), with_rows = __ldcg(counts_row + 1);
+  if (head < 0 || with_rows == T) return;  // bad ids (the host raises), or every row is at t
+  const int nwarps = blockDim.x / 32;
+  const int64_t nw = int64_t(gridDim.x) * nwarps;
+  for (int64_t t = int64_t(blockIdx.x) * nwarps + warp; t < T; t += nw) {
+    int e;
+    float w;
+    if (!token_in_rank(ra, t, lane, e, w)) continue;
+    const int64_t o = __ldcg(a.pos + t * PC);
+    if (o == t || o < 0 || o >= cap) continue;  // stored right, or over capacity (the host raises)
+    warp_fanout_row<2>(a.o.x + o * rb, 1, a.x + t * rb, rb, lane);
+    rank_row_meta(a, o, t, e, w, lane);
+  }
 }
 
 // Rank-major: token t's row goes to output row pos[t][0] when one of its slots names an expert

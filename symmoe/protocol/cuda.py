@@ -21,8 +21,11 @@ dispatch (both protocols)
      Alone (world size 1) both protocols move the rows with ``kernels/alone.cuh``'s kernels,
      as nvshmem does (the rank-major mover, the expert-major phased fan-out), except when
      ``kernel.fan_phases`` is off (expert-major) or a timeline is recording. A dispatch that
-     routes does it there too (``alone_fan_routed_kernel``, with ``kernel.fan_phases`` on): no
-     routing kernel runs before it, and rank-major its rows move in phases, one row a token.
+     routes does it there too (with ``kernel.fan_phases`` on): no routing kernel runs before
+     it. Expert-major ``alone_fan_routed_kernel`` fans the rows out in phases; rank-major
+     ``alone_rows_routed_kernel`` moves each row with the mover to row t at once (its row
+     whenever every earlier token has one) and ``alone_rows_repair_kernel`` behind it moves
+     again the rows a token without a row shifts.
   4. the host reads the routing kernel's summary of the matrix (its rows, the most any
      receiver gets, its per-expert counts: ``counts.summary_of``), and only when it names bad
      ids (tokens = -1 in a row: nothing moved) or a receiver over capacity reads the matrix to

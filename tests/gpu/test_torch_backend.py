@@ -104,6 +104,45 @@ def test_alone_dispatch_routes_inside_its_fan_out_kernel(hidden, num_sms, layout
     assert _on_ranks(check_num_worst_tokens, 1, (cfg, seed + 559, CHECK_ROUTINGS[:n], layouts, "cuda")) == [n]
 
 
+@pytest.mark.parametrize("worst", [0, 1024])
+@pytest.mark.parametrize("hidden", [256, 7168])
+def test_rank_major_rows_a_token_without_a_row_shifts_are_moved_again(hidden, worst, seed):
+    """World size 1, rank-major, the dispatch that routes stores each token's row at row t at once
+    (alone_rows_routed_kernel) and, behind it, moves again every row that a token without a row
+    before it shifts. With token 0 and every third token masked whole, and buffer.recv_capacity
+    below the token count (rows of the tokens past it are stored only by that second pass), the
+    rows, the cached dispatch's rows and the combine must be the reference's."""
+    from symmoe import reference
+    from symmoe.buffer import Buffer
+    from symmoe.testing import assert_bitwise
+
+    T, E = 1024, 64
+    cfg = gpu_config(**{"buffer.hidden": hidden, "buffer.max_tokens_per_rank": T, "kernel.num_sms": 132,
+                        "buffer.num_experts": E, "buffer.output_layout": "rank", "buffer.recv_capacity": 3 * T // 4})
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x, x2 = (torch.randn(T, hidden, device="cuda", generator=g).to(torch.bfloat16) for _ in range(2))
+    idx = torch.rand(T, E, device="cuda", generator=g).topk(8, dim=1).indices
+    idx[torch.rand(T, 8, device="cuda", generator=g) < 0.3] = -1
+    idx[::3] = -1  # token 0 among them: every later row is shifted
+    w = torch.rand(T, 8, device="cuda", generator=g)
+    want = reference.dispatch([x], [idx], [w], E, "rank")
+    rows = want.recv[0].x.shape[0]
+    assert rows < 3 * T // 4 < T - 1
+    r = reference.pad_recv(want.recv[0], worst)  # unchanged when worst is 0
+    r2 = reference.pad_recv(reference.dispatch([x2], [idx], [w], E, "rank").recv[0], worst)
+    with mock.patch.dict(os.environ, ENV), Buffer(None, from_dict(cfg)) as buf:
+        rx, ri, rw, _, handle, _ = buf.dispatch(x, idx, w, num_worst_tokens=worst)
+        assert buf._protocol.routed_in_fan_out
+        for name, got, exp in (("x", rx, r.x), ("topk_idx", ri, r.topk_idx), ("topk_weights", rw, r.topk_weights)):
+            assert_bitwise(name, got, exp, f"dispatch (num_worst_tokens={worst})")
+        assert_bitwise("x", buf.dispatch(x2, handle=handle)[0], r2.x, "cached dispatch")
+        y = (rx.float() * 1.5).to(torch.bfloat16)
+        out, _, _ = buf.combine(y, handle)
+        exp, _ = reference.combine([y[:rows]], want, [idx], [w], E, "rank")[0]
+        assert_bitwise("combined_x", out, exp, "combine")
+        buf.synchronize()
+
+
 @pytest.mark.parametrize("layout", ["expert", "rank"])
 @pytest.mark.parametrize("num_sms", [8, 132])
 def test_steal_hands_the_later_rounds_to_whichever_block_asks_and_moves_the_same_rows(num_sms, layout, seed):
