@@ -423,8 +423,9 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_routed_kern
 // Behind alone_rows_routed_kernel (a following launch): once the routing is complete, when
 // fewer tokens have rows than the dispatch has tokens (a token with every slot masked, or rows
 // past the outputs' capacity), each row whose routing position is not t is moved again from x
-// with its ids and weights. The usual case reads two words and ends. Rare: few registers, not
-// speed.
+// with its ids and weights. The usual case reads two words and ends; a token without a row
+// early in the batch makes this a second copy of the rows after it (warp_fanout_row's unrolled
+// loads keep enough of them in flight).
 template <typename Idx>
 __global__ void __launch_bounds__(256) alone_rows_repair_kernel(AloneArgs a, RoutingArgs<Idx> ra,
                                                                  const int32_t* counts_row) {
@@ -443,7 +444,7 @@ __global__ void __launch_bounds__(256) alone_rows_repair_kernel(AloneArgs a, Rou
     if (!token_in_rank(ra, t, lane, e, w)) continue;
     const int64_t o = __ldcg(a.pos + t * PC);
     if (o == t || o < 0 || o >= cap) continue;  // stored right, or over capacity (the host raises)
-    warp_fanout_row<2>(a.o.x + o * rb, 1, a.x + t * rb, rb, lane);
+    warp_fanout_row(a.o.x + o * rb, 1, a.x + t * rb, rb, lane);
     rank_row_meta(a, o, t, e, w, lane);
   }
 }
