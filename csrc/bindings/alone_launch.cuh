@@ -95,7 +95,7 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
   return true;
 }
 
-// Tokens a chunk of alone_fan_routed_kernel's routing: top-8 over 16 warps, one step (32 pairs)
+// Tokens a chunk of the routed kernels' own routing: top-8 over 16 warps, one step (32 pairs)
 // a warp; the chunks' sums a few vector loads a thread (at 4096 tokens 64 chunks, so the last
 // sums 63 chunks' counts, and 64 marks to wait for).
 constexpr int64_t kOwnChunkTokens = 64;
