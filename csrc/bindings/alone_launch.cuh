@@ -80,9 +80,7 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
     // Both instances get the opt-in (the same static part).
     static const int limit = std::min(alone_smem_limit(alone_rows_kernel<false>, "alone_rows_kernel"),
                                       alone_smem_limit(alone_rows_kernel<true>, "alone_rows_kernel"));
-    m.slot_bytes = piece_bytes(rb, row_piece);
-    m.depth = row_depth;
-    m = fit_mover(m, 0, limit, depth_auto);
+    m = row_mover(rb, row_piece, row_depth, limit, depth_auto);
     smem = size_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth);
   }
   a.mc = m;
@@ -112,12 +110,10 @@ bool launch_alone_rows_routed(AloneArgs a, OwnRouting<Idx> f, int blocks, cudaSt
                                     alone_smem_limit(alone_rows_routed_kernel<Idx, true>, "alone_rows_routed_kernel"));
   if (f.sc.summed == nullptr || f.sc.sums_readers == nullptr) return false;
   const int64_t rb = a.lay.row_bytes(), C = int64_t(f.a.W) + f.a.E;  // RoutingArgs::columns() is device-only
-  MoveCfg m{};
-  m.slot_bytes = piece_bytes(rb, kMaxSlotBytes);
-  m.depth = kRowDepth;
   const int64_t tables = 4 * (int64_t(f.stride) + int64_t(kMaxMoverWarps) * C);  // route_chunk's, 16 warps
+  MoveCfg m{};
   try {
-    m = fit_mover(m, 0, limit - tables, true);
+    m = row_mover(rb, kMaxSlotBytes, kRowDepth, limit - tables, true);
   } catch (const std::invalid_argument&) {
     return false;  // not one slot beside the routing's tables
   }
@@ -134,9 +130,12 @@ bool launch_alone_rows_routed(AloneArgs a, OwnRouting<Idx> f, int blocks, cudaSt
   // Not a following launch: x and the routing's inputs are read at once.
   kernel<<<blocks, kMaxMoverWarps * 32, smem, s>>>(a, f);
   cudaError_t e = cudaGetLastError();
-  if (e != cudaSuccess) throw std::runtime_error(std::string("alone_rows_routed_kernel launch: ") + cudaGetErrorString(e));
-  e = launch_following(alone_rows_repair_kernel<Idx>, blocks, 256, 0, s, a, f.a, static_cast<const int32_t*>(f.counts_row));
-  if (e != cudaSuccess) throw std::runtime_error(std::string("alone_rows_repair_kernel launch: ") + cudaGetErrorString(e));
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("alone_rows_routed_kernel launch: ") + cudaGetErrorString(e));
+  e = launch_following(alone_rows_repair_kernel<Idx>, blocks, 256, 0, s, a, f.a,
+                       static_cast<const int32_t*>(f.counts_row));
+  if (e != cudaSuccess)
+    throw std::runtime_error(std::string("alone_rows_repair_kernel launch: ") + cudaGetErrorString(e));
   return true;
 }
 

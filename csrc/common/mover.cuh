@@ -201,4 +201,13 @@ inline MoveCfg fit_mover(MoveCfg m, int64_t plan, int64_t limit, bool depth_auto
   return m;
 }
 
+// Whole rows of rb bytes by the mover: pieces of at most `piece` bytes, `depth` slots a warp, as
+// many warps as fit in `limit` bytes of shared memory (fit_mover, depth_auto as there).
+inline MoveCfg row_mover(int64_t rb, int64_t piece, int depth, int64_t limit, bool depth_auto) {
+  MoveCfg m{};
+  m.slot_bytes = piece_bytes(rb, piece);
+  m.depth = depth;
+  return fit_mover(m, 0, limit, depth_auto);
+}
+
 }  // namespace symmoe
