@@ -352,7 +352,8 @@ class NvshmemPush(Protocol):
         """One PE with kernel.fan_phases on: symmoe_cuda's ``alone_routed``, the routing inside the
         data kernel (alone_fan_routed_kernel / alone_rows_routed_kernel, no plan kernel before it),
         leaving the plan's tables but ``send_ent``, which no one-PE kernel reads (the cached
-        dispatch runs the same alone kernels). False where it does not apply: the plan kernel and ``_send`` run instead."""
+        dispatch runs the same alone kernels). False where it does not apply: the plan kernel and
+        ``_send`` run instead."""
         if self.W != 1 or not self.fan_phases:
             return False
         mod = self._alone()
