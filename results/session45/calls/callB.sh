@@ -14,3 +14,17 @@ tt $N t 170 'rank_major_rows or (num_worst and 1-) or (routes_inside and rank) o
 tn $N n 90 'one_pe or (bitwise and not 2 and not 4 and not 8)'
 ab_benches $N $M
 tar czf $O/logs.tar.gz -C /tmp/l . 2>/dev/null
+# next/kernel-busy (Python only): the profiler's union of a call's kernels (ops.BUSY) on a plain
+# torch op and on a pair of kernels that overlap (two streams), beside the per-kernel sums.
+(cd $R/trees/${BUSY:?set BUSY} && timeout 60 python3 -c "
+import torch
+from symmoe.bench import kernel_breakdown
+a = torch.randn(1 << 26, device='cuda'); s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
+def two():
+    e = torch.cuda.current_stream().record_event(); s1.wait_event(e); s2.wait_event(e)
+    with torch.cuda.stream(s1): a.mul(2)
+    with torch.cuda.stream(s2): a.add(1)
+    torch.cuda.current_stream().wait_stream(s1); torch.cuda.current_stream().wait_stream(s2)
+print('one', kernel_breakdown(lambda: a.mul(2)))
+print('two', kernel_breakdown(two))
+" 2>&1 | tail -4) >> $O/summaries.txt
