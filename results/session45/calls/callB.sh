@@ -13,10 +13,6 @@ need_trees $M $N
 tt $N t 170 'rank_major_rows or (num_worst and 1-) or (routes_inside and rank) or (alone_bad and rank) or (bitwise_equal and 1-)'
 tn $N n 90 'one_pe or (bitwise and not 2 and not 4 and not 8)'
 ab_benches $N $M
-[ $SECONDS -lt 450 ] && (cd $R/trees/$N && echo "== nccl tests" && NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 SYMMOE_CACHE=/tmp/symmoe-cache \
-  timeout -s INT $((560 - SECONDS)) python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_nccl.py -k 'num_worst or dispatch_combine_bitwise' 2>&1 \
-  | grep -E '^(PASSED|FAILED|ERROR)|passed|failed' | tail -8) >> $O/summaries.txt; echo "nccl t=$SECONDS"
-tar czf $O/logs.tar.gz -C /tmp/l . 2>/dev/null
 # next/kernel-busy (Python only): the profiler's union of a call's kernels (ops.BUSY) on a plain
 # torch op and on a pair of kernels that overlap (two streams), beside the per-kernel sums.
 (cd $R/trees/${BUSY:?set BUSY} && timeout 60 python3 -c "
@@ -31,3 +27,7 @@ def two():
 print('one', kernel_breakdown(lambda: a.mul(2)))
 print('two', kernel_breakdown(two))
 " 2>&1 | tail -4) >> $O/summaries.txt
+[ $SECONDS -lt 450 ] && (cd $R/trees/$N && echo "== nccl tests" && NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 SYMMOE_CACHE=/tmp/symmoe-cache \
+  timeout -s INT $((560 - SECONDS)) python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_nccl.py -k 'num_worst or dispatch_combine_bitwise' 2>&1 \
+  | grep -E '^(PASSED|FAILED|ERROR)|passed|failed' | tail -8) >> $O/summaries.txt; echo "nccl t=$SECONDS"
+tar czf $O/logs.tar.gz -C /tmp/l . 2>/dev/null
