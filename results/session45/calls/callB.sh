@@ -6,13 +6,16 @@
 # 1 PE; nccl: num_worst_tokens and bitwise at W=1), then benches change / main / change / main (torch, nvshmem push, W=1).
 # From main's working copy:
 #   rm -rf trees; scripts/baseline_tree.sh main; scripts/baseline_tree.sh next/tail-fold; cp results/session45/calls/callB.sh trees/
-#   MAIN=<main's tree> NEW=<next/tail-fold's tree> bash trees/callB.sh
+#   MAIN=<main's tree> NEW=<next/tail-fold's tree> BUSY=<next/kernel-busy's tree> LIMIT=<s> bash trees/callB.sh
 R=$PWD; O=$OUT; M=${MAIN:?set MAIN}; N=${NEW:?set NEW}
 . "$R/results/session34/calls/next_lib.sh"  # b, tt, tn, need_trees, ab_benches
 need_trees $M $N
-tt $N t 170 'rank_major_rows or (num_worst and 1-) or (routes_inside and rank) or (alone_bad and rank) or (bitwise_equal and 1-)'
-tn $N n 90 'one_pe or (bitwise and not 2 and not 4 and not 8)'
-ab_benches $N $M
+L=${LIMIT:-560}  # the call's own limit (the device time left may be less than 600 s)
+tt $N t 150 'rank_major_rows or (num_worst and 1-) or (routes_inside and rank) or (alone_bad and rank)'
+tn $N n 80 'one_pe_dispatch_routes_inside or one_pe_bad'
+b $N c1; b $M m1
+[ $SECONDS -lt $((L - 120)) ] && b $N c2
+[ $SECONDS -lt $((L - 80)) ] && b $M m2
 # next/kernel-busy (Python only): the profiler's union of a call's kernels (ops.BUSY) on a plain
 # torch op and on a pair of kernels that overlap (two streams), beside the per-kernel sums.
 (cd $R/trees/${BUSY:?set BUSY} && timeout 60 python3 -c "
@@ -27,7 +30,7 @@ def two():
 print('one', kernel_breakdown(lambda: a.mul(2)))
 print('two', kernel_breakdown(two))
 " 2>&1 | tail -4) >> $O/summaries.txt
-[ $SECONDS -lt 450 ] && (cd $R/trees/$N && echo "== nccl tests" && NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 SYMMOE_CACHE=/tmp/symmoe-cache \
-  timeout -s INT $((560 - SECONDS)) python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_nccl.py -k 'num_worst or dispatch_combine_bitwise' 2>&1 \
+[ $SECONDS -lt $((L - 90)) ] && (cd $R/trees/$N && echo "== nccl tests" && NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 SYMMOE_CACHE=/tmp/symmoe-cache \
+  timeout -s INT $((L - 10 - SECONDS)) python3 -m pytest -q -rA -p no:cacheprovider tests/gpu/test_nccl.py -k 'num_worst or dispatch_combine_bitwise' 2>&1 \
   | grep -E '^(PASSED|FAILED|ERROR)|passed|failed' | tail -8) >> $O/summaries.txt; echo "nccl t=$SECONDS"
 tar czf $O/logs.tar.gz -C /tmp/l . 2>/dev/null
