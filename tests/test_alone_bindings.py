@@ -23,10 +23,10 @@ def _layout(world_size: int = 1) -> list[int]:
     return BufferLayout(world_size, 64, 256, 8, 32, 2).kernel_args()
 
 
-def _routed(mod, layout=None, ptrs=22, tokens=64, mode=1, blocks=8):
+def _routed(mod, layout=None, ptrs=22, tokens=64, mode=1, blocks=8, expert_major=True, **tail):
     # layout, expert_major, idx64, tokens, alignment, capacity, epoch, timeout_ns, ptrs, mode, blocks, ...
-    return mod.alone_routed(_layout() if layout is None else layout, True, True, tokens, 1, 512, 1, 10**9,
-                            [0] * ptrs, mode, blocks, *NONE)
+    return mod.alone_routed(_layout() if layout is None else layout, expert_major, True, tokens, 1, 512, 1, 10**9,
+                            [0] * ptrs, mode, blocks, *NONE, **tail)
 
 
 def test_a_wrong_pointer_count_layout_or_mode_is_refused_naming_it(mod):
@@ -38,6 +38,18 @@ def test_a_wrong_pointer_count_layout_or_mode_is_refused_naming_it(mod):
         mod.alone(_layout(), True, 1, 512, 1, 10**9, [0] * 22, 1, 8, *NONE)
     with pytest.raises(ValueError, match="alone_fan_routed_kernel: fan_phases mode 4, must be 1, 2 or 3"):
         _routed(mod, mode=4)
+
+
+def test_a_folded_num_worst_tokens_tail_is_rank_major_only_and_needs_its_pointers(mod):
+    """The repair kernel does the tail only rank-major; expert-major the caller launches it."""
+    with pytest.raises(ValueError, match="alone_routed: worst -1, must be >= 0"):
+        _routed(mod, expert_major=False, worst=-1)
+    with pytest.raises(ValueError, match="rank-major only .* expert_major 1, per_expert 16, deferred 32"):
+        _routed(mod, worst=64, per_expert=16, deferred=32)
+    with pytest.raises(ValueError, match="needs per_expert and deferred .* per_expert 0, deferred 32"):
+        _routed(mod, expert_major=False, worst=64, deferred=32)
+    with pytest.raises(ValueError, match="per_expert 16, deferred 0"):
+        _routed(mod, expert_major=False, worst=64, per_expert=16)
 
 
 @pytest.mark.parametrize("case", ["peers", "fan_phases off", "no token", "one block"])

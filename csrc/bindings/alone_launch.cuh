@@ -98,14 +98,31 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
 // sums 63 chunks' counts, and 64 marks to wait for).
 constexpr int64_t kOwnChunkTokens = 64;
 
+// num_worst_tokens' tail for a world-size-1 rank-major dispatch that routes, folded into the
+// repair (RoutedTail): worst 0 none; else per_expert ([E] int32 on the device) and deferred (the
+// host-mapped DeferredError) are required. Expert-major the caller launches recv_tail_kernel: the
+// tail is folded only rank-major, and `what` names the launch in the error.
+inline RoutedTail routed_tail(const char* what, bool expert_major, int64_t worst, uintptr_t per_expert,
+                              uintptr_t deferred, int64_t epoch) {
+  if (worst < 0) throw std::invalid_argument(std::string(what) + ": worst " + std::to_string(worst) + ", must be >= 0");
+  if (worst > 0 && (expert_major || per_expert == 0 || deferred == 0))
+    throw std::invalid_argument(std::string(what) + ": a folded num_worst_tokens tail is rank-major only and needs "
+                                "per_expert and deferred (got expert_major " + std::to_string(expert_major) +
+                                ", per_expert " + std::to_string(per_expert) + ", deferred " +
+                                std::to_string(deferred) + ")");
+  return RoutedTail{worst, reinterpret_cast<int32_t*>(per_expert), reinterpret_cast<DeferredError*>(deferred), epoch};
+}
+
 // The launch of alone_rows_routed_kernel and the repair behind it (world size 1, rank-major, a
 // dispatch that routes itself): `a` and `f` as launch_alone_routed's; the mover's geometry of the
 // cached dispatch's alone_rows_kernel (launch_alone_args: whole rows, kRowDepth slots a warp),
 // in blocks of kMaxMoverWarps warps for the routing, whose tables go past the mover's slots (as
 // many mover warps as fit beside them). False, launching nothing, where not one fits or the
-// scratch keeps no grid counter (f.sc.summed, sums_readers).
+// scratch keeps no grid counter (f.sc.summed, sums_readers). `tail`: the repair also does
+// num_worst_tokens' tail (routed_tail).
 template <typename Idx>
-bool launch_alone_rows_routed(AloneArgs a, OwnRouting<Idx> f, int blocks, cudaStream_t s, uint64_t* stamps) {
+bool launch_alone_rows_routed(AloneArgs a, OwnRouting<Idx> f, int blocks, cudaStream_t s, const RoutedTail& tail,
+                              uint64_t* stamps) {
   static const int limit = std::min(alone_smem_limit(alone_rows_routed_kernel<Idx>, "alone_rows_routed_kernel"),
                                     alone_smem_limit(alone_rows_routed_kernel<Idx, true>, "alone_rows_routed_kernel"));
   if (f.sc.summed == nullptr || f.sc.sums_readers == nullptr) return false;
@@ -132,8 +149,8 @@ bool launch_alone_rows_routed(AloneArgs a, OwnRouting<Idx> f, int blocks, cudaSt
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess)
     throw std::runtime_error(std::string("alone_rows_routed_kernel launch: ") + cudaGetErrorString(e));
-  e = launch_following(alone_rows_repair_kernel<Idx>, blocks, 256, 0, s, a, f.a,
-                       static_cast<const int32_t*>(f.counts_row));
+  e = launch_following(alone_rows_repair_kernel<Idx>, blocks, kRepairThreads, 0, s, a, f.a,
+                       static_cast<const int32_t*>(f.counts_row), tail);
   if (e != cudaSuccess)
     throw std::runtime_error(std::string("alone_rows_repair_kernel launch: ") + cudaGetErrorString(e));
   return true;
@@ -149,12 +166,12 @@ bool launch_alone_rows_routed(AloneArgs a, OwnRouting<Idx> f, int blocks, cudaSt
 // do not fit: the caller routes and moves with two kernels.
 template <typename Idx>
 bool launch_alone_routed(AloneArgs a, OwnRouting<Idx> f, bool expert_major, int mode, int blocks, cudaStream_t s,
-                         uint64_t* stamps = nullptr) {
+                         const RoutedTail& tail, uint64_t* stamps = nullptr) {
   if (mode < 1 || mode > 3)
     throw std::invalid_argument("alone_fan_routed_kernel: fan_phases mode " + std::to_string(mode) +
                                 ", must be 1, 2 or 3");
   if (a.lay.world_size != 1 || f.a.chunks < 1 || f.a.chunks >= blocks || f.stride % 4) return false;
-  if (!expert_major) return launch_alone_rows_routed(a, f, blocks, s, stamps);
+  if (!expert_major) return launch_alone_rows_routed(a, f, blocks, s, tail, stamps);
   static const int plain_limit = alone_smem_limit(alone_fan_kernel<false>, "alone_fan_kernel");
   // Both instances get the opt-in (the same static part); `stamps`: the timeline's build.
   static const int limit = std::min(alone_smem_limit(alone_fan_routed_kernel<Idx>, "alone_fan_routed_kernel"),
@@ -262,12 +279,16 @@ struct RoutedScratch {
 // (int64 when idx64), topk_weights (fp32), in_rank, scratch (RoutedScratch for `blocks`), the
 // bad-id flag (device int32, zero between dispatches) and record (host-mapped int64 [4]), and
 // the host's counts copy, ready word and summary (0, 0, 0: none, num_worst_tokens). `epoch`
-// increases from one call to the next on one scratch. False, launching nothing, where it does
-// not apply (no token, a grid of one block, no phased fan-out, or a row it would cost).
+// increases from one call to the next on one scratch. worst, per_expert, deferred: rank-major,
+// num_worst_tokens' tail done in the repair (routed_tail; 0: none). False, launching nothing,
+// where it does not apply (no token, a grid of one block, no phased fan-out, or a row it would
+// cost): the caller then launches the tail itself.
 inline bool launch_alone_routed_ptrs(const std::vector<int64_t>& layout, bool expert_major, bool idx64, int64_t tokens,
                                      int alignment, int64_t capacity, int64_t epoch, uint64_t timeout_ns,
                                      const std::vector<int64_t>& p, int mode, int blocks, uintptr_t done,
-                                     uintptr_t err, uintptr_t err_host, uintptr_t stream) {
+                                     uintptr_t err, uintptr_t err_host, uintptr_t stream, int64_t worst,
+                                     uintptr_t per_expert, uintptr_t deferred) {
+  const RoutedTail tail = routed_tail("alone_routed", expert_major, worst, per_expert, deferred, epoch);
   AloneArgs a = alone_args("alone_routed", layout, alignment, capacity, epoch, timeout_ns, p, 22, done, err, err_host);
   const int64_t chunks = std::min<int64_t>(blocks - 1, (tokens + kOwnChunkTokens - 1) / kOwnChunkTokens);
   if (a.lay.world_size != 1 || mode == 0 || tokens < 1 || chunks < 1) return false;
@@ -288,7 +309,7 @@ inline bool launch_alone_routed_ptrs(const std::vector<int64_t>& layout, bool ex
     f.stride = int(RoutedScratch::stride(C));
     f.epoch = epoch;
     f.counts_row = const_cast<int32_t*>(a.counts);
-    return launch_alone_routed(a, f, expert_major, mode, blocks, reinterpret_cast<cudaStream_t>(stream));
+    return launch_alone_routed(a, f, expert_major, mode, blocks, reinterpret_cast<cudaStream_t>(stream), tail);
   };
   return idx64 ? go(reinterpret_cast<const int64_t*>(p[13])) : go(reinterpret_cast<const int32_t*>(p[13]));
 }

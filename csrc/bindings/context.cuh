@@ -273,13 +273,14 @@ struct Ctx {
   // alone_fan_routed_kernel in place of route_kernel and alone_fan_kernel, rank-major
   // alone_rows_routed_kernel and its repair in place of route_kernel and alone_rows_kernel); it
   // leaves what those leave (the published routing and its copy, is_token_in_rank, the counts
-  // matrix, the host's copy and summary, the bad-id record). False, launching nothing, where it
-  // does not apply (a timeline, fan_phases off, no token, one block, the routing's tables in
-  // global memory, or a row of the fan-out's it would cost): the caller runs layout and alone.
+  // matrix, the host's copy and summary, the bad-id record); rank-major with `tail` (routed_tail)
+  // the repair also does num_worst_tokens' tail. False, launching nothing, where it does not
+  // apply (a timeline, fan_phases off, no token, one block, the routing's tables in global
+  // memory, or a row of the fan-out's it would cost): the caller runs layout, alone and the tail.
   template <typename Idx>
   bool route_alone_as(const Idx* idx, const float* w, int64_t T, int32_t* scratch, bool* in_rank, uintptr_t x,
                       const py::dict& out, bool expert_major, int alignment, int64_t route_epoch, int64_t epoch,
-                      cudaStream_t st) {
+                      const RoutedTail& tail, cudaStream_t st) {
     const int64_t MB = route_max_blocks();
     const int chunks = int(std::min<int64_t>({int64_t(grid) - 1, MB, (T + kOwnChunkTokens - 1) / kOwnChunkTokens}));
     if (L.world_size != 1 || stamps || !fan_phases || route_big() || T < 1 || chunks < 1) return false;
@@ -304,19 +305,20 @@ struct Ctx {
     a.o = outputs(out);
     a.sy = sync(epoch, 2);
     a.routed.tokens = T;
-    const bool launched = launch_alone_routed(a, f, expert_major, fan_phases, grid, st, routed_stamps);
+    const bool launched = launch_alone_routed(a, f, expert_major, fan_phases, grid, st, tail, routed_stamps);
     data_early = launched;  // the counts are final only at the grid's end
     return launched;
   }
   bool route_alone(uintptr_t idx, bool idx64, uintptr_t w, int64_t T, uintptr_t scratch, uintptr_t in_rank, uintptr_t x,
                    const py::dict& out, bool expert_major, int alignment, int64_t route_epoch, int64_t epoch,
-                   uintptr_t stream) {
+                   uintptr_t stream, int64_t worst, uintptr_t per_expert, uintptr_t deferred) {
     if (!scratch) throw std::invalid_argument("route_alone: scratch of layout_scratch_bytes() bytes is required");
+    const RoutedTail tail = routed_tail("route_alone", expert_major, worst, per_expert, deferred, epoch);
     if (idx64)
       return route_alone_as(P<const int64_t>(idx), P<const float>(w), T, P<int32_t>(scratch), P<bool>(in_rank), x, out,
-                            expert_major, alignment, route_epoch, epoch, S(stream));
+                            expert_major, alignment, route_epoch, epoch, tail, S(stream));
     return route_alone_as(P<const int32_t>(idx), P<const float>(w), T, P<int32_t>(scratch), P<bool>(in_rank), x, out,
-                          expert_major, alignment, route_epoch, epoch, S(stream));
+                          expert_major, alignment, route_epoch, epoch, tail, S(stream));
   }
 
   // Where the next dispatch's routing kernels leave the counts matrix ([W][1 + W + E] int32:
@@ -581,7 +583,8 @@ void bind_context(py::module_& m, Init init) {
            py::arg("counts"), py::arg("epoch"), py::arg("after_route"), py::arg("stream"))
       .def("route_alone", &C::route_alone, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"),
            py::arg("scratch"), py::arg("in_rank"), py::arg("x"), py::arg("out"), py::arg("expert_major"),
-           py::arg("alignment"), py::arg("route_epoch"), py::arg("epoch"), py::arg("stream"))
+           py::arg("alignment"), py::arg("route_epoch"), py::arg("epoch"), py::arg("stream"), py::arg("worst") = 0,
+           py::arg("per_expert") = 0, py::arg("deferred") = 0)
       .def("push_stream", &C::push_stream, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("senders"), py::arg("receivers"), py::arg("epoch"), py::arg("stream"))
       .def("unpack", &C::unpack, py::arg("counts"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"), py::arg("stream"))

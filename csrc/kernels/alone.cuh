@@ -12,7 +12,7 @@
 //                      to take a ticket, then the fan-out in phases;
 //   alone_rows_routed_kernel  rank-major, a dispatch that routes: the same routing, the rows by the
 //                      mover to row t at once, and alone_rows_repair_kernel behind it for the rows
-//                      a token without one moves elsewhere.
+//                      a token without one moves elsewhere (and num_worst_tokens' tail).
 #pragma once
 #include <cstdint>
 
@@ -23,6 +23,7 @@
 #include "../common/routing.cuh"
 #include "../common/scan.cuh"
 #include "route.cuh"
+#include "tail.cuh"
 
 namespace symmoe {
 
@@ -420,21 +421,57 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_routed_kern
   }
 }
 
+// num_worst_tokens at W = 1 in the repair behind alone_rows_routed_kernel: what recv_tail_kernel
+// would do after it, so no third kernel runs (worst 0: none, the host waits on the counts).
+struct RoutedTail {
+  int64_t worst;
+  int32_t* per_expert;  // [E] this rank's rows per expert
+  DeferredError* df;    // host-mapped
+  int64_t epoch;        // the dispatch's, for the record
+};
+
+// Whole grid, after the routed kernel's end (its counts row final: head, with_rows): the
+// per-expert counts and the error record (block 0), and the rows from the received ones to
+// t.worst filled, as recv_tail_kernel does for one rank. The rows the repair moves lie below
+// with_rows, so the fill never meets them.
+__device__ __forceinline__ void alone_worst_tail(const AloneArgs& a, const int32_t* counts_row, int32_t head,
+                                                 int32_t with_rows, const RoutedTail& t) {
+  const bool valid = head >= 0;  // bad ids: no row is valid, every row is filled (the host raises)
+  if (blockIdx.x == 0) {
+    for (int j = threadIdx.x; j < int(a.lay.num_experts); j += blockDim.x)
+      t.per_expert[j] = valid ? __ldcg(counts_row + 2 + j) : 0;  // W = 1: [T, rows, experts...]
+    if (threadIdx.x == 0) {
+      const bool over = valid && (with_rows > t.worst || with_rows > a.lay.recv_rows);
+      record_deferred(t.df, !valid ? kDeferredBadIds : over ? kDeferredCapacity : kDeferredNone, 0,
+                      over ? with_rows : 0, t.worst, false, t.epoch);
+    }
+  }
+  fill_past_received(TailOutputs{a.o.x, a.o.idx, a.o.w, a.o.src_rank, a.o.src_token, a.o.src_slot},
+                     valid ? with_rows : 0, t.worst, a.lay.row_bytes(), int(a.lay.topk),
+                     int64_t(blockIdx.x) * blockDim.x + threadIdx.x, int64_t(gridDim.x) * blockDim.x);
+}
+
 // Behind alone_rows_routed_kernel (a following launch): once the routing is complete, when
 // fewer tokens have rows than the dispatch has tokens (a token with every slot masked, or rows
 // past the outputs' capacity), each row whose routing position is not t is moved again from x
-// with its ids and weights. The usual case reads two words and ends; a token without a row
-// early in the batch makes this a second copy of the rows after it (warp_fanout_row's unrolled
-// loads keep enough of them in flight).
+// with its ids and weights; with num_worst_tokens (tail.worst) it also does the tail's work
+// (alone_worst_tail). The usual case reads two words and ends; a token without a row early in
+// the batch makes this a second copy of the rows after it (warp_fanout_row's unrolled loads keep
+// enough of them in flight). 128 threads: a block fits beside the routed kernel's (80 registers
+// x 512) in an SM's 64 K registers, so the grid is resident, waiting, as that one ends.
+constexpr int kRepairThreads = 128;
 template <typename Idx>
-__global__ void __launch_bounds__(256) alone_rows_repair_kernel(AloneArgs a, RoutingArgs<Idx> ra,
-                                                                 const int32_t* counts_row) {
+__global__ void __launch_bounds__(kRepairThreads) alone_rows_repair_kernel(AloneArgs a, RoutingArgs<Idx> ra,
+                                                                 const int32_t* counts_row, RoutedTail tail) {
+  // A kernel launched to follow this one waits for this grid's end; its blocks may be scheduled
+  // as the routed kernel's leave, not only once this grid's wait returns.
+  start_following_grid();
   wait_prior_grid();
-  start_following_grid();  // the tail kernel, which follows, waits for this grid's end
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, PC = 1 + ra.K;
   const int64_t rb = a.lay.row_bytes(), cap = a.o.capacity, T = ra.T;
   if (error_set(a.sy.err)) return;  // a failed wait: the host raises
   const int32_t head = __ldcg(counts_row), with_rows = __ldcg(counts_row + 1);
+  if (tail.worst > 0) alone_worst_tail(a, counts_row, head, with_rows, tail);
   if (head < 0 || with_rows == T) return;  // bad ids (the host raises), or every row is at t
   const int nwarps = blockDim.x / 32;
   const int64_t nw = int64_t(gridDim.x) * nwarps;

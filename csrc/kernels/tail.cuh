@@ -43,6 +43,38 @@ struct DeferredError {
 };
 enum : int64_t { kDeferredNone = 0, kDeferredCapacity = 1, kDeferredBadIds = 2 };
 
+// Thread 0: the first error of a dispatch that did not wait, unless one is recorded already.
+__device__ __forceinline__ void record_deferred(DeferredError* df, int64_t kind, int64_t rank, int64_t rows,
+                                                int64_t worst, bool expert_major, int64_t epoch) {
+  if (kind == kDeferredNone || *reinterpret_cast<volatile int64_t*>(&df->kind) != kDeferredNone) return;
+  df->epoch = epoch;
+  df->rank = rank;
+  df->rows = rows;
+  df->worst = worst;
+  df->expert_major = expert_major;
+  __threadfence_system();
+  *reinterpret_cast<volatile int64_t*>(&df->kind) = kind;
+}
+
+// Rows [first, worst) of o as reference.pad_recv defines (x 0, ids -1, weights 0, sources -1),
+// `ids` ids a row, thread t0 of `stride`.
+__device__ __forceinline__ void fill_past_received(const TailOutputs& o, int64_t first, int64_t worst, int64_t rb,
+                                                   int ids, int64_t t0, int64_t stride) {
+  if (first >= worst) return;
+  const int64_t n = worst - first, vecs = rb / 16;
+  uint4* x = reinterpret_cast<uint4*>(o.x + first * rb);
+  for (int64_t i = t0; i < n * vecs; i += stride) x[i] = make_uint4(0, 0, 0, 0);
+  for (int64_t i = t0; i < n * ids; i += stride) {
+    o.idx[first * ids + i] = -1;
+    o.w[first * ids + i] = 0.f;
+  }
+  for (int64_t i = t0; i < n; i += stride) {
+    o.src_rank[first + i] = -1;
+    o.src_token[first + i] = -1;
+    o.src_slot[first + i] = -1;
+  }
+}
+
 static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L, const int32_t* counts, TailOutputs o,
                                                                  int64_t worst, bool expert_major, int alignment,
                                                                  int me, int32_t* per_expert, DeferredError* df,
@@ -81,35 +113,14 @@ static __global__ void __launch_bounds__(kTailThreads) recv_tail_kernel(Layout L
           break;
         }
       }
-      if (kind != kDeferredNone && *reinterpret_cast<volatile int64_t*>(&df->kind) == kDeferredNone) {
-        df->epoch = epoch;
-        df->rank = rank;
-        df->rows = rows;
-        df->worst = worst;
-        df->expert_major = expert_major;
-        __threadfence_system();
-        *reinterpret_cast<volatile int64_t*>(&df->kind) = kind;
-      }
+      record_deferred(df, kind, rank, rows, worst, expert_major, epoch);
     }
   }
   if (threadIdx.x == 0) first = valid ? sp.rows[me] : 0;
   if (!counts_late) wait_prior_grid();
   __syncthreads();
-  if (first >= worst) return;
-  const int64_t n = worst - first, rb = L.row_bytes(), vecs = rb / 16;
-  const int ids = expert_major ? 1 : int(L.topk);
-  const int64_t stride = int64_t(gridDim.x) * blockDim.x, t0 = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
-  uint4* x = reinterpret_cast<uint4*>(o.x + first * rb);
-  for (int64_t i = t0; i < n * vecs; i += stride) x[i] = make_uint4(0, 0, 0, 0);
-  for (int64_t i = t0; i < n * ids; i += stride) {
-    o.idx[first * ids + i] = -1;
-    o.w[first * ids + i] = 0.f;
-  }
-  for (int64_t i = t0; i < n; i += stride) {
-    o.src_rank[first + i] = -1;
-    o.src_token[first + i] = -1;
-    o.src_slot[first + i] = -1;
-  }
+  fill_past_received(o, first, worst, L.row_bytes(), expert_major ? 1 : int(L.topk),
+                     int64_t(blockIdx.x) * blockDim.x + threadIdx.x, int64_t(gridDim.x) * blockDim.x);
 }
 
 // Host side, for every module that binds it: after the data kernels on `stream`, launched to

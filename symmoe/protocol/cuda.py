@@ -25,7 +25,8 @@ dispatch (both protocols)
      it. Expert-major ``alone_fan_routed_kernel`` fans the rows out in phases; rank-major
      ``alone_rows_routed_kernel`` moves each row with the mover to row t at once (its row
      whenever every earlier token has one) and ``alone_rows_repair_kernel`` behind it moves
-     again the rows a token without a row shifts.
+     again the rows a token without a row shifts; with num_worst_tokens it also does the
+     tail's work (below), so no third kernel runs.
   4. the host reads the routing kernel's summary of the matrix (its rows, the most any
      receiver gets, its per-expert counts: ``counts.summary_of``), and only when it names bad
      ids (tokens = -1 in a row: nothing moved) or a receiver over capacity reads the matrix to
@@ -171,6 +172,7 @@ class _CudaProtocol(Protocol):
         self._stream_receivers = config.kernel.stream_receivers
         self._epoch = 0
         self.routed_in_fan_out = False  # the last dispatch routed inside its fan-out kernel (Ctx::route_alone)
+        self._tail_folded = False  # and its repair kernel did num_worst_tokens' tail
         W, E = layout.world_size, layout.num_experts
         self._published: torch.Tensor | None = None  # the routing copy now in the input region
         # zeroed: route_kernel's chunk marks start below every epoch
@@ -294,13 +296,15 @@ class _CudaProtocol(Protocol):
         self.ctx.set_routing_outputs(0 if worst else self._counts_mapped[1], counts_dev.data_ptr(), routing.data_ptr(),
                                      0 if worst else self._counts_ready[1], 0 if worst else self._summary[1],
                                      alignment)
-        epoch = self._route_and_move(x, topk_idx, topk_weights, in_rank, args, expert_major, alignment, counts_dev, sp)
+        per_expert = self._per_expert() if worst else None
+        epoch = self._route_and_move(x, topk_idx, topk_weights, in_rank, args, expert_major, alignment, counts_dev, sp,
+                                     worst, per_expert)
         if not worst:  # after the data kernel: nothing may come between it and the routing kernel it follows
             self._counts_event.record(stream)
         self._published = routing
         cache = _RoutingState(routing, counts_dev, selfmap)
         if worst:  # DeepEP's num_worst_tokens: the device finishes what the host would read
-            recv = self._tail(out, counts_dev, worst, expert_major, alignment)
+            recv = self._tail(out, counts_dev, worst, expert_major, alignment, per_expert, self._tail_folded)
             return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, counts_dev, out, recv,
                                      self.buffer_id, alignment, cache, worst)
 
@@ -320,15 +324,23 @@ class _CudaProtocol(Protocol):
         share, sms = _gpu_sharing(mem)  # collective; the condition above is the same on every rank
         return stream_blocks(mode, share, sms, config.kernel.num_sms)
 
+    def _per_expert(self) -> torch.Tensor:
+        """The device's per-local-expert row counts of a num_worst_tokens dispatch."""
+        return torch.empty(self.layout.local_experts, dtype=torch.int32, device=self.device)
+
     def _tail(self, out: dict[str, torch.Tensor | None], counts_dev: torch.Tensor, worst: int, expert_major: bool,
-              alignment: int) -> RecvResult:
+              alignment: int, per_expert: torch.Tensor | None = None, folded: bool = False) -> RecvResult:
         """The ``worst`` rows of a dispatch that does not wait on the host: after the data
         kernels, a kernel fills the rows past the received ones and counts the rows per local
-        expert from the device's counts matrix; errors come back at a later call (check)."""
-        per_expert = torch.empty(self.layout.local_experts, dtype=torch.int32, device=self.device)
-        self.ctx.recv_tail(counts_dev.data_ptr(), _kernel_outputs(out, worst, None), worst, expert_major, alignment,
-                           per_expert.data_ptr(), self._deferred[1], self._epoch, stream_handle(self.device))
-        return recv_views(out, worst, per_expert)  # the tail kernel filled what the host would
+        expert (into ``per_expert``) from the device's counts matrix; errors come back at a later
+        call (check). ``folded``: the data kernels did it already (``Ctx::route_alone``)."""
+        if per_expert is None:
+            per_expert = self._per_expert()
+        if not folded:
+            self.ctx.recv_tail(counts_dev.data_ptr(), _kernel_outputs(out, worst, None), worst, expert_major,
+                               alignment, per_expert.data_ptr(), self._deferred[1], self._epoch,
+                               stream_handle(self.device))
+        return recv_views(out, worst, per_expert)  # the tail's kernel filled what the host would
 
     def _publish_x(self, x: torch.Tensor) -> None:
         """pull with peers: x into the input region, where they read it (own rows are read
@@ -338,18 +350,23 @@ class _CudaProtocol(Protocol):
 
     def _route_and_move(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                         in_rank: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
-                        counts_dev: torch.Tensor, sp: int) -> int:
+                        counts_dev: torch.Tensor, sp: int, worst: int = 0,
+                        per_expert: torch.Tensor | None = None) -> int:
         """A dispatch's routing and data kernels; returns the routing's epoch, which its kernel
-        writes to ``_counts_ready`` after the counts matrix. Alone expert-major, one kernel does
-        both where it applies (``Ctx::route_alone``: no routing grid before the fan-out; rank-major
-        the rows move in its phases too)."""
-        self.routed_in_fan_out = False
+        writes to ``_counts_ready`` after the counts matrix. Alone, one kernel does both where it
+        applies (``Ctx::route_alone``: no routing grid before the data kernel); rank-major its
+        repair kernel then also does num_worst_tokens' tail (``worst`` rows, ``per_expert``), and
+        ``_tail_folded`` says so."""
+        self.routed_in_fan_out = self._tail_folded = False
         if self.world_size == 1:
             route_epoch, epoch = self._next_epoch(), self._next_epoch()
+            fold = worst and not expert_major
             self.routed_in_fan_out = self.ctx.route_alone(
                 _ptr(topk_idx), topk_idx.dtype == torch.int64, _ptr(topk_weights), topk_idx.shape[0],
-                _ptr(self._route_scratch), _ptr(in_rank), _ptr(x), args, expert_major, alignment, route_epoch, epoch, sp)
+                _ptr(self._route_scratch), _ptr(in_rank), _ptr(x), args, expert_major, alignment, route_epoch, epoch, sp,
+                worst if fold else 0, _ptr(per_expert) if fold else 0, self._deferred[1] if fold else 0)
             if self.routed_in_fan_out:
+                self._tail_folded = bool(fold)
                 return route_epoch
         self._layout(topk_idx, topk_weights, True, None, None, in_rank, sp)
         route_epoch = self._epoch

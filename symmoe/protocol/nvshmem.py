@@ -286,8 +286,11 @@ class NvshmemPush(Protocol):
         # num_worst_tokens: no host wait, so no host copy of the counts either.
         host = {} if worst else {"counts_host": self._counts_host.data_ptr(),
                                  "counts_ready": self._counts_ready.data_ptr(), "summary": self._summary.data_ptr()}
+        # Rank-major, the routed kernels' repair also does num_worst_tokens' tail (no tail kernel).
+        fold = bool(worst) and not em
+        per_expert = self._per_expert() if worst else None
         self.routed_in_fan_out = self._route_alone(src, topk_idx, topk_weights, in_rank, plan, out, cap, em,
-                                                   alignment, epoch, host)
+                                                   alignment, epoch, host, worst if fold else 0, per_expert)
         if not self.routed_in_fan_out:
             self._route(topk_idx, True, epoch, {
                 "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": plan["pub_idx"].data_ptr(),
@@ -299,7 +302,8 @@ class NvshmemPush(Protocol):
         if not worst:  # after the dispatch kernel: nothing may come between it and the plan kernel it follows
             self._counts_event.record(stream)
         if worst:  # DeepEP V1's num_worst_tokens: the device finishes what the host would read
-            recv = self._tail(out, plan["counts"], worst, em, alignment, self.routed_in_fan_out)
+            recv = self._tail(out, plan["counts"], worst, em, alignment, self.routed_in_fan_out, per_expert,
+                              fold and self.routed_in_fan_out)
             return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, plan["counts"], out, recv,
                                      self.buffer_id, alignment, plan, worst)
 
@@ -311,19 +315,27 @@ class NvshmemPush(Protocol):
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment,
                                  self._bad_info.tolist, out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=plan)
 
+    def _per_expert(self) -> torch.Tensor:
+        """The device's per-local-expert row counts of a num_worst_tokens dispatch."""
+        return torch.empty(self.layout.local_experts, dtype=torch.int32, device=self.device)
+
     def _tail(self, out: dict[str, torch.Tensor | None], counts: torch.Tensor, worst: int, em: bool,
-              alignment: int, counts_late: bool = False) -> RecvResult:
+              alignment: int, counts_late: bool = False, per_expert: torch.Tensor | None = None,
+              folded: bool = False) -> RecvResult:
         """The ``worst`` rows of a dispatch that does not wait on the host: kernels/tail.cuh
         after the dispatch kernel fills the rows past the received ones and counts the rows
-        per local expert; errors come back at a later call (_raise_if_failed). ``counts_late``:
-        the data kernel wrote ``counts`` itself (``alone_routed``), final only at its end."""
-        per_expert = torch.empty(self.layout.local_experts, dtype=torch.int32, device=self.device)
-        self.ext.tail(self.args, self.me, int(em), alignment, worst, self._dispatches,
-                      [counts.data_ptr(), *(out[k].data_ptr() for k in ("x", "idx", "w", "src_rank", "src_token",
-                                                                          "src_slot")),
-                       per_expert.data_ptr(), self._deferred.data_ptr()],
-                      counts_late, stream_handle(self.device))
-        return recv_views(out, worst, per_expert)  # the tail kernel filled what the host would
+        per local expert (into ``per_expert``); errors come back at a later call
+        (_raise_if_failed). ``counts_late``: the data kernel wrote ``counts`` itself
+        (``alone_routed``), final only at its end. ``folded``: its repair kernel did it already."""
+        if per_expert is None:
+            per_expert = self._per_expert()
+        if not folded:
+            self.ext.tail(self.args, self.me, int(em), alignment, worst, self._dispatches,
+                          [counts.data_ptr(), *(out[k].data_ptr() for k in ("x", "idx", "w", "src_rank", "src_token",
+                                                                              "src_slot")),
+                           per_expert.data_ptr(), self._deferred.data_ptr()],
+                          counts_late, stream_handle(self.device))
+        return recv_views(out, worst, per_expert)  # the tail's kernel filled what the host would
 
     def _source(self, x: torch.Tensor) -> torch.Tensor:
         """Where the puts read x: the input region when some peer is reached by puts."""
@@ -348,12 +360,14 @@ class NvshmemPush(Protocol):
 
     def _route_alone(self, src: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                      in_rank: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], cap: int, em: bool,
-                     alignment: int, epoch: int, host: dict[str, int]) -> bool:
+                     alignment: int, epoch: int, host: dict[str, int], worst: int = 0,
+                     per_expert: torch.Tensor | None = None) -> bool:
         """One PE with kernel.fan_phases on: symmoe_cuda's ``alone_routed``, the routing inside the
         data kernel (alone_fan_routed_kernel / alone_rows_routed_kernel, no plan kernel before it),
         leaving the plan's tables but ``send_ent``, which no one-PE kernel reads (the cached
         dispatch runs the same alone kernels). False where it does not apply: the plan kernel and
-        ``_send`` run instead."""
+        ``_send`` run instead. ``worst`` > 0 (rank-major): the repair kernel also does
+        num_worst_tokens' tail into ``per_expert`` and the deferred error record."""
         if self.W != 1 or not self.fan_phases:
             return False
         mod = self._alone()
@@ -366,7 +380,8 @@ class NvshmemPush(Protocol):
              in_rank.data_ptr(), self._routed_scratch.data_ptr(), self._bad_flag.data_ptr(), self._bad_info.data_ptr(),
              host.get("counts_host", 0), host.get("counts_ready", 0), host.get("summary", 0)],
             self.fan_phases, self.alone_blocks, self._alone_done.data_ptr(), self.ext.error_mirror(),
-            self.err.data_ptr(), stream_handle(self.device))
+            self.err.data_ptr(), stream_handle(self.device), worst, per_expert.data_ptr() if worst else 0,
+            self._deferred.data_ptr() if worst else 0)
 
     def _send(self, src: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], cap: int, em: bool,
               alignment: int, epoch: int, selfmap: torch.Tensor | None) -> None:

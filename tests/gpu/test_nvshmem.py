@@ -159,7 +159,8 @@ def test_one_pe_dispatch_routes_inside_its_data_kernel(seed):
     the dispatch in its data kernel's first blocks (1024 tokens in 16 chunks of 64 on 32
     blocks; at hidden 7168 the routing's tables lie over rows that load after it), rank-major
     rows in phases too. Both layouts take that path, and their rows, combine, a cached dispatch
-    and num_worst_tokens outputs (the tail reads counts that kernel wrote) are the reference's.
+    and num_worst_tokens outputs (expert-major the tail reads counts that kernel wrote; rank-major its repair
+    kernel does the tail) are the reference's.
     The other one-PE tests take it too, at hidden 256 and 8 blocks."""
     _usable()
     cfg = _config(**{"buffer.hidden": 7168, "buffer.max_tokens_per_rank": 1024, "kernel.num_sms": 32})

@@ -111,7 +111,9 @@ def test_rank_major_rows_a_token_without_a_row_shifts_are_moved_again(hidden, wo
     (alone_rows_routed_kernel) and, behind it, moves again every row that a token without a row
     before it shifts. With token 0 and every third token masked whole, and buffer.recv_capacity
     below the token count (rows of the tokens past it are stored only by that second pass), the
-    rows, the cached dispatch's rows and the combine must be the reference's."""
+    rows, the cached dispatch's rows and the combine must be the reference's. With
+    num_worst_tokens that second kernel also fills the rows past the received ones (stored at
+    first as if every token had a row) and counts the rows per expert."""
     from symmoe import reference
     from symmoe.buffer import Buffer
     from symmoe.testing import assert_bitwise
@@ -131,10 +133,13 @@ def test_rank_major_rows_a_token_without_a_row_shifts_are_moved_again(hidden, wo
     r = reference.pad_recv(want.recv[0], worst)  # unchanged when worst is 0
     r2 = reference.pad_recv(reference.dispatch([x2], [idx], [w], E, "rank").recv[0], worst)
     with mock.patch.dict(os.environ, ENV), Buffer(None, from_dict(cfg)) as buf:
-        rx, ri, rw, _, handle, _ = buf.dispatch(x, idx, w, num_worst_tokens=worst)
+        rx, ri, rw, per_expert, handle, _ = buf.dispatch(x, idx, w, num_worst_tokens=worst)
         assert buf._protocol.routed_in_fan_out
+        assert buf._protocol._tail_folded == bool(worst)
         for name, got, exp in (("x", rx, r.x), ("topk_idx", ri, r.topk_idx), ("topk_weights", rw, r.topk_weights)):
             assert_bitwise(name, got, exp, f"dispatch (num_worst_tokens={worst})")
+        got = per_expert.tolist() if worst else per_expert
+        assert got == r.num_recv_tokens_per_expert.tolist(), (got, r.num_recv_tokens_per_expert)
         assert_bitwise("x", buf.dispatch(x2, handle=handle)[0], r2.x, "cached dispatch")
         y = (rx.float() * 1.5).to(torch.bfloat16)
         out, _, _ = buf.combine(y, handle)
