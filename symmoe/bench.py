@@ -53,7 +53,7 @@ import torch
 from . import launch
 from .config import PROTOCOLS, Config, from_dict, parse_key_value
 from .layout import MAX_CHANNELS
-from .ops import BASE_OP, LABEL, ops_of
+from .ops import BASE_OP, BUSY, LABEL, kernels_total, ops_of, union_length
 from .timing import sleep_cycles_for
 
 HOST_PHASES = ("before_wait", "wait", "after_wait")  # a dispatch's host time, split at its counts wait
@@ -101,10 +101,13 @@ def _time(fn: Callable[[], Any], warmup: int, repeats: int, sleep_cycles: int, s
 def kernel_breakdown(fn: Callable[[], Any], calls: int = 5, sync: Callable[[], None] = lambda: None,
                      host: bool = False) -> dict[str, float]:
     """Time per call of each kernel ``fn`` launches (CUDA profiler activity), in µs: what the
-    GPU itself spends, without the host gaps the event timings include. With several ranks,
-    ``sync`` lines them up before each call; a kernel that ends in a barrier still includes
-    the wait for the slowest peer. ``host=True``: the host's self time per operator instead
-    (CPU activity), which shows what keeps the GPU waiting between kernels."""
+    GPU itself spends, without the host gaps the event timings include, and under ``BUSY`` the
+    time some kernel ran (ops.kernels_total: a following kernel's time includes its wait for
+    the one before). With several ranks, ``sync`` lines them up before each call; a kernel that
+    ends in a barrier still includes the wait for the slowest peer. ``host=True``: the host's
+    self time per operator instead (CPU activity), which shows what keeps the GPU waiting
+    between kernels."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     fn()
@@ -118,6 +121,7 @@ def kernel_breakdown(fn: Callable[[], Any], calls: int = 5, sync: Callable[[], N
             wall += time.perf_counter() - t0
             torch.cuda.synchronize()
     out: dict[str, float] = {}
+    skip = ("ProfilerStep", "cudaDeviceSynchronize") if host else ("cuda", "Activity")
     for ev in prof.key_averages():
         if host:
             total = ev.self_cpu_time_total
@@ -125,14 +129,18 @@ def kernel_breakdown(fn: Callable[[], Any], calls: int = 5, sync: Callable[[], N
             total = getattr(ev, "device_time_total", None)
             if total is None:
                 total = getattr(ev, "cuda_time_total", 0.0)
-        skip = ("ProfilerStep", "cudaDeviceSynchronize") if host else ("cuda", "Activity")
         if total <= 0 or ev.key.startswith(skip):
             continue
         name = ev.key.split("<")[0].split("(")[0].replace("void ", "").replace("symmoe::", "").strip()[:48]
         out[name] = out.get(name, 0.0) + total / calls
     if host:  # the rest of the call: Python, extension launches, host waits on the GPU
         out["(other: python, launches, waits)"] = max(0.0, wall / calls * 1e6 - sum(out.values()))
-    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    ranked = dict(sorted(out.items(), key=lambda kv: -kv[1]))
+    if not host and ranked:
+        spans = [(ev.time_range.start, ev.time_range.end) for ev in prof.events()
+                 if ev.device_type == DeviceType.CUDA and not ev.name.startswith(skip)]
+        ranked[BUSY] = union_length(spans) / calls
+    return ranked
 
 
 def _stats(xs: list[float]) -> dict[str, float]:
@@ -392,10 +400,10 @@ def table(results: list[dict[str, Any]]) -> str:
                 cp = f"{100 * o['ratio_same_size_copy']:5.1f}%" if "ratio_same_size_copy" in o else "-"
                 sp = f"{o['speedup_vs_torch']:.2f}" if "speedup_vs_torch" in o else "-"
                 ks = r["ranks"][0][layout].get("kernels_us", {}).get(op, {})
-                kdesc = ", ".join(f"{k} {v:.0f}" for k, v in list(ks.items())[:4])
+                kdesc = ", ".join(f"{k} {v:.0f}" for k, v in list(ks.items())[:4] if k != BUSY)
                 proto = r["protocol"] + ("*" if r.get("x_in_buffer") else "")
                 lines.append(f"{r['backend']:<8} {proto:<5} {r['world_size']:>2} {layout:<6} {LABEL[op]:<15} {o['median_us']:>8.1f} "
-                             f"{o['TBps']:>6.2f} {100 * o['ratio_roofline']:>5.1f}% {cp:>6} {tu:>9} {sp:>7} {sum(ks.values()):>8.1f} "
+                             f"{o['TBps']:>6.2f} {100 * o['ratio_roofline']:>5.1f}% {cp:>6} {tu:>9} {sp:>7} {kernels_total(ks):>8.1f} "
                              f"{o.get('host_us', float('nan')):>8.1f}  {kdesc}")
     if any(r["ranks"][0][lay].get("host_ops_us") for r in results for lay in r["layouts"]):
         lines.append("host, self time per call (rank 0, µs; the GPU idles while the host works after a sync):")

@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Any
 
-from .ops import LABEL, ops_of
+from .ops import LABEL, kernels_total, ops_of
 
 Key = tuple[str, str, int, bool, str, str]
 NAME_COLUMNS = 5  # backend, protocol, W, layout, op: left-aligned; the runs' columns right-aligned
@@ -41,7 +41,7 @@ def rows_of(doc: dict[str, Any]) -> dict[Key, dict[str, Any]]:
         for layout, row in r["layouts"].items():
             kernels = r["ranks"][0][layout].get("kernels_us", {})
             for op in ops_of(row):
-                out[_key(r, layout, op)] = {**row[op], "kernels_us": sum(kernels.get(op, {}).values())}
+                out[_key(r, layout, op)] = {**row[op], "kernels_us": kernels_total(kernels.get(op, {}))}
     return out
 
 

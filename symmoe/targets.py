@@ -38,7 +38,7 @@ import sys
 from typing import Any, Callable
 
 from .errors import SymmoeError
-from .ops import BASE_OP, BASE_OPS, LABEL, OPS, ops_of
+from .ops import BASE_OP, BASE_OPS, BUSY, LABEL, OPS, kernels_total, ops_of
 
 TARGET_RATIO = 0.80  # issue 7: at least 80 % of the NVLink all-to-all ceiling
 TARGET_SPEEDUP = 1.5  # issue 7: the best backend at least 1.5x the all_to_all_single baseline
@@ -55,9 +55,9 @@ def protocol_label(protocol: Any, x_in_buffer: Any) -> str:
 
 def kernel_us(kernels: dict[str, float]) -> tuple[float, float]:
     """(all kernels, data kernels only: routing left out) device µs per call, from a bench
-    rank's ``kernels_us[op]``."""
-    total = sum(kernels.values())
-    data = sum(v for k, v in kernels.items() if not k.rsplit("::", 1)[-1].startswith(ROUTING))
+    rank's ``kernels_us[op]`` (all: ops.kernels_total; data: the sum of the others)."""
+    total = kernels_total(kernels)
+    data = sum(v for k, v in kernels.items() if k != BUSY and not k.rsplit("::", 1)[-1].startswith(ROUTING))
     return total, data
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from symmoe import bench, bench_compare
+from symmoe import bench, bench_compare, ops
 
 ROW_BYTES = 7168 * 2
 
@@ -94,3 +94,23 @@ def test_a_file_without_results_is_refused_naming_it(tmp_path, capsys):
     full.write_text(json.dumps(_doc("y", 1.0, 1.0)))
     assert bench_compare.main([str(empty), str(full)]) == 2
     assert f"{empty}: no results" in capsys.readouterr().err
+
+
+def test_a_call_s_kernels_read_as_the_time_some_kernel_ran_where_the_file_has_it():
+    """A kernel launched to follow another waits inside its own time for that one: files since
+    session 45 hold the kernels' union (ops.BUSY), which the tables read instead of the sum;
+    older files are summed."""
+    docs = [_doc("base", 40.0, 34.0), _doc("change", 40.0, 34.0)]
+    kernels = docs[1]["results"][0]["ranks"][0]["rank"]["kernels_us"]["dispatch"]
+    kernels.update({"repair_kernel": 27.0, ops.BUSY: 35.5})  # the repair waited 26 µs of its 27
+    text = bench_compare.compare(docs, ["base", "change"])
+    assert _line(text, "torch", "dispatch", section=1)[5:] == ["34.0", "35.5"]
+
+
+@pytest.mark.parametrize("intervals, covered", [
+    ([], 0.0),
+    ([(0.0, 34.0), (30.0, 61.0), (61.5, 64.0)], 63.5),  # a follower overlapping its primary, then a gap
+    ([(5.0, 6.0), (0.0, 10.0), (2.0, 3.0)], 10.0),  # inside one another, in any order
+])
+def test_the_kernels_union_counts_overlapping_time_once(intervals, covered):
+    assert ops.union_length(intervals) == pytest.approx(covered)
