@@ -161,6 +161,10 @@ class Protocol(ABC):
                                if output_layout == "expert" else None),
         }, rest
 
+    def _per_expert(self) -> torch.Tensor:
+        """A num_worst_tokens dispatch's per-local-expert row counts, which the device writes."""
+        return torch.empty(self.layout.local_experts, dtype=torch.int32, device=self.mem.device)
+
     def input_view(self, num_tokens: int, dtype: torch.dtype) -> torch.Tensor:
         """This rank's ``input`` region as x [num_tokens, hidden] (Buffer.input_view)."""
         return self.mem.view(self.layout.offsets()["in_x"], dtype, (num_tokens, self.layout.hidden))

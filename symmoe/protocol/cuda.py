@@ -324,10 +324,6 @@ class _CudaProtocol(Protocol):
         share, sms = _gpu_sharing(mem)  # collective; the condition above is the same on every rank
         return stream_blocks(mode, share, sms, config.kernel.num_sms)
 
-    def _per_expert(self) -> torch.Tensor:
-        """The device's per-local-expert row counts of a num_worst_tokens dispatch."""
-        return torch.empty(self.layout.local_experts, dtype=torch.int32, device=self.device)
-
     def _tail(self, out: dict[str, torch.Tensor | None], counts_dev: torch.Tensor, worst: int, expert_major: bool,
               alignment: int, per_expert: torch.Tensor | None = None, folded: bool = False) -> RecvResult:
         """The ``worst`` rows of a dispatch that does not wait on the host: after the data

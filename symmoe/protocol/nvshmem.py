@@ -315,10 +315,6 @@ class NvshmemPush(Protocol):
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment,
                                  self._bad_info.tolist, out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=plan)
 
-    def _per_expert(self) -> torch.Tensor:
-        """The device's per-local-expert row counts of a num_worst_tokens dispatch."""
-        return torch.empty(self.layout.local_experts, dtype=torch.int32, device=self.device)
-
     def _tail(self, out: dict[str, torch.Tensor | None], counts: torch.Tensor, worst: int, em: bool,
               alignment: int, counts_late: bool = False, per_expert: torch.Tensor | None = None,
               folded: bool = False) -> RecvResult:
