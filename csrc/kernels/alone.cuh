@@ -439,7 +439,7 @@ __device__ __forceinline__ void alone_worst_tail(const AloneArgs& a, const int32
   const bool valid = head >= 0;  // bad ids: no row is valid, every row is filled (the host raises)
   if (blockIdx.x == 0) {
     for (int j = threadIdx.x; j < int(a.lay.num_experts); j += blockDim.x)
-      t.per_expert[j] = valid ? __ldcg(counts_row + 2 + j) : 0;  // W = 1: [T, rows, experts...]
+      t.per_expert[j] = valid ? count_at(counts_row, a.lay, 0, 1 + 1 + j) : 0;  // W = 1: [T, rows, experts...]
     if (threadIdx.x == 0) {
       const bool over = valid && (with_rows > t.worst || with_rows > a.lay.recv_rows);
       record_deferred(t.df, !valid ? kDeferredBadIds : over ? kDeferredCapacity : kDeferredNone, 0,
