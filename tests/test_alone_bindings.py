@@ -62,14 +62,14 @@ def test_alone_routed_launches_nothing_where_it_does_not_apply(mod, case):
 
 
 def test_the_routed_scratch_holds_every_chunk_in_whole_16_byte_words(mod):
-    """Its words: two int64 marks a block, a 16-byte ticket (with the sums' counters), then the
-    totals, the sums and a row a block of 1 + E counts each, rounded up to 4 words; a multiple
-    of 4 words (16 bytes) throughout."""
+    """Its words: two int64 marks a block, a 16-byte ticket (with the sums' counters), the
+    routing's int64 end word in 16 bytes, then the totals, the sums and a row a block of 1 + E
+    counts each, rounded up to 4 words; a multiple of 4 words (16 bytes) throughout."""
     for blocks, experts in ((2, 3), (8, 32), (132, 256)):
         words = mod.routed_scratch_words(blocks, experts)
         stride = (1 + experts + 3) // 4 * 4
         assert words % 4 == 0
-        assert words >= 4 * blocks + 4 + (2 + blocks) * (1 + experts)
-        assert words == 4 * blocks + 4 + (2 + blocks) * stride
+        assert words >= 4 * blocks + 8 + (2 + blocks) * (1 + experts)
+        assert words == 4 * blocks + 8 + (2 + blocks) * stride
     assert mod.routed_scratch_words(9, 32) > mod.routed_scratch_words(8, 32)
     assert mod.routed_scratch_words(8, 36) > mod.routed_scratch_words(8, 32)  # 37 counts take 40 words, 33 take 36

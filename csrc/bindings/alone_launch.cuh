@@ -118,14 +118,14 @@ inline RoutedTail routed_tail(const char* what, bool expert_major, int64_t worst
 // cached dispatch's alone_rows_kernel (launch_alone_args: whole rows, kRowDepth slots a warp),
 // in blocks of kMaxMoverWarps warps for the routing, whose tables go past the mover's slots (as
 // many mover warps as fit beside them). False, launching nothing, where not one fits or the
-// scratch keeps no grid counter (f.sc.summed, sums_readers). `tail`: the repair also does
+// scratch keeps no grid counter (f.sc.summed, sums_readers) or end word (f.sc.ended). `tail`: the repair also does
 // num_worst_tokens' tail (routed_tail).
 template <typename Idx>
 bool launch_alone_rows_routed(AloneArgs a, OwnRouting<Idx> f, int blocks, cudaStream_t s, const RoutedTail& tail,
                               uint64_t* stamps) {
   static const int limit = std::min(alone_smem_limit(alone_rows_routed_kernel<Idx>, "alone_rows_routed_kernel"),
                                     alone_smem_limit(alone_rows_routed_kernel<Idx, true>, "alone_rows_routed_kernel"));
-  if (f.sc.summed == nullptr || f.sc.sums_readers == nullptr) return false;
+  if (f.sc.summed == nullptr || f.sc.sums_readers == nullptr || f.sc.ended == nullptr) return false;
   const int64_t rb = a.lay.row_bytes(), C = int64_t(f.a.W) + f.a.E;  // RoutingArgs::columns() is device-only
   const int64_t tables = 4 * (int64_t(f.stride) + int64_t(kMaxMoverWarps) * C);  // route_chunk's, 16 warps
   MoveCfg m{};
@@ -150,7 +150,7 @@ bool launch_alone_rows_routed(AloneArgs a, OwnRouting<Idx> f, int blocks, cudaSt
   if (e != cudaSuccess)
     throw std::runtime_error(std::string("alone_rows_routed_kernel launch: ") + cudaGetErrorString(e));
   e = launch_following(alone_rows_repair_kernel<Idx>, blocks, kRepairThreads, 0, s, a, f.a,
-                       static_cast<const int32_t*>(f.counts_row), tail);
+                       static_cast<const int32_t*>(f.counts_row), static_cast<const int64_t*>(f.sc.ended), tail);
   if (e != cudaSuccess)
     throw std::runtime_error(std::string("alone_rows_repair_kernel launch: ") + cudaGetErrorString(e));
   return true;
@@ -253,10 +253,11 @@ inline bool launch_alone(const std::vector<int64_t>& layout, bool expert_major, 
 // alone_routed's own routing scratch, zeroed once by the caller, in int32 words for `blocks`
 // blocks and C columns (1 + E alone): the chunks' counted, then placed epochs (int64), the
 // ticket (a 16-byte word: the ticket, the chunks summed into sums, the blocks that read them),
-// the column totals, sums (RouteScratch::sums), then each chunk's counts at stride(C).
+// the routing's end epoch (RouteScratch::ended, int64, in 16 bytes), the column totals, sums
+// (RouteScratch::sums), then each chunk's counts at stride(C).
 struct RoutedScratch {
   static int64_t stride(int64_t C) { return (C + 3) / 4 * 4; }
-  static int64_t words(int64_t blocks, int64_t C) { return 4 * blocks + 4 + (2 + blocks) * stride(C); }
+  static int64_t words(int64_t blocks, int64_t C) { return 4 * blocks + 8 + (2 + blocks) * stride(C); }
   static RouteScratch carve(int32_t* s, int64_t blocks, int64_t C) {
     RouteScratch sc{};
     sc.counted = reinterpret_cast<int64_t*>(s);
@@ -264,7 +265,8 @@ struct RoutedScratch {
     sc.ticket = reinterpret_cast<unsigned int*>(s + 4 * blocks);
     sc.summed = sc.ticket + 1;
     sc.sums_readers = sc.ticket + 2;
-    sc.totals = s + 4 * blocks + 4;
+    sc.ended = reinterpret_cast<int64_t*>(s + 4 * blocks + 4);
+    sc.totals = s + 4 * blocks + 8;
     sc.sums = sc.totals + stride(C);
     sc.part = sc.sums + stride(C);
     return sc;

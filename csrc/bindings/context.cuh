@@ -211,8 +211,8 @@ struct Ctx {
   }
   // Bytes of global routing scratch the caller allocates once, zeroed (RouteScratch: the
   // chunks' counted epochs, then their placed epochs, then the int32 tables; alone, then
-  // the routed kernels' RouteScratch::summed and sums_readers (4 words), sums and its
-  // chunks' counts, own_stride() int32 each, 16-byte aligned).
+  // the routed kernels' RouteScratch::summed and sums_readers and the int64 ended (4 words),
+  // sums and its chunks' counts, own_stride() int32 each, 16-byte aligned).
   int64_t layout_scratch_bytes() const {
     const int64_t B = route_max_blocks();
     return 4 * (L.world_size == 1 ? own_part_words() + 4 + (1 + B) * own_stride() : own_part_words());
@@ -290,6 +290,7 @@ struct Ctx {
     f.sc = route_scratch(scratch, true);
     f.sc.summed = reinterpret_cast<unsigned int*>(scratch + own_part_words());
     f.sc.sums_readers = f.sc.summed + 1;
+    f.sc.ended = reinterpret_cast<int64_t*>(scratch + own_part_words() + 2);  // 8-byte aligned
     f.sc.sums = scratch + own_part_words() + 4;
     f.sc.part = f.sc.sums + own_stride();  // layout_scratch_bytes' last part: 16-byte aligned
     f.stride = own_stride();

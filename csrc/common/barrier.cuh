@@ -80,14 +80,18 @@ __device__ __forceinline__ bool grid_last_block(unsigned int* counter) {
 }
 
 // One thread: spin (gpu-scope acquire) until *p >= target; past timeout_ns record (stage, peer,
-// epoch) and return false. For waits on other blocks of the same grid.
+// epoch) and return false. For waits on other blocks of the same grid. yield_to_error: a wait
+// on another grid, which may have failed and never write *p: false, recording nothing, once the
+// error word is set (a second record would overwrite the first one's stage).
 template <class T>
 __device__ bool wait_at_least_gpu(const T* p, T target, uint64_t timeout_ns, ErrorWord* err, ErrorWord* err_host,
-                                  int stage, int peer, int64_t epoch) {
+                                  int stage, int peer, int64_t epoch, bool yield_to_error = false) {
   const uint64_t start = global_timer_ns();
   uint32_t spins = 0;
   while (ld_acquire_gpu(p) < target) {
-    if ((++spins & 63) == 0 && global_timer_ns() - start > timeout_ns) {
+    if ((++spins & 63) != 0) continue;
+    if (yield_to_error && error_set(err)) return false;
+    if (global_timer_ns() - start > timeout_ns) {
       report_error(err, err_host, stage, peer, epoch);
       return false;
     }

@@ -275,8 +275,9 @@ __device__ __forceinline__ bool route_own_chunk(const AloneArgs& a, const OwnRou
 
 // The routed kernels' routing end, by the block of the last ticket (never a routing one), whole
 // block: once every chunk is counted the bad-id flag is final and the totals are the chunks'
-// sums (summed into `totals`, [f.stride] int32 of shared memory); the counts row and its
-// hand-over to the host (hand_counts). False: a wait expired (recorded).
+// sums (summed into `totals`, [f.stride] int32 of shared memory); the counts row, its
+// hand-over to the host (hand_counts), then the epoch into f.sc.ended (where kept). False: a
+// wait expired (recorded).
 template <typename Idx>
 __device__ __forceinline__ bool routed_end(const AloneArgs& a, const OwnRouting<Idx>& f, int32_t* totals) {
   bool ok = true;
@@ -290,6 +291,10 @@ __device__ __forceinline__ bool routed_end(const AloneArgs& a, const OwnRouting<
   if (threadIdx.x == 0) f.counts_row[0] = bad ? -1 : f.a.T;
   __syncthreads();
   hand_counts(f.counts_row, 1, f.a.E, f.sc.counts_host, f.sc.counts_snap, f.sc.counts_ready, f.epoch, f.sc.summary);
+  if (f.sc.ended != nullptr) {
+    __syncthreads();  // every thread's part of the counts row first (the release is cumulative)
+    if (threadIdx.x == 0) st_release_gpu(f.sc.ended, f.epoch);
+  }
   return true;
 }
 
@@ -430,49 +435,65 @@ struct RoutedTail {
   int64_t epoch;        // the dispatch's, for the record
 };
 
-// Whole grid, after the routed kernel's end (its counts row final: head, with_rows): the
-// per-expert counts and the error record (block 0), and the rows from the received ones to
-// t.worst filled, as recv_tail_kernel does for one rank. The rows the repair moves lie below
-// with_rows, so the fill never meets them.
-__device__ __forceinline__ void alone_worst_tail(const AloneArgs& a, const int32_t* counts_row, int32_t head,
-                                                 int32_t with_rows, const RoutedTail& t) {
-  const bool valid = head >= 0;  // bad ids: no row is valid, every row is filled (the host raises)
-  if (blockIdx.x == 0) {
-    for (int j = threadIdx.x; j < int(a.lay.num_experts); j += blockDim.x)
-      t.per_expert[j] = valid ? count_at(counts_row, a.lay, 0, 1 + 1 + j) : 0;  // W = 1: [T, rows, experts...]
-    if (threadIdx.x == 0) {
-      const bool over = valid && (with_rows > t.worst || with_rows > a.lay.recv_rows);
-      record_deferred(t.df, !valid ? kDeferredBadIds : over ? kDeferredCapacity : kDeferredNone, 0,
-                      over ? with_rows : 0, t.worst, false, t.epoch);
-    }
+// Block 0, once the routing's counts row is final (head, with_rows): the per-expert counts and
+// the error record of num_worst_tokens' tail, as recv_tail_kernel writes them for one rank.
+__device__ __forceinline__ void alone_worst_record(const AloneArgs& a, const int32_t* counts_row, int32_t head,
+                                                   int32_t with_rows, const RoutedTail& t) {
+  const bool valid = head >= 0;  // bad ids: no row is valid (the host raises)
+  for (int j = threadIdx.x; j < int(a.lay.num_experts); j += blockDim.x)
+    t.per_expert[j] = valid ? count_at(counts_row, a.lay, 0, 1 + 1 + j) : 0;  // W = 1: [T, rows, experts...]
+  if (threadIdx.x == 0) {
+    const bool over = valid && (with_rows > t.worst || with_rows > a.lay.recv_rows);
+    record_deferred(t.df, !valid ? kDeferredBadIds : over ? kDeferredCapacity : kDeferredNone, 0,
+                    over ? with_rows : 0, t.worst, false, t.epoch);
   }
-  fill_past_received(TailOutputs{a.o.x, a.o.idx, a.o.w, a.o.src_rank, a.o.src_token, a.o.src_slot},
-                     valid ? with_rows : 0, t.worst, a.lay.row_bytes(), int(a.lay.topk),
-                     int64_t(blockIdx.x) * blockDim.x + threadIdx.x, int64_t(gridDim.x) * blockDim.x);
 }
 
-// Behind alone_rows_routed_kernel (a following launch): once the routing is complete, when
-// fewer tokens have rows than the dispatch has tokens (a token with every slot masked, or rows
-// past the outputs' capacity), each row whose routing position is not t is moved again from x
-// with its ids and weights; with num_worst_tokens (tail.worst) it also does the tail's work
-// (alone_worst_tail). The usual case reads two words and ends; a token without a row early in
-// the batch makes this a second copy of the rows after it (warp_fanout_row's unrolled loads keep
-// enough of them in flight). 128 threads: a block fits beside the routed kernel's (80 registers
-// x 512) in an SM's 64 K registers, so the grid is resident, waiting, as that one ends.
+// Whole grid: rows [first, end) of the outputs filled as reference.pad_recv defines.
+__device__ __forceinline__ void alone_fill(const AloneArgs& a, int64_t first, int64_t end) {
+  fill_past_received(TailOutputs{a.o.x, a.o.idx, a.o.w, a.o.src_rank, a.o.src_token, a.o.src_slot}, first, end,
+                     a.lay.row_bytes(), int(a.lay.topk), int64_t(blockIdx.x) * blockDim.x + threadIdx.x,
+                     int64_t(gridDim.x) * blockDim.x);
+}
+
+// Behind alone_rows_routed_kernel (a following launch, resident as that kernel runs): it starts
+// when the routing's end wrote the counts row (`ended` reaches the routing's epoch), not when
+// that grid ends. With num_worst_tokens (tail.worst) it does the tail's work at once (the
+// per-expert counts, the error record, the fill of rows [T, worst), which the routed kernel never
+// writes). When every token has its row at t (the usual case) nothing else is left and it ends
+// without waiting for the routed kernel's stores: the call ends with the routed grid. Else (a
+// token with every slot masked, or bad ids) it waits for that grid's end, moves again from x
+// each row whose routing position is not t, with its ids and weights, and fills the rows from
+// the valid ones to T. A token without a row early in the batch makes this a second copy of the
+// rows after it (warp_fanout_row's unrolled loads keep enough of them in flight). 128 threads: a
+// block fits beside the routed kernel's (80 registers x 512) in an SM's 64 K registers.
 constexpr int kRepairThreads = 128;
 template <typename Idx>
 __global__ void __launch_bounds__(kRepairThreads) alone_rows_repair_kernel(AloneArgs a, RoutingArgs<Idx> ra,
-                                                                 const int32_t* counts_row, RoutedTail tail) {
+                                                                 const int32_t* counts_row, const int64_t* ended,
+                                                                 RoutedTail tail) {
   // A kernel launched to follow this one waits for this grid's end; its blocks may be scheduled
-  // as the routed kernel's leave, not only once this grid's wait returns.
+  // now, not only once this grid's wait returns.
   start_following_grid();
-  wait_prior_grid();
+  __shared__ bool ok;
+  if (threadIdx.x == 0)  // peer: the chunk past the last, the routing's end
+    ok = wait_at_least_gpu(ended, a.routed.epoch, a.sy.timeout_ns, a.sy.err, a.sy.err_host, kStageRouteChunk,
+                           ra.chunks, a.routed.epoch, /*yield_to_error=*/true);
+  __syncthreads();
+  if (!ok) return;  // a wait expired, here or in the routed kernel (recorded): the host raises
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, PC = 1 + ra.K;
   const int64_t rb = a.lay.row_bytes(), cap = a.o.capacity, T = ra.T;
-  if (error_set(a.sy.err)) return;  // a failed wait: the host raises
   const int32_t head = __ldcg(counts_row), with_rows = __ldcg(counts_row + 1);
-  if (tail.worst > 0) alone_worst_tail(a, counts_row, head, with_rows, tail);
-  if (head < 0 || with_rows == T) return;  // bad ids (the host raises), or every row is at t
+  const int64_t first = head >= 0 ? with_rows : 0;  // the first row past the valid ones (<= T)
+  if (tail.worst > 0) {
+    if (blockIdx.x == 0) alone_worst_record(a, counts_row, head, with_rows, tail);
+    alone_fill(a, T, tail.worst);
+  }
+  if (first == T) return;  // every row at t: none left to move or fill
+  wait_prior_grid();  // rows below T are the routed kernel's until its grid ends
+  if (error_set(a.sy.err)) return;  // a failed wait there: the host raises
+  if (tail.worst > 0) alone_fill(a, first, min(T, tail.worst));
+  if (head < 0) return;  // bad ids: the host raises
   const int nwarps = blockDim.x / 32;
   const int64_t nw = int64_t(gridDim.x) * nwarps;
   for (int64_t t = int64_t(blockIdx.x) * nwarps + warp; t < T; t += nw) {

@@ -56,6 +56,9 @@ struct RouteScratch {  // global scratch of the routing kernels (sized by the ho
   // sums_readers, and the last zeroes all three (AloneArgs::Routed).
   int32_t* sums = nullptr;
   unsigned int *summed = nullptr, *sums_readers = nullptr;
+  // The epoch once the routed kernels' end wrote this rank's counts row (nullptr: not kept): the
+  // W=1 rank-major repair starts on it instead of on that kernel's grid end (alone.cuh).
+  int64_t* ended = nullptr;
 };
 
 // The exchanged counts matrix m ([W][1 + W + E], W <= kMaxSlots) into host-mapped memory

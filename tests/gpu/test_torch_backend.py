@@ -148,6 +148,40 @@ def test_rank_major_rows_a_token_without_a_row_shifts_are_moved_again(hidden, wo
         buf.synchronize()
 
 
+def test_rank_major_worst_outputs_are_final_for_the_next_op_on_the_stream(seed):
+    """World size 1, rank-major, num_worst_tokens: when every token has a row (each keeps slot 0)
+    the repair kernel behind alone_rows_routed_kernel ends on the routing's end word, without
+    waiting for the routed kernel's stores, which run on for tens of µs. The stream must still
+    order those stores before the next op queued on it: 12 dispatches of 4096 tokens at hidden
+    7168, each read by clones queued right after it (no host wait between), must hold the
+    reference's rows, ids, weights and per-expert counts."""
+    from symmoe import reference
+    from symmoe.buffer import Buffer
+    from symmoe.testing import assert_bitwise
+
+    T, E, H, K = 4096, 64, 7168, 8
+    cfg = gpu_config(**{"buffer.hidden": H, "buffer.max_tokens_per_rank": T, "kernel.num_sms": 132,
+                        "buffer.num_experts": E, "buffer.output_layout": "rank"})
+    g = torch.Generator(device="cuda").manual_seed(seed + 581)
+    inputs, snaps = [], []
+    with mock.patch.dict(os.environ, ENV), Buffer(None, from_dict(cfg)) as buf:
+        for _ in range(12):
+            x = torch.randn(T, H, device="cuda", generator=g).to(torch.bfloat16)
+            idx = torch.rand(T, E, device="cuda", generator=g).topk(K, dim=1).indices
+            idx[:, 1:][torch.rand(T, K - 1, device="cuda", generator=g) < 0.3] = -1
+            w = torch.rand(T, K, device="cuda", generator=g)
+            rx, ri, rw, per_expert, _, _ = buf.dispatch(x, idx, w, num_worst_tokens=T)
+            snaps.append((rx.clone(), ri.clone(), rw.clone(), per_expert.clone()))
+            inputs.append((x, idx, w))
+        assert buf._protocol.routed_in_fan_out and buf._protocol._tail_folded
+        buf.synchronize()
+    for i, ((x, idx, w), (sx, si, sw, sp)) in enumerate(zip(inputs, snaps)):
+        r = reference.pad_recv(reference.dispatch([x], [idx], [w], E, "rank").recv[0], T)
+        for name, got, exp in (("x", sx, r.x), ("topk_idx", si, r.topk_idx), ("topk_weights", sw, r.topk_weights)):
+            assert_bitwise(name, got, exp, f"dispatch {i}, read right after it")
+        assert sp.tolist() == r.num_recv_tokens_per_expert.tolist(), (i, sp.tolist())
+
+
 @pytest.mark.parametrize("layout", ["expert", "rank"])
 @pytest.mark.parametrize("num_sms", [8, 132])
 def test_steal_hands_the_later_rounds_to_whichever_block_asks_and_moves_the_same_rows(num_sms, layout, seed):
