@@ -362,7 +362,7 @@ __device__ __forceinline__ bool token_in_rank(const RoutingArgs<Idx>& ra, int64_
 // routing knows; but when every token has one (the usual case) it is t. So each row is stored
 // at once to row t, as if every token had a row (token_in_rank: the inputs' ids), with its ids
 // and weights, and alone_rows_repair_kernel, which follows, moves again the rows the routing's
-// positions put elsewhere (its grid starts after this one's stores: no row is overwritten by a
+// positions put elsewhere (those moves wait for this grid's end: no row is overwritten by a
 // stale one). Blocks take tickets as alone_fan_routed_kernel's: tickets < f.a.chunks route that
 // chunk first (16 warps: the mover's few warps would walk its pairs slowly), the last ticket does
 // the routing's end, and every mover warp then takes tokens one at a time from a grid counter
@@ -377,7 +377,7 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_routed_kern
   uint8_t* smem = dyn_smem();
   [[maybe_unused]] StampTime entered;
   if constexpr (kStamps) entered = StampTime::now();
-  start_following_grid();  // the repair kernel's blocks may be scheduled now; it waits for this grid's end
+  start_following_grid();  // the repair kernel's blocks may be scheduled now: they poll f.sc.ended
   bool dead;
   const int b = routed_ticket<kStamps>(a, f.sc.ticket, entered, dead);
   int32_t* tables = reinterpret_cast<int32_t*>(smem + f.tables_off);  // past the mover's slots
