@@ -435,8 +435,9 @@ struct RoutedTail {
   int64_t epoch;        // the dispatch's, for the record
 };
 
-// Block 0, once the routing's counts row is final (head, with_rows): the per-expert counts and
-// the error record of num_worst_tokens' tail, as recv_tail_kernel writes them for one rank.
+// Whole block (the repair's block 0), once the routing's counts row is final (head, with_rows):
+// the per-expert counts and the error record of num_worst_tokens' tail, as recv_tail_kernel
+// writes them for one rank.
 __device__ __forceinline__ void alone_worst_record(const AloneArgs& a, const int32_t* counts_row, int32_t head,
                                                    int32_t with_rows, const RoutedTail& t) {
   const bool valid = head >= 0;  // bad ids: no row is valid (the host raises)
@@ -476,9 +477,9 @@ __global__ void __launch_bounds__(kRepairThreads) alone_rows_repair_kernel(Alone
   // now, not only once this grid's wait returns.
   start_following_grid();
   __shared__ bool ok;
-  if (threadIdx.x == 0)  // peer: the chunk past the last, the routing's end
-    ok = wait_at_least_gpu(ended, a.routed.epoch, a.sy.timeout_ns, a.sy.err, a.sy.err_host, kStageRouteChunk,
-                           ra.chunks, a.routed.epoch, /*yield_to_error=*/true);
+  if (threadIdx.x == 0)  // peer -1: the routing's end, not a chunk (stall_detail says so)
+    ok = wait_at_least_gpu(ended, a.routed.epoch, a.sy.timeout_ns, a.sy.err, a.sy.err_host, kStageRouteChunk, -1,
+                           a.routed.epoch, /*yield_to_error=*/true);
   __syncthreads();
   if (!ok) return;  // a wait expired, here or in the routed kernel (recorded): the host raises
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, PC = 1 + ra.K;
