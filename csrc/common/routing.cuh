@@ -17,6 +17,7 @@
 #include <cstdint>
 
 #include "ptx.cuh"
+#include "team.cuh"
 
 namespace symmoe {
 
@@ -133,14 +134,14 @@ __device__ __forceinline__ void pair_columns(const RoutingArgs<Idx>& a, int64_t 
   }
 }
 
-// Clears is_token_in_rank for chunk b's tokens (a.in_rank nullptr: none), whole block; the
+// Clears is_token_in_rank for chunk b's tokens (a.in_rank nullptr: none), whole team; the
 // first look at the pairs then marks the (token, rank) hits, after a barrier. A token's first
 // slot owned by a rank is a hit, so the marks are exactly the pairs' rank columns.
-template <typename Idx>
-__device__ __forceinline__ void in_rank_clear(const RoutingArgs<Idx>& a, int b) {
+template <typename Idx, class Team = WholeBlock>
+__device__ __forceinline__ void in_rank_clear(const RoutingArgs<Idx>& a, int b, Team team = {}) {
   if (a.in_rank == nullptr) return;
   const int64_t t0 = a.chunk_begin(b), t1 = a.chunk_begin(b + 1);
-  for (int64_t i = t0 * a.W + threadIdx.x; i < t1 * a.W; i += blockDim.x) a.in_rank[i] = false;
+  for (int64_t i = t0 * a.W + team.tid(); i < t1 * a.W; i += team.size()) a.in_rank[i] = false;
 }
 
 // Pass 1, whole warp: the pairs [start, start + 32) ∩ [.., p1), one per lane, numbered among
@@ -183,7 +184,7 @@ struct NoStep {
   __device__ void operator()(RouteStep) const {}
 };
 
-// Positions of chunk b's pairs, whole block; hist: [nwarps][C] scratch (shared, or global when C
+// Positions of chunk b's pairs, whole team (the block, or the warps of a WarpTeam); hist: [team's warps][C] scratch (shared, or global when C
 // is large). Pass 1 numbers each warp's pairs; then each column's per-warp counts become the
 // warps' starts inside the chunk and its chunk total goes to `total` (nullptr: not kept);
 // `between()` (whole block) then leaves in base[C] the pairs of each column in the chunks
@@ -193,15 +194,15 @@ struct NoStep {
 // kCount: this is the routing's only look at the ids (route_kernel): it also publishes them,
 // checks them and writes is_token_in_rank. sums (nullptr: none): the chunk total is also added
 // there, before `between()`. on_step: each thread at RouteStep::kWalked and kScanned.
-template <bool kCount, typename Idx, typename Between, class OnStep = NoStep>
+template <bool kCount, typename Idx, typename Between, class OnStep = NoStep, class Team = WholeBlock>
 __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int32_t* hist, int32_t* total, int b,
-                            Between&& between, int32_t* sums = nullptr, OnStep on_step = {}) {
+                            Between&& between, int32_t* sums = nullptr, OnStep on_step = {}, Team team = {}) {
   constexpr int kKeep = 2;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, nw = blockDim.x >> 5;
+  const int tid = team.tid(), lane = tid & 31, warp = tid >> 5, nw = team.size() >> 5;
   const int C = a.columns(), PC = a.W + a.K;
-  for (int i = tid; i < nw * C; i += blockDim.x) hist[i] = 0;
-  if (kCount) in_rank_clear(a, b);
-  __syncthreads();
+  for (int i = tid; i < nw * C; i += team.size()) hist[i] = 0;
+  if (kCount) in_rank_clear(a, b, team);
+  team.sync();
   int64_t p0, p1;
   warp_pairs(a, b, warp, nw, p0, p1);
   int32_t* h = hist + int64_t(warp) * C;
@@ -215,8 +216,8 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
     if (q.cr >= 0) a.pos[int64_t(q.t) * PC + q.cr] = q.lr;
   }
   on_step(RouteStep::kWalked);
-  __syncthreads();
-  for (int c = tid; c < C; c += blockDim.x) {
+  team.sync();
+  for (int c = tid; c < C; c += team.size()) {
     int32_t run = 0;
     for (int w = 0; w < nw; ++w) {
       const int32_t v = hist[int64_t(w) * C + c];
@@ -226,10 +227,10 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
     if (total) total[c] = run;
     if (sums && run) atomicAdd(sums + c, run);
   }
-  __syncthreads();
+  team.sync();
   on_step(RouteStep::kScanned);
   if (!between()) return;  // a wait failed: the host raises; no position is written
-  __syncthreads();
+  team.sync();
 #pragma unroll
   for (int s = 0; s < kKeep; ++s)
     if (p0 + 32 * s < p1) place_final(a, base, h, kept[s]);
@@ -240,7 +241,7 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
     if (q.cr >= 0) q.lr = a.pos[int64_t(q.t) * PC + q.cr];
     place_final(a, base, h, q);
   }
-  __syncthreads();
+  team.sync();
 }
 
 // The count pass alone (get_dispatch_layout), whole

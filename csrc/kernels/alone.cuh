@@ -93,13 +93,15 @@ __device__ __forceinline__ void release_sums(const AloneArgs::Routed& r, int n) 
 // Whole warp: token t's chunk of the routing a.routed names is marked placed (lane 0 waits; its
 // acquire is ordered before the other lanes' reads, which must bypass L1: lines of other chunks
 // may lie there). False when the wait expired or an earlier one did (recorded: the host raises).
+// The error word is read only while the mark is missing (the wait's yield): a placed chunk's rows
+// are right whatever failed elsewhere, and round 0's rows wait on this load alone.
 __device__ __forceinline__ bool token_placed(const AloneArgs& a, int64_t t, int lane) {
   const AloneArgs::Routed& r = a.routed;
   const int64_t per = (r.tokens + r.chunks - 1) / r.chunks;  // RoutingArgs::chunk_begin's split
   int placed = 1;
   if (lane == 0)
-    placed = !error_set(a.sy.err) && wait_at_least_gpu(r.placed + t / per, r.epoch, a.sy.timeout_ns, a.sy.err,
-                                                        a.sy.err_host, kStageRouteChunk, int(t / per), r.epoch);
+    placed = wait_at_least_gpu(r.placed + t / per, r.epoch, a.sy.timeout_ns, a.sy.err, a.sy.err_host,
+                               kStageRouteChunk, int(t / per), r.epoch, true);
   __syncwarp();
   return __shfl_sync(0xffffffffu, placed, 0) != 0;
 }
@@ -261,16 +263,19 @@ __device__ __forceinline__ int routed_ticket(AloneArgs& a, unsigned int* word, S
   return ticket;
 }
 
-// Chunk b of the routed kernels' own routing (route_chunk_marked), whole block, its tables at
-// `tables`, with the timeline's walked / scanned / counted marks. False: a wait expired (recorded).
-template <bool kStamps, typename Idx>
-__device__ __forceinline__ bool route_own_chunk(const AloneArgs& a, const OwnRouting<Idx>& f, int b, int32_t* tables) {
+// Chunk b of the routed kernels' own routing (route_chunk_marked), whole team (the block, or the
+// WarpTeam that routes in it), its tables at `tables`, with the timeline's walked / scanned /
+// counted marks. False: a wait expired (recorded).
+template <bool kStamps, typename Idx, class Team = WholeBlock>
+__device__ __forceinline__ bool route_own_chunk(const AloneArgs& a, const OwnRouting<Idx>& f, int b, int32_t* tables,
+                                                Team team = {}) {
   return route_chunk_marked<true>(f.a, f.sc, b, f.stride, tables, f.epoch, a.sy.timeout_ns, a.sy.err, a.sy.err_host,
                                   [&](RouteStep step) {
                                     stamp<kStamps>(a.mc.stamps, step == RouteStep::kWalked    ? kStampWalked
                                                                 : step == RouteStep::kScanned ? kStampScanned
                                                                                               : kStampRoutedCounted);
-                                  });
+                                  },
+                                  team);
 }
 
 // The routed kernels' routing end, by the block of the last ticket (never a routing one), whole
@@ -363,12 +368,14 @@ __device__ __forceinline__ bool token_in_rank(const RoutingArgs<Idx>& ra, int64_
 // at once to row t, as if every token had a row (token_in_rank: the inputs' ids), with its ids
 // and weights, and alone_rows_repair_kernel, which follows, moves again the rows the routing's
 // positions put elsewhere (those moves wait for this grid's end: no row is overwritten by a
-// stale one). Blocks take tickets as alone_fan_routed_kernel's: tickets < f.a.chunks route that
-// chunk first (16 warps: the mover's few warps would walk its pairs slowly), the last ticket does
-// the routing's end, and every mover warp then takes tokens one at a time from a grid counter
-// (a.routed.summed; a.routed.readers counts the blocks done, and the last zeroes both), so the
-// blocks that routed take fewer. Rows past the outputs' capacity are left to the repair (the
-// routing's rows are not known yet; the host raises on bad ids or over capacity).
+// stale one). Blocks take tickets as alone_fan_routed_kernel's: in a block of a ticket <
+// f.a.chunks the warps past the mover's route that chunk (a WarpTeam on a named barrier: the
+// mover's few warps alone would walk its pairs slowly) while its mover warps move rows from the
+// start (session 47: with the whole block routing first, 64 of 132 SMs moved nothing for ~10 µs);
+// the last ticket does the routing's end, and every mover warp takes tokens one at a time from a
+// grid counter (a.routed.summed; a.routed.readers counts the blocks done, and the last zeroes
+// both). Rows past the outputs' capacity are left to the repair (the routing's rows are not known
+// yet; the host raises on bad ids or over capacity).
 // kStamps: the timeline's build, with alone_fan_routed_kernel's marks (planned: the mover set up).
 template <typename Idx, bool kStamps = false>
 __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_routed_kernel(AloneArgs a, OwnRouting<Idx> f) {
@@ -381,14 +388,18 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_routed_kern
   bool dead;
   const int b = routed_ticket<kStamps>(a, f.sc.ticket, entered, dead);
   int32_t* tables = reinterpret_cast<int32_t*>(smem + f.tables_off);  // past the mover's slots
-  bool ok = !dead;
-  if (ok && b < f.a.chunks) ok = route_own_chunk<kStamps>(a, f, b, tables);
-  if (b >= f.a.chunks) stamp<kStamps>(a.mc.stamps, kStampRoutedCounted);  // no chunk: at once
+  if (dead) return;  // the same for the whole block: the host raises
+  const bool routes = b < f.a.chunks, mover = warp < a.mc.warps;
+  // A failed wait there is recorded (the host raises); the team's warps then only go to the end.
+  if (routes && !mover)
+    route_own_chunk<kStamps>(a, f, b, tables, WarpTeam{a.mc.warps, int(blockDim.x) / 32 - a.mc.warps, 1});
+  else
+    stamp<kStamps>(a.mc.stamps, kStampRoutedCounted);  // no chunk: at once
   stamp<kStamps>(a.mc.stamps, kStampTables);
-  if (ok && b == int(gridDim.x) - 1) ok = routed_end(a, f, tables);
+  // Never a routing block: its warps are all at this call.
+  if (b == int(gridDim.x) - 1 && !routed_end(a, f, tables)) return;  // recorded: the host raises
   stamp<kStamps>(a.mc.stamps, kStampBuilt);
-  if (!ok) return;  // recorded: the host raises (the buffer is unusable after a failed wait)
-  if (warp < a.mc.warps) {
+  if (mover) {
     WarpMover mv;
     mv.init(smem + int64_t(warp) * WarpMoverSmem::per_warp_bytes(a.mc.slot_bytes, a.mc.depth), a.mc.slot_bytes,
             a.mc.depth, MoverWatch{a.sy.timeout_ns, a.sy.err, a.sy.err_host, a.sy.epoch});

@@ -4,6 +4,7 @@
 // counts to the host. Each protocol's kernel publishes the counts row in its own way.
 #pragma once
 #include <cstdint>
+#include <type_traits>
 
 #include "../common/barrier.cuh"
 #include "../common/layout.cuh"
@@ -142,16 +143,18 @@ __device__ __forceinline__ void chunk_base(const RouteScratch& sc, int C, int32_
   __syncthreads();
 }
 
-// Whole block: out[c] = sum of part[i * Cp + c] over chunks i < n, for c < Cp (Cp % 4 == 0,
+// Whole team: out[c] = sum of part[i * Cp + c] over chunks i < n, for c < Cp (Cp % 4 == 0,
 // part 16-byte aligned). Each thread keeps one group of 4 columns and every L-th chunk in
-// registers (L: the threads a group gets), 8 vector loads in flight: at 128 chunks of 257 columns
+// registers (L: the threads a group gets), 16 vector loads in flight (the sums wait behind the data
+// kernel's loads: one round of them, not two, at 64 chunks): at 128 chunks of 257 columns
 // chunk_base's scalar loads and shared atomics would take several L2 round trips more.
-__device__ __forceinline__ void chunk_sum_vec(const int32_t* part, int Cp, int n, int32_t* out) {
-  const int G = Cp / 4, L = max(1, int(blockDim.x) / G);
-  for (int c = threadIdx.x; c < Cp; c += blockDim.x) out[c] = 0;
-  __syncthreads();
-  constexpr int kLoads = 8;
-  for (int i = threadIdx.x; i < G * L; i += blockDim.x) {
+template <class Team = WholeBlock>
+__device__ __forceinline__ void chunk_sum_vec(const int32_t* part, int Cp, int n, int32_t* out, Team team = {}) {
+  const int G = Cp / 4, L = max(1, team.size() / G);
+  for (int c = team.tid(); c < Cp; c += team.size()) out[c] = 0;
+  team.sync();
+  constexpr int kLoads = 16;
+  for (int i = team.tid(); i < G * L; i += team.size()) {
     const int g = i % G, j = i / G;
     int4 s = make_int4(0, 0, 0, 0);
     for (int k0 = j; k0 < n; k0 += kLoads * L) {
@@ -180,7 +183,7 @@ __device__ __forceinline__ void chunk_sum_vec(const int32_t* part, int Cp, int n
       atomicAdd(out + 4 * g + 3, s.w);
     }
   }
-  __syncthreads();
+  team.sync();
 }
 
 // Column c's total over every chunk into the layout's per-rank / per-expert counts where
@@ -214,47 +217,49 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingAr
   for (int c = threadIdx.x; c < C; c += blockDim.x) keep_total(a.W, c, sc.totals[c], out_per_rank, out_per_expert);
 }
 
-// Chunk b of a dispatch's routing, whole block (the caller checked its error word): its pairs
+// Chunk b of a dispatch's routing, whole team (the block, or a WarpTeam of it; the caller checked
+// its error word): its pairs
 // numbered inside the chunk (route_chunk's first walk, which also publishes and checks the ids),
 // its counts marked ready (sc.counted), then, once every earlier chunk's are, its positions
 // published after theirs and the chunk marked placed (sc.placed, where kept). The chunks' counts
 // lie `stride` int32 apart in sc.part; kVec: stride % 4 == 0 and their sums are vector loads
-// (chunk_sum_vec), else chunk_base's. tables: base [stride], then the warps' [warps][C]. The
+// (chunk_sum_vec), else chunk_base's (whole block only). tables: base [stride], then the team's
+// warps' [warps][C]. The
 // block of the last chunk also leaves the column totals in sc.totals (each chunk adds its own to
 // sc.sums, where kept, before its counted mark). on_step: each thread at route_chunk's steps and
 // right after the counted mark (the routed kernel's timeline stamps there). False: a wait expired
 // (recorded in the ErrorWord); no position was written.
-template <bool kVec, typename Idx, class OnStep = NoStep>
+template <bool kVec, typename Idx, class OnStep = NoStep, class Team = WholeBlock>
 __device__ bool route_chunk_marked(const RoutingArgs<Idx>& a, const RouteScratch& sc, int b, int stride,
                                    int32_t* tables, int64_t epoch, uint64_t timeout_ns, ErrorWord* err,
-                                   ErrorWord* err_host, OnStep on_step = {}) {
-  const int C = a.columns(), last = (a.chunks ? a.chunks : int(gridDim.x)) - 1;
+                                   ErrorWord* err_host, OnStep on_step = {}, Team team = {}) {
+  static_assert(kVec || std::is_same_v<Team, WholeBlock>, "chunk_base sums for the whole block only");
+  const int C = a.columns(), last = (a.chunks ? a.chunks : int(gridDim.x)) - 1, tid = team.tid();
   int32_t* part = sc.part + int64_t(b) * stride;
   bool placing = false;
   route_chunk<true>(a, tables, tables + stride, part, b, [&] {
-    if (threadIdx.x == 0) {
-      __threadfence();  // cumulative: the block's counts in `part` (and sc.sums) before the marks
+    if (tid == 0) {
+      __threadfence();  // cumulative: the team's counts in `part` (and sc.sums) before the marks
       st_release_gpu(sc.counted + b, epoch);
       if (sc.summed != nullptr) atomicAdd(sc.summed, 1u);
     }
     on_step(RouteStep::kCounted);
     // Chunks before b belong to blocks that took their tickets first: each is running.
     bool ok = true;
-    for (int i = threadIdx.x; i < b && ok; i += blockDim.x)
+    for (int i = tid; i < b && ok; i += team.size())
       ok = wait_at_least_gpu(sc.counted + i, epoch, timeout_ns, err, err_host, kStageRouteChunk, i, epoch);
-    ok = __syncthreads_and(ok) != 0;
-    if (!ok) return false;
+    if (!team.all(ok)) return false;
     if constexpr (kVec)
-      chunk_sum_vec(sc.part, stride, b, tables);
+      chunk_sum_vec(sc.part, stride, b, tables, team);
     else
       chunk_base(sc, C, tables, b);
     if (b == last)
-      for (int c = threadIdx.x; c < C; c += blockDim.x) sc.totals[c] = tables[c] + part[c];
+      for (int c = tid; c < C; c += team.size()) sc.totals[c] = tables[c] + part[c];
     placing = true;
     return true;
-  }, sc.sums, on_step);
+  }, sc.sums, on_step, team);
   // route_chunk's last barrier ordered every thread's positions before this fence.
-  if (placing && sc.placed != nullptr && threadIdx.x == 0) {
+  if (placing && sc.placed != nullptr && tid == 0) {
     __threadfence();
     st_release_gpu(sc.placed + b, epoch);
   }

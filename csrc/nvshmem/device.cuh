@@ -21,10 +21,6 @@ constexpr int kMaxWorld = 64;     // receiver bookkeeping lives in shared memory
 constexpr int kRowsPerWarp = 2;   // rows each warp puts between two tail signals
 
 // ---- small device helpers --------------------------------------------------------------
-__device__ __forceinline__ void named_barrier(int id, int threads) {
-  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
-}
-
 // Rows the signal says have arrived for this epoch (all of them if a later epoch wrote it).
 __device__ __forceinline__ int64_t delivered(uint64_t v, int64_t epoch, int64_t total) {
   const uint64_t e = v >> 32;
