@@ -97,8 +97,8 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
 // a warp; the chunks' sums a few vector loads a thread (at 4096 tokens 64 chunks, so the last
 // sums 63 chunks' counts, and 64 marks to wait for).
 constexpr int64_t kOwnChunkTokens = 64;
-// Warps of the rank-major routed kernel's routing blocks that route at least (beside its mover
-// warps: 3 at the DeepSeek shape, so 13 route there).
+// The fewest warps that route a chunk in a routing block of the rank-major routed kernel (the
+// rest are its mover warps: 3 at the DeepSeek shape, so 13 route there).
 constexpr int kOwnRouteWarps = 8;
 
 // num_worst_tokens' tail for a world-size-1 rank-major dispatch that routes, folded into the
@@ -120,8 +120,8 @@ inline RoutedTail routed_tail(const char* what, bool expert_major, int64_t worst
 // dispatch that routes itself): `a` and `f` as launch_alone_routed's; the mover's geometry of the
 // cached dispatch's alone_rows_kernel (launch_alone_args: whole rows, kRowDepth slots a warp),
 // in blocks of kMaxMoverWarps warps for the routing, whose tables go past the mover's slots (as
-// many mover warps as fit beside them, at most kMaxMoverWarps - kOwnRouteWarps: the rest of a routing
-// block routes its chunk). False, launching nothing, where not one fits or the
+// many mover warps as fit beside them, at most kMaxMoverWarps - kOwnRouteWarps: the rest of a
+// routing block routes its chunk). False, launching nothing, where not one fits or the
 // scratch keeps no grid counter (f.sc.summed, sums_readers) or end word (f.sc.ended). `tail`: the repair also does
 // num_worst_tokens' tail (routed_tail).
 template <typename Idx>

@@ -184,13 +184,13 @@ struct NoStep {
   __device__ void operator()(RouteStep) const {}
 };
 
-// Positions of chunk b's pairs, whole team (the block, or the warps of a WarpTeam); hist: [team's warps][C] scratch (shared, or global when C
-// is large). Pass 1 numbers each warp's pairs; then each column's per-warp counts become the
-// warps' starts inside the chunk and its chunk total goes to `total` (nullptr: not kept);
-// `between()` (whole block) then leaves in base[C] the pairs of each column in the chunks
-// before b, or returns false (a wait failed: no position is written); pass 2 publishes the
-// positions. The first kKeep steps of a warp stay in registers (at 128 tokens a chunk, top-8,
-// 32 warps: one step); later ones park their ranks in `pos`.
+// Positions of chunk b's pairs, whole team (the block, or the warps of a WarpTeam); hist: [the
+// team's warps][C] scratch (shared, or global when C is large). Pass 1 numbers each warp's pairs;
+// then each column's per-warp counts become the warps' starts inside the chunk and its chunk
+// total goes to `total` (nullptr: not kept); `between()` (whole team) then leaves in base[C] the
+// pairs of each column in the chunks before b, or returns false (a wait failed: no position is
+// written); pass 2 publishes the positions. The first kKeep steps of a warp stay in registers (at
+// 128 tokens a chunk, top-8, 32 warps: one step); later ones park their ranks in `pos`.
 // kCount: this is the routing's only look at the ids (route_kernel): it also publishes them,
 // checks them and writes is_token_in_rank. sums (nullptr: none): the chunk total is also added
 // there, before `between()`. on_step: each thread at RouteStep::kWalked and kScanned.

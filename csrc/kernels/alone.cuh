@@ -373,9 +373,9 @@ __device__ __forceinline__ bool token_in_rank(const RoutingArgs<Idx>& ra, int64_
 // mover's few warps alone would walk its pairs slowly) while its mover warps move rows from the
 // start (session 47: with the whole block routing first, 64 of 132 SMs moved nothing for ~9 µs;
 // beside the movers the routing now ends late, near 29 µs of a 33 µs kernel, so it must stay
-// short); the last ticket does the routing's end, and every mover warp takes tokens one at a time from a
-// grid counter (a.routed.summed; a.routed.readers counts the blocks done, and the last zeroes
-// both). Rows past the outputs' capacity are left to the repair (the routing's rows are not known
+// short); the last ticket does the routing's end, and every mover warp takes tokens one at a
+// time from a grid counter (a.routed.summed; a.routed.readers counts the blocks done, and the
+// last zeroes both). Rows past the outputs' capacity are left to the repair (the routing's rows are not known
 // yet; the host raises on bad ids or over capacity).
 // kStamps: the timeline's build, with alone_fan_routed_kernel's marks (planned: the mover set up).
 template <typename Idx, bool kStamps = false>

@@ -217,18 +217,17 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingAr
   for (int c = threadIdx.x; c < C; c += blockDim.x) keep_total(a.W, c, sc.totals[c], out_per_rank, out_per_expert);
 }
 
-// Chunk b of a dispatch's routing, whole team (the block, or a WarpTeam of it; the caller checked
-// its error word): its pairs
-// numbered inside the chunk (route_chunk's first walk, which also publishes and checks the ids),
-// its counts marked ready (sc.counted), then, once every earlier chunk's are, its positions
-// published after theirs and the chunk marked placed (sc.placed, where kept). The chunks' counts
-// lie `stride` int32 apart in sc.part; kVec: stride % 4 == 0 and their sums are vector loads
-// (chunk_sum_vec), else chunk_base's (whole block only). tables: base [stride], then the team's
-// warps' [warps][C]. The
-// block of the last chunk also leaves the column totals in sc.totals (each chunk adds its own to
-// sc.sums, where kept, before its counted mark). on_step: each thread at route_chunk's steps and
-// right after the counted mark (the routed kernel's timeline stamps there). False: a wait expired
-// (recorded in the ErrorWord); no position was written.
+// Chunk b of a dispatch's routing, whole team (the block, or a WarpTeam of it; the caller
+// checked its error word): its pairs numbered inside the chunk (route_chunk's first walk, which
+// also publishes and checks the ids), its counts marked ready (sc.counted), then, once every
+// earlier chunk's are, its positions published after theirs and the chunk marked placed
+// (sc.placed, where kept). The chunks' counts lie `stride` int32 apart in sc.part; kVec: stride %
+// 4 == 0 and their sums are vector loads (chunk_sum_vec), else chunk_base's (whole block only).
+// tables: base [stride], then the team's warps' [warps][C]. The block of the last chunk also
+// leaves the column totals in sc.totals (each chunk adds its own to sc.sums, where kept, before
+// its counted mark). on_step: each thread at route_chunk's steps and right after the counted mark
+// (the routed kernel's timeline stamps there). False: a wait expired (recorded in the ErrorWord);
+// no position was written.
 template <bool kVec, typename Idx, class OnStep = NoStep, class Team = WholeBlock>
 __device__ bool route_chunk_marked(const RoutingArgs<Idx>& a, const RouteScratch& sc, int b, int stride,
                                    int32_t* tables, int64_t epoch, uint64_t timeout_ns, ErrorWord* err,
