@@ -9,6 +9,10 @@
 //   kept   prefetch, then 211 MB of evict-first bulk stores, then the loads
 //   plain  as kept, without the prefetch (the stores alone; what the loads then cost)
 // kept near hot: the rows survive (the later rounds were store-bound); kept near cold: evicted.
+// Each case runs with the L2 set-aside for persisting accesses at 0 (the default, as next/prefetch
+// ran) and at its device maximum (cudaLimitPersistingL2CacheSize): evict-last lines may keep a
+// priority only inside that set-aside (CUDA programming guide, L2 cache control; under MPS only
+// the server's CUDA_DEVICE_DEFAULT_PERSISTING_L2_CACHE_PERCENTAGE_LIMIT sets it).
 // From the repository root on the GPU machine:
 //   nvcc -std=c++17 -O3 -arch=sm_90a -o /tmp/l2_keep results/session48/calls/l2_keep.cu && /tmp/l2_keep
 #include <cuda_runtime.h>
@@ -124,22 +128,32 @@ int main() {
     return double(ms) * 1e3;
   };
   const char* names[] = {"cold", "hot", "kept", "plain"};
-  std::vector<double> us[4];
-  for (int rep = 0; rep < 11; ++rep) {
-    for (int c = 0; c < 4; ++c) {
-      flush_l2();
-      if (c != 0 && c != 3) prefetch_kernel<<<sms, 256>>>(x, later);
-      if (c >= 2) store_kernel<<<sms, kWarps * 32, smem>>>(out, stores);
-      us[c].push_back(timed_load());
+  int l2 = 0, most = 0;
+  CK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, 0));
+  CK(cudaDeviceGetAttribute(&most, cudaDevAttrMaxPersistingL2CacheSize, 0));
+  for (const size_t aside : {size_t(0), size_t(most)}) {
+    CK(cudaDeviceSetLimit(cudaLimitPersistingL2CacheSize, aside));
+    size_t got = 0;
+    CK(cudaDeviceGetLimit(&got, cudaLimitPersistingL2CacheSize));
+    std::vector<double> us[4];
+    for (int rep = 0; rep < 11; ++rep) {
+      for (int c = 0; c < 4; ++c) {
+        flush_l2();
+        if (c != 0 && c != 3) prefetch_kernel<<<sms, 256>>>(x, later);
+        if (c >= 2) store_kernel<<<sms, kWarps * 32, smem>>>(out, stores);
+        us[c].push_back(timed_load());
+      }
     }
-  }
-  CK(cudaGetLastError());
-  std::printf("bulk loads of %lld rows (%.1f MB) after ...; median of 11, us (GB/s)\n", (long long)later,
-              later * kRow / 1e6);
-  for (int c = 0; c < 4; ++c) {
-    std::sort(us[c].begin(), us[c].end());
-    const double m = us[c][us[c].size() / 2];
-    std::printf("  %-6s %8.1f us  (%7.1f GB/s)\n", names[c], m, later * kRow / m / 1e3);
+    CK(cudaGetLastError());
+    CK(cudaCtxResetPersistingL2Cache());
+    std::printf("L2 %d MB, set-aside %.1f MB (max %.1f): bulk loads of %lld rows (%.1f MB) after ...; "
+                "median of 11, us (GB/s)\n",
+                l2 >> 20, got / 1048576.0, most / 1048576.0, (long long)later, later * kRow / 1e6);
+    for (int c = 0; c < 4; ++c) {
+      std::sort(us[c].begin(), us[c].end());
+      const double m = us[c][us[c].size() / 2];
+      std::printf("  %-6s %8.1f us  (%7.1f GB/s)\n", names[c], m, later * kRow / m / 1e3);
+    }
   }
   return 0;
 }
