@@ -364,7 +364,12 @@ enum class Claims { kEven, kClaimed, kGuided };
 // stores), and waits for them to read shared memory before the next phase. kGrid: every block
 // meets the others after its loads and after its stores (grid-wide phases: HBM sees reads, then
 // writes; even rounds only); without, each block only runs its own phases. `ctr`: zero at launch.
-template <bool kGrid, Claims kClaims = Claims::kEven>
+// kIo: what moves, to split the fan-out's time: both (kBoth), the stores alone (kStores: the
+// tiles' stale bytes go to the same rows, no load) or the loads alone (kLoads: nothing written).
+enum class Io { kBoth, kStores, kLoads };
+// kPend > 0: a warp's K stores in groups of one, at most kPend of them still reading its tile
+// (0: all K in one group, as the kernels issue them).
+template <bool kGrid, Claims kClaims = Claims::kEven, Io kIo = Io::kBoth, int kPend = 0>
 __global__ void phased_fan(const uint8_t* src, uint8_t* dst, const int* idx, int64_t N, int K, int64_t R, int rows,
                            unsigned* ctr) {
   static_assert(!kGrid || kClaims == Claims::kEven, "grid-wide phases need every block in every round");
@@ -410,16 +415,22 @@ __global__ void phased_fan(const uint8_t* src, uint8_t* dst, const int* idx, int
     }
     const int64_t row = b0 + warp;
     const bool mine = warp < n && warp < rows;
-    if (mine && lane == 0) {
+    if (mine && lane == 0 && kIo != Io::kStores) {
       mbar_arrive_expect_tx(&bar[warp], uint32_t(R));
       bulk_load(tile + int64_t(warp) * R, src + row * R, uint32_t(R), &bar[warp]);
       while (!mbar_try_wait(&bar[warp], parity)) {
       }
     }
-    if (mine) parity ^= 1u;
+    if (mine && kIo != Io::kStores) parity ^= 1u;
     grid_sync();
-    if (mine && lane == 0) {
-      for (int k = 0; k < K; ++k) bulk_store(dst + int64_t(idx[row * K + k]) * R, tile + int64_t(warp) * R, uint32_t(R));
+    if (mine && lane == 0 && kIo != Io::kLoads) {
+      for (int k = 0; k < K; ++k) {
+        bulk_store(dst + int64_t(idx[row * K + k]) * R, tile + int64_t(warp) * R, uint32_t(R));
+        if (kPend > 0) {
+          bulk_commit();
+          bulk_wait_read<(kPend > 0 ? kPend - 1 : 0)>();
+        }
+      }
       bulk_commit();
       bulk_wait_read_all();
     }
@@ -757,6 +768,20 @@ int main(int argc, char** argv) {
     const double fan_bytes = double(N) * R * (K + 1);  // each row read once, written K times
     const float same = time_us([&] { CK(cudaMemcpyAsync(fref, ybig, int64_t(fan_bytes / 2), cudaMemcpyDeviceToDevice)); }, reps);
     const float ms = time_us([&] { CK(cudaMemsetAsync(fref, 1, N * K * R)); }, reps);
+    {  // the block phases' stores alone, token t's rows being t * K + [0, K): each warp's 8 rows
+       // in one run, a block's 16 tokens' rows in one (against the scattered rows below)
+      std::vector<int> seq_rows(N * K);
+      for (int64_t i = 0; i < N * K; ++i) seq_rows[i] = int(i);
+      CK(cudaMemcpy(out_row, seq_rows.data(), N * K * 4, cudaMemcpyHostToDevice));
+      const int rows = int(std::min<int64_t>(32, (optin - 1024 - 32 * 8) / R));
+      const size_t smem = size_t(rows) * R + 32 * 8;
+      auto kernel = phased_fan<false, Claims::kEven, Io::kStores>;
+      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      const float us = time_us([&] { kernel<<<sms, rows * 32, smem>>>(src, ybig, out_row, N, int(K), R, rows, nullptr); },
+                               reps);
+      std::printf("-- fan-out's stores to sequential rows (token t: rows t * %d + [0, %d))\n", K, K);
+      report("bulk rows in block phases, stores only", us, double(N) * K * R, 0);
+    }
     for (int pat = 0; pat < 2; ++pat) {
       const bool random = pat == 0;
       CK(cudaMemcpy(out_row, (random ? rand_rows : expert_rows).data(), N * K * 4, cudaMemcpyHostToDevice));
@@ -862,7 +887,7 @@ int main(int argc, char** argv) {
       fan_warp(warprow_fanout<7, 0>, "warprow U=7 st", 256, 4);
       // rows_cap: fewer rows a block than fit (the kernels' 15 beside their plan tables: three
       // rounds of 4096 rows on 132 SMs where 16 make two)
-      auto fan_phased = [&](auto kernel, const char* how, int rows_cap = 32) {
+      auto fan_phased = [&](auto kernel, const char* how, int rows_cap = 32, Io io = Io::kBoth) {
         const int rows = int(std::min<int64_t>(rows_cap, (optin - 1024 - 32 * 8) / R));
         const size_t smem = size_t(rows) * R + 32 * 8;
         unsigned* ctr = reinterpret_cast<unsigned*>(diff);
@@ -876,13 +901,24 @@ int main(int argc, char** argv) {
             reps);
         char name[64];
         std::snprintf(name, sizeof name, "bulk rows in %s phases (%d rows)", how, rows);
-        report(name, us, fan_bytes, check(ybig, fref, N * K * R));
+        if (io == Io::kBoth) report(name, us, fan_bytes, check(ybig, fref, N * K * R));
+        else report(name, us, io == Io::kStores ? double(N) * K * R : double(N) * R, 0);  // nothing to check
       };
       fan_phased(phased_fan<true>, "grid");
       fan_phased(phased_fan<false>, "block");
       fan_phased(phased_fan<false>, "block", 15);
       fan_phased(phased_fan<false, Claims::kClaimed>, "claimed block");
       fan_phased(phased_fan<false, Claims::kGuided>, "guided block");
+      // The same block phases split: their stores alone, then their loads alone (session 50).
+      // And with a warp's stores at most 1, 2 or 4 in flight (session 50).
+      fan_phased(phased_fan<false, Claims::kEven, Io::kBoth, 1>, "block, 1 store pending,");
+      fan_phased(phased_fan<false, Claims::kEven, Io::kBoth, 2>, "block, 2 stores pending,");
+      fan_phased(phased_fan<false, Claims::kEven, Io::kBoth, 4>, "block, 4 stores pending,");
+      fan_phased(phased_fan<false, Claims::kEven, Io::kStores, 1>, "block, stores only, 1 pending,", 32, Io::kStores);
+      fan_phased(phased_fan<false, Claims::kEven, Io::kStores, 2>, "block, stores only, 2 pending,", 32, Io::kStores);
+      fan_phased(phased_fan<false, Claims::kEven, Io::kStores>, "block, stores only,", 32, Io::kStores);
+      fan_phased(phased_fan<false, Claims::kClaimed, Io::kStores>, "claimed block, stores only,", 32, Io::kStores);
+      fan_phased(phased_fan<false, Claims::kEven, Io::kLoads>, "block, loads only,", 32, Io::kLoads);
       if (!random) continue;
       fan_mover(uint32_t(R / 2), false);
       fan_ring(std::integral_constant<int, 2>{}, no{}, uint32_t(R), 1);
