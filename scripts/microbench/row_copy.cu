@@ -909,8 +909,8 @@ int main(int argc, char** argv) {
       fan_phased(phased_fan<false>, "block", 15);
       fan_phased(phased_fan<false, Claims::kClaimed>, "claimed block");
       fan_phased(phased_fan<false, Claims::kGuided>, "guided block");
-      // The same block phases split: their stores alone, then their loads alone (session 50).
-      // And with a warp's stores at most 1, 2 or 4 in flight (session 50).
+      // Session 50: the same block phases with a warp's stores at most 1, 2 or 4 in flight,
+      // then split into their stores alone and their loads alone.
       fan_phased(phased_fan<false, Claims::kEven, Io::kBoth, 1>, "block, 1 store pending,");
       fan_phased(phased_fan<false, Claims::kEven, Io::kBoth, 2>, "block, 2 stores pending,");
       fan_phased(phased_fan<false, Claims::kEven, Io::kBoth, 4>, "block, 4 stores pending,");
