@@ -426,9 +426,9 @@ __global__ void phased_fan(const uint8_t* src, uint8_t* dst, const int* idx, int
     if (mine && lane == 0 && kIo != Io::kLoads) {
       for (int k = 0; k < K; ++k) {
         bulk_store(dst + int64_t(idx[row * K + k]) * R, tile + int64_t(warp) * R, uint32_t(R));
-        if (kPend > 0) {
+        if constexpr (kPend > 0) {
           bulk_commit();
-          bulk_wait_read<(kPend > 0 ? kPend - 1 : 0)>();
+          bulk_wait_read<kPend - 1>();
         }
       }
       bulk_commit();
@@ -768,19 +768,33 @@ int main(int argc, char** argv) {
     const double fan_bytes = double(N) * R * (K + 1);  // each row read once, written K times
     const float same = time_us([&] { CK(cudaMemcpyAsync(fref, ybig, int64_t(fan_bytes / 2), cudaMemcpyDeviceToDevice)); }, reps);
     const float ms = time_us([&] { CK(cudaMemsetAsync(fref, 1, N * K * R)); }, reps);
+    // The phased fan-out as the kernels run it, into the rows out_row names (set per pattern).
+    // rows_cap: fewer rows a block than fit (the kernels' 15 beside their plan tables: three
+    // rounds of 4096 rows on 132 SMs where 16 make two)
+    auto fan_phased = [&](auto kernel, const char* how, int rows_cap = 32, Io io = Io::kBoth) {
+      const int rows = int(std::min<int64_t>(rows_cap, (optin - 1024 - 32 * 8) / R));
+      const size_t smem = size_t(rows) * R + 32 * 8;
+      unsigned* ctr = reinterpret_cast<unsigned*>(diff);
+      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+      CK(cudaMemset(ybig, 0, N * K * R));
+      const float us = time_us(
+          [&] {
+            CK(cudaMemsetAsync(ctr, 0, 4));
+            kernel<<<sms, rows * 32, smem>>>(src, ybig, out_row, N, int(K), R, rows, ctr);
+          },
+          reps);
+      char name[64];
+      std::snprintf(name, sizeof name, "bulk rows in %s phases (%d rows)", how, rows);
+      if (io == Io::kBoth) report(name, us, fan_bytes, check(ybig, fref, N * K * R));
+      else report(name, us, io == Io::kStores ? double(N) * K * R : double(N) * R, 0);  // nothing to check
+    };
     {  // the block phases' stores alone, token t's rows being t * K + [0, K): each warp's 8 rows
        // in one run, a block's 16 tokens' rows in one (against the scattered rows below)
       std::vector<int> seq_rows(N * K);
       for (int64_t i = 0; i < N * K; ++i) seq_rows[i] = int(i);
       CK(cudaMemcpy(out_row, seq_rows.data(), N * K * 4, cudaMemcpyHostToDevice));
-      const int rows = int(std::min<int64_t>(32, (optin - 1024 - 32 * 8) / R));
-      const size_t smem = size_t(rows) * R + 32 * 8;
-      auto kernel = phased_fan<false, Claims::kEven, Io::kStores>;
-      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-      const float us = time_us([&] { kernel<<<sms, rows * 32, smem>>>(src, ybig, out_row, N, int(K), R, rows, nullptr); },
-                               reps);
       std::printf("-- fan-out's stores to sequential rows (token t: rows t * %d + [0, %d))\n", K, K);
-      report("bulk rows in block phases, stores only", us, double(N) * K * R, 0);
+      fan_phased(phased_fan<false, Claims::kEven, Io::kStores>, "block, stores only,", 32, Io::kStores);
     }
     for (int pat = 0; pat < 2; ++pat) {
       const bool random = pat == 0;
@@ -885,25 +899,6 @@ int main(int argc, char** argv) {
       fan_ring(std::integral_constant<int, 8>{}, no{}, uint32_t(R / 4), 1);
       fan_ring(std::integral_constant<int, 8>{}, yes{}, uint32_t(R / 4), 1);
       fan_warp(warprow_fanout<7, 0>, "warprow U=7 st", 256, 4);
-      // rows_cap: fewer rows a block than fit (the kernels' 15 beside their plan tables: three
-      // rounds of 4096 rows on 132 SMs where 16 make two)
-      auto fan_phased = [&](auto kernel, const char* how, int rows_cap = 32, Io io = Io::kBoth) {
-        const int rows = int(std::min<int64_t>(rows_cap, (optin - 1024 - 32 * 8) / R));
-        const size_t smem = size_t(rows) * R + 32 * 8;
-        unsigned* ctr = reinterpret_cast<unsigned*>(diff);
-        CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-        CK(cudaMemset(ybig, 0, N * K * R));
-        const float us = time_us(
-            [&] {
-              CK(cudaMemsetAsync(ctr, 0, 4));
-              kernel<<<sms, rows * 32, smem>>>(src, ybig, out_row, N, int(K), R, rows, ctr);
-            },
-            reps);
-        char name[64];
-        std::snprintf(name, sizeof name, "bulk rows in %s phases (%d rows)", how, rows);
-        if (io == Io::kBoth) report(name, us, fan_bytes, check(ybig, fref, N * K * R));
-        else report(name, us, io == Io::kStores ? double(N) * K * R : double(N) * R, 0);  // nothing to check
-      };
       fan_phased(phased_fan<true>, "grid");
       fan_phased(phased_fan<false>, "block");
       fan_phased(phased_fan<false>, "block", 15);
