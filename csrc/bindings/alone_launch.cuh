@@ -121,7 +121,8 @@ inline RoutedTail routed_tail(const char* what, bool expert_major, int64_t worst
 // cached dispatch's alone_rows_kernel (launch_alone_args: whole rows, kRowDepth slots a warp),
 // in blocks of kMaxMoverWarps warps for the routing, whose tables go past the mover's slots (as
 // many mover warps as fit beside them, at most kMaxMoverWarps - kOwnRouteWarps: the rest of a
-// routing block routes its chunk). False, launching nothing, where not one fits or the
+// routing block routes its chunk, and all of it where the host waits for the counts: the
+// scratch's counts_ready is set, OwnRouting::route_first). False, launching nothing, where not one fits or the
 // scratch keeps no grid counter (f.sc.summed, sums_readers) or end word (f.sc.ended). `tail`: the repair also does
 // num_worst_tokens' tail (routed_tail).
 template <typename Idx>
@@ -141,6 +142,7 @@ bool launch_alone_rows_routed(AloneArgs a, OwnRouting<Idx> f, int blocks, cudaSt
   m.warps = std::min(m.warps, kMaxMoverWarps - kOwnRouteWarps);  // a routing block's other warps route
   f.tables_off = int64_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth);  // 128-byte aligned
   f.delayed = 0;
+  f.route_first = f.sc.counts_ready != nullptr;  // the host waits for the counts
   const size_t smem = size_t(f.tables_off + tables);
   a.mc = m;
   a.mc.stamps = stamps;

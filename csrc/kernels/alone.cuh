@@ -234,6 +234,10 @@ struct OwnRouting {
   int64_t tables_off;
   int delayed;
   int32_t* counts_row;
+  // Rank-major: a routing block's mover warps route its chunk too before they move rows, so the
+  // counts reach the host early (the host waits for them: exact-size outputs); else they move
+  // rows from the start beside the routing warps (alone_rows_routed_kernel).
+  bool route_first = false;
 };
 
 // The routed kernel's timeline has no loop end of its own (its rounds end on their stores'
@@ -373,7 +377,9 @@ __device__ __forceinline__ bool token_in_rank(const RoutingArgs<Idx>& ra, int64_
 // mover's few warps alone would walk its pairs slowly) while its mover warps move rows from the
 // start (session 47: with the whole block routing first, 64 of 132 SMs moved nothing for ~9 µs;
 // beside the movers the routing now ends late, near 29 µs of a 33 µs kernel, so it must stay
-// short); the last ticket does the routing's end, and every mover warp takes tokens one at a
+// short). Where the host waits for the counts (exact-size outputs: f.route_first) the whole
+// block routes first after all, as before session 47: the counts then come early, and the host's
+// work after its wait runs under the rows' copy instead of after the kernel. The last ticket does the routing's end, and every mover warp takes tokens one at a
 // time from a grid counter (a.routed.summed; a.routed.readers counts the blocks done, and the
 // last zeroes both). Rows past the outputs' capacity are left to the repair (the routing's rows are not known
 // yet; the host raises on bad ids or over capacity).
@@ -392,9 +398,10 @@ __global__ void __launch_bounds__(kMaxMoverWarps * 32, 1) alone_rows_routed_kern
   if (dead) return;  // the same for the whole block: the host raises
   const bool routes = b < f.a.chunks, mover = warp < a.mc.warps;
   // A failed wait there is recorded (the host raises); the team's warps then only go to the end.
-  if (routes && !mover)
-    route_own_chunk<kStamps>(a, f, b, tables, WarpTeam{a.mc.warps, int(blockDim.x) / 32 - a.mc.warps, 1});
-  else
+  if (routes && (f.route_first || !mover)) {
+    const int first = f.route_first ? 0 : a.mc.warps;
+    route_own_chunk<kStamps>(a, f, b, tables, WarpTeam{first, int(blockDim.x) / 32 - first, 1});
+  } else
     stamp<kStamps>(a.mc.stamps, kStampRoutedCounted);  // no chunk: at once
   stamp<kStamps>(a.mc.stamps, kStampTables);
   // Never a routing block: its warps are all at this call.

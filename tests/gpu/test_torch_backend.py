@@ -93,8 +93,10 @@ def test_alone_dispatch_routes_inside_its_fan_out_kernel(hidden, num_sms, layout
     1 chunk (2 blocks), 3 chunks of up to 683 tokens, 11 steps a warp (4 blocks), or up to 32
     chunks of 64 tokens (132 blocks, or as many as the GPU has). At hidden 7168 the routing's
     tables lie over the last two rows of a block, which load once it is done. Expert-major each
-    row goes to its slots' rows, rank-major to its one row. Rows, the handle's cached dispatch
-    and num_worst_tokens outputs must be the reference's."""
+    row goes to its slots' rows, rank-major to its one row (at exact sizes, where the host waits
+    for the counts, a routing block's mover warps route too before they move; with
+    num_worst_tokens they move from the start). Rows, the handle's cached dispatch and
+    num_worst_tokens outputs must be the reference's."""
     cfg = gpu_config(**{"buffer.hidden": hidden, "buffer.max_tokens_per_rank": 2048, "kernel.num_sms": num_sms,
                         "buffer.output_layout": layout})
     n, layouts = 4, (layout,)
