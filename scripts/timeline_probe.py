@@ -10,6 +10,8 @@ stamps in registers (push 80, pull 96, no spills), where the kernels of a normal
                timeline.ROUTED_PHASES, each mark on the grid's clock too, and block by block in
                ticket order): where its time over the cached dispatch goes (rank-major with
                num_worst_tokens: no host wait)
+    --exact    with --routed: the exact-size dispatch instead (the host waits for the counts;
+               the last ticket's "built" mark is when it handed them over)
 """
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--variant", action="append", default=[], help="k=v,k=v: every kernel again with these")
     p.add_argument("--routed", action="store_true", help="the W=1 dispatch that routes (its routed kernel)")
+    p.add_argument("--exact", action="store_true", help="with --routed: exact sizes (the host waits for the counts)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
     os.environ.setdefault("TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES", "1")
@@ -46,8 +49,8 @@ def main() -> None:
     out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "commit": os.environ.get("SYMMOE_COMMIT", "unknown"), "device": torch.cuda.get_device_name(0),
            "command": "python scripts/timeline_probe.py " + " ".join(
-               f"--{k} {v}" for k, v in vars(a).items() if k not in ("json", "variant", "routed"))
-           + (" --routed" if a.routed else "")
+               f"--{k} {v}" for k, v in vars(a).items() if k not in ("json", "variant", "routed", "exact"))
+           + (" --routed" if a.routed else "") + (" --exact" if a.exact else "")
            + "".join(f" --variant {v}" for v in a.variant),
            "copy_us": copy_us, "kernels": {}}
     lines = [f"copy of the rank-major bytes (dst.copy_): {copy_us:.1f} us (event)"]
@@ -60,8 +63,8 @@ def main() -> None:
             pr = buf._protocol
             mod, ctx = pr.mod, pr.ctx
             _, handle = pr.dispatch(x, idx, w, layout, 1)
-            if a.routed:  # rank-major with num_worst_tokens: no host wait in the event time
-                worst = x.shape[0] if layout == "rank" else 0
+            if a.routed:  # rank-major with num_worst_tokens unless --exact: no host wait in the event time
+                worst = x.shape[0] if layout == "rank" and not a.exact else 0
                 call = lambda: pr.dispatch(x, idx, w, layout, 1, worst)  # noqa: E731
             else:
                 call = lambda: pr.dispatch_cached(x, handle)  # noqa: E731
