@@ -122,9 +122,9 @@ inline RoutedTail routed_tail(const char* what, bool expert_major, int64_t worst
 // in blocks of kMaxMoverWarps warps for the routing, whose tables go past the mover's slots (as
 // many mover warps as fit beside them, at most kMaxMoverWarps - kOwnRouteWarps: the rest of a
 // routing block routes its chunk, and all of it where the host waits for the counts: the
-// scratch's counts_ready is set, OwnRouting::route_first). False, launching nothing, where not one fits or the
-// scratch keeps no grid counter (f.sc.summed, sums_readers) or end word (f.sc.ended). `tail`: the repair also does
-// num_worst_tokens' tail (routed_tail).
+// scratch's counts_ready is set, OwnRouting::route_first). False, launching nothing, where not
+// one fits or the scratch keeps no grid counter (f.sc.summed, sums_readers) or end word
+// (f.sc.ended). `tail`: the repair also does num_worst_tokens' tail (routed_tail).
 template <typename Idx>
 bool launch_alone_rows_routed(AloneArgs a, OwnRouting<Idx> f, int blocks, cudaStream_t s, const RoutedTail& tail,
                               uint64_t* stamps) {
