@@ -40,6 +40,9 @@ def main() -> None:
     p.add_argument("--exact", action="store_true", help="with --routed: exact sizes (the host waits for the counts)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
+    if a.exact and not a.routed:
+        p.error("--exact times the routed kernel at exact sizes: it needs --routed (the cached dispatch has no "
+                "host wait to time)")
     os.environ.setdefault("TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES", "1")
     from symmoe.buffer import Buffer
 
@@ -49,8 +52,8 @@ def main() -> None:
     out = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
            "commit": os.environ.get("SYMMOE_COMMIT", "unknown"), "device": torch.cuda.get_device_name(0),
            "command": "python scripts/timeline_probe.py " + " ".join(
-               f"--{k} {v}" for k, v in vars(a).items() if k not in ("json", "variant", "routed", "exact"))
-           + (" --routed" if a.routed else "") + (" --exact" if a.exact else "")
+               f"--{k}" if v is True else f"--{k} {v}" for k, v in vars(a).items()
+               if k not in ("json", "variant") and v is not False)
            + "".join(f" --variant {v}" for v in a.variant),
            "copy_us": copy_us, "kernels": {}}
     lines = [f"copy of the rank-major bytes (dst.copy_): {copy_us:.1f} us (event)"]
