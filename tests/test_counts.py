@@ -105,6 +105,24 @@ def test_dispatch_result_views_this_ranks_rows_and_keeps_its_own_copy_of_the_mat
     assert handle.counts.numpy().tolist() == published.tolist()
 
 
+@pytest.mark.parametrize("layout", ["rank", "expert"])
+def test_a_rank_that_receives_every_output_row_gets_the_outputs_themselves(layout):
+    """No slice where it would cut nothing: the usual world-size-1 case, where the host's
+    work after its wait bounds the exact-size dispatch."""
+    lay, inputs, counts = _case(1, CHECK_ROUTINGS[0], seed=8, align=1)
+    mine = inputs[0]
+    rows = int(received_rows(lay, counts, 0, layout, 1)[0][0])
+    out = {k: (v[:rows] if k != "expert_offsets" and v is not None else v)  # sized as the receiver's rows
+           for k, v in _worst_case_outputs(lay, layout).items()}
+    in_rank = torch.ones((mine.x.shape[0], 1), dtype=torch.bool)
+    recv, handle = summarized_result(lay, summary_of(counts, 0, 1, lay.local_experts), counts, 0, layout, 1,
+                                     lambda: pytest.fail("read only for bad ids"), out, mine.topk_idx,
+                                     mine.topk_weights, in_rank, 3)
+    assert rows > 0 and recv.x is out["x"] and recv.topk_idx is out["idx"] and recv.topk_weights is out["w"]
+    assert recv.src_rank is out["src_rank"] and recv.src_token is out["src_token"]
+    assert handle.recv_src_slot is out["src_slot"] and handle.num_recv_rows == rows
+
+
 @pytest.mark.parametrize("W", [1, 2, 4])
 @pytest.mark.parametrize("alignment", [1, 4])
 def test_the_routing_kernel_s_summary_holds_what_received_rows_reduces(W, alignment):
