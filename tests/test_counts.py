@@ -11,7 +11,7 @@ import torch
 from symmoe import reference
 from symmoe.config import Config
 from symmoe.errors import CapacityError, InputError
-from symmoe.protocol.counts import (SUMMARY_HEAD, bad_input_error, cached_rows, check_summary_head, deferred_error,
+from symmoe.protocol.counts import (SUMMARY_HEAD, Guess, bad_input_error, cached_rows, check_summary_head, deferred_error,
                                     dispatch_result, received_rows, summarized_result, summary_of)
 from symmoe.testing import CHECK_ROUTINGS, _tokens_per_rank
 from symmoe.workload import make_inputs
@@ -121,6 +121,73 @@ def test_a_rank_that_receives_every_output_row_gets_the_outputs_themselves(layou
     assert rows > 0 and recv.x is out["x"] and recv.topk_idx is out["idx"] and recv.topk_weights is out["w"]
     assert recv.src_rank is out["src_rank"] and recv.src_token is out["src_token"]
     assert handle.recv_src_slot is out["src_slot"] and handle.num_recv_rows == rows
+
+
+def _same_result(a, b) -> None:
+    (recv, handle), (want, want_handle) = a, b
+    for f in ("x", "topk_idx", "topk_weights", "num_recv_tokens_per_expert", "src_rank", "src_token"):
+        x, y = getattr(recv, f), getattr(want, f)
+        assert x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y), f
+    for f in ("output_layout", "num_tokens", "num_recv_rows", "buffer_id", "alignment", "num_worst_tokens"):
+        assert getattr(handle, f) == getattr(want_handle, f), f
+    for f in ("topk_idx", "counts", "recv_src_rank", "recv_src_token", "recv_src_slot"):
+        assert torch.equal(getattr(handle, f), getattr(want_handle, f)), f
+    assert handle.recv_counts[:2] == want_handle.recv_counts[:2]
+    assert torch.equal(handle.recv_counts[2], want_handle.recv_counts[2])
+
+
+@pytest.mark.parametrize("layout", ["rank", "expert"])
+def test_a_result_guessed_before_the_wait_is_the_result_it_guessed_or_is_not_used(layout):
+    """World size 1: the host builds the result for unmasked routing before its counts wait;
+    after it, that result is returned only when its rows are the received ones, with the
+    counts copied in (the mapped memory is the next dispatch's)."""
+    used = []
+    for n, routing in enumerate(CHECK_ROUTINGS):
+        lay, inputs, counts = _case(1, routing, seed=400 + n, align=1)
+        mine, in_rank = inputs[0], torch.ones((inputs[0].x.shape[0], 1), dtype=torch.bool)
+        args = (_worst_case_outputs(lay, layout), mine.topk_idx, mine.topk_weights, in_rank, 6)
+        summary = summary_of(counts, 0, 1, lay.local_experts)
+        guess = Guess.of(lay, layout, 1, *args, None)
+        got = summarized_result(lay, summary, counts, 0, layout, 1, lambda: pytest.fail("no bad ids"), *args, None,
+                                guess)
+        _same_result(got, summarized_result(lay, summary, counts, 0, layout, 1, lambda: (0, 0, 0, 0), *args))
+        rows = int(received_rows(lay, counts, 0, layout, 1)[0][0])
+        assert (got[0] is guess.recv and got[1] is guess.handle) == (rows == guess.rows), routing
+        used.append(rows == guess.rows)
+        published = counts.copy()
+        counts[:] = -7
+        summary[:] = -7
+        assert got[1].counts.numpy().tolist() == published.tolist(), routing
+        assert got[0].num_recv_tokens_per_expert.tolist() == received_rows(lay, published, 0, layout, 1)[1].tolist()
+    assert any(used) and not all(used), used  # both ways taken ("masked" must not be guessed)
+
+
+def test_a_guess_is_made_only_where_the_rows_are_known_up_to_masked_pairs():
+    for W, layout, alignment, known in ((1, "rank", 4, True), (1, "expert", 1, True), (1, "expert", 4, False),
+                                        (2, "rank", 1, False), (2, "expert", 1, False)):
+        lay, inputs, _ = _case(W, CHECK_ROUTINGS[0], seed=9, align=alignment)
+        mine = inputs[0]
+        in_rank = torch.ones((mine.x.shape[0], W), dtype=torch.bool)
+        guess = Guess.of(lay, layout, alignment, _worst_case_outputs(lay, layout), mine.topk_idx, mine.topk_weights,
+                         in_rank, 1, None)
+        assert (guess is not None) == known, (W, layout, alignment)
+        if known:
+            T, K = mine.topk_idx.shape
+            assert guess.rows == (T if layout == "rank" else T * K)
+
+
+def test_a_guess_does_not_hide_bad_ids_or_a_receiver_over_capacity():
+    lay, inputs, counts = _case(1, CHECK_ROUTINGS[0], seed=10, align=1, **{"buffer.recv_capacity": 8})
+    mine, in_rank = inputs[0], torch.ones((inputs[0].x.shape[0], 1), dtype=torch.bool)
+    args = (_worst_case_outputs(lay, "rank"), mine.topk_idx, mine.topk_weights, in_rank, 6)
+    guess = Guess.of(lay, "rank", 1, *args, None)
+    with pytest.raises(CapacityError, match="recv_capacity"):
+        summarized_result(lay, summary_of(counts, 0, 1, lay.local_experts), counts, 0, "rank", 1,
+                          lambda: (0, 0, 0, 0), *args, None, guess)
+    counts[0, 0] = -1  # the routing kernel rejected this rank's ids
+    with pytest.raises(InputError, match="expert id 99"):
+        summarized_result(lay, summary_of(counts, 0, 1, lay.local_experts), counts, 0, "rank", 1,
+                          lambda: (1, 2, 0, 99), *args, None, guess)
 
 
 @pytest.mark.parametrize("W", [1, 2, 4])

@@ -73,8 +73,8 @@ from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots, fan_phases_mode, stall_detail, stream_handle, usable_sms
-from .counts import (SUMMARY_HEAD, cached_rows, check_summary_head, deferred_error, make_handle, recv_views,
-                     summarized_result)
+from .counts import (SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
+                     recv_views, summarized_result)
 
 MAX_LOCAL_EXPERTS = 4096  # the data kernels keep per-expert tables in shared memory
 
@@ -310,11 +310,12 @@ class _CudaProtocol(Protocol):
 
         # The data kernel keeps the GPU busy meanwhile; what needs no counts is done before.
         topk_idx = topk_idx.long()  # the handle's (a launch for int32 ids)
+        guess = Guess.of(lay, output_layout, alignment, out, topk_idx, topk_weights, in_rank, self.buffer_id, cache)
         self._wait_counts(self._counts_event,
                           lambda max_s: self.mod.wait_mapped(self._counts_ready[0], epoch, self._err[0], max_s))
         self.check()
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment, self._bad_record,
-                                 out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=cache)
+                                 out, topk_idx, topk_weights, in_rank, self.buffer_id, cache, guess)
 
     def _push_stream_blocks(self, config: Config, mem: SymmetricMemory) -> int:
         """Blocks of the streamed push, 0 for push then unpack (``stream_blocks``)."""

@@ -75,8 +75,8 @@ from .. import build
 from ..errors import ConfigError, InputError, StallError
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots, fan_phases_mode, stream_handle, usable_sms
-from .counts import (SUMMARY_HEAD, cached_rows, check_summary_head, deferred_error, make_handle, recv_views,
-                     summarized_result)
+from .counts import (SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
+                     recv_views, summarized_result)
 
 # Stage codes, as in csrc/common/layout.cuh (enum Stage).
 STAGES = {"dispatch.counts": 1, "dispatch.data": 2, "combine.data": 4, "combine.done": 5, "barrier": 6,
@@ -309,11 +309,13 @@ class NvshmemPush(Protocol):
 
         # The one host wait; the data kernel runs meanwhile. What needs no counts is done before.
         topk_idx = topk_idx.long()  # the handle's (a launch for int32 ids)
+        guess = Guess.of(lay, output_layout, alignment, out, topk_idx, topk_weights, in_rank, self.buffer_id, plan)
         ready, err = self._counts_ready.data_ptr(), self.err.data_ptr()
         self._wait_counts(self._counts_event, lambda max_s: self.ext.wait_mapped(ready, epoch, err, max_s))
         raise_if_failed(self.mem, "dispatch.counts")
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment,
-                                 self._bad_info.tolist, out, topk_idx, topk_weights, in_rank, self.buffer_id, cache=plan)
+                                 self._bad_info.tolist, out, topk_idx, topk_weights, in_rank, self.buffer_id, plan,
+                                 guess)
 
     def _tail(self, out: dict[str, torch.Tensor | None], counts: torch.Tensor, worst: int, em: bool,
               alignment: int, counts_late: bool = False, per_expert: torch.Tensor | None = None,
