@@ -125,11 +125,12 @@ class _Clock:
         self._align()
         if self.cuda:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            stream = torch.cuda.current_stream(self.device)  # before the call: its end waits for no lookup
             if self.sleep:
                 torch.cuda._sleep(self.sleep)
-            start.record()
+            start.record(stream)
             out = fn(*args, **kwargs)
-            end.record()
+            end.record(stream)
             return out, (start, end)
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
