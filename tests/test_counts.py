@@ -123,11 +123,15 @@ def test_a_rank_that_receives_every_output_row_gets_the_outputs_themselves(layou
     assert handle.recv_src_slot is out["src_slot"] and handle.num_recv_rows == rows
 
 
+def _same_recv(recv, want) -> None:
+    for f in ("x", "topk_idx", "topk_weights", "num_recv_tokens_per_expert", "src_rank", "src_token"):
+        a, b = getattr(recv, f), getattr(want, f)
+        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), f
+
+
 def _same_result(a, b) -> None:
     (recv, handle), (want, want_handle) = a, b
-    for f in ("x", "topk_idx", "topk_weights", "num_recv_tokens_per_expert", "src_rank", "src_token"):
-        x, y = getattr(recv, f), getattr(want, f)
-        assert x.shape == y.shape and x.dtype == y.dtype and torch.equal(x, y), f
+    _same_recv(recv, want)
     for f in ("output_layout", "num_tokens", "num_recv_rows", "buffer_id", "alignment", "num_worst_tokens"):
         assert getattr(handle, f) == getattr(want_handle, f), f
     for f in ("topk_idx", "counts", "recv_src_rank", "recv_src_token", "recv_src_slot"):
@@ -217,9 +221,7 @@ def test_a_result_from_the_summary_is_the_result_from_the_matrix(layout):
     recv, handle = summarized_result(lay, summary_of(counts, 0, 4, lay.local_experts), counts, 0, layout, 4,
                                      lambda: pytest.fail("read only for bad ids"), *args)
     want, want_handle = dispatch_result(lay, counts, 0, layout, 4, lambda: (0, 0, 0, 0), *args)
-    for f in ("x", "topk_idx", "topk_weights", "num_recv_tokens_per_expert", "src_rank", "src_token"):
-        a, b = getattr(recv, f), getattr(want, f)
-        assert a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b), f
+    _same_recv(recv, want)
     assert handle.num_recv_rows == want_handle.num_recv_rows > 0
     assert torch.equal(handle.counts, want_handle.counts) and torch.equal(handle.recv_src_slot, want_handle.recv_src_slot)
     counts[:] = -7  # the mapped memory is rewritten by the next dispatch

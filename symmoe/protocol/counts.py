@@ -172,8 +172,7 @@ def make_handle(output_layout: str, topk_idx: torch.Tensor, topk_weights: torch.
 
 def head(t: torch.Tensor, n: int) -> torch.Tensor:
     """The first ``n`` rows of ``t``: ``t`` itself where that is all of them. A slice costs the
-    host 1-2 µs, and a dispatch takes seven after its wait; at world size 1 they usually keep
-    every row."""
+    host 1-2 µs and a result takes seven; at world size 1 they usually keep every row."""
     return t if t.shape[0] == n else t[:n]
 
 
