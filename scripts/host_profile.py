@@ -124,8 +124,11 @@ def after_wait_costs(proto, dispatch, calls: int = 200, sleep_cycles: int = 0) -
         mod.summarized_result = real
 
     behind = f", behind a {sleep_cycles}-cycle sleep" if sleep_cycles else ""
+    # A result the wait filled (counts.Guess) needs no summarized_result.
+    of_it = (f"{_median_p90(inner)} ({len(inner)} of the calls; the others' result was filled by the wait)"
+             if inner else f"not called: the wait filled all {calls} results")
     return (f"    after the wait, whole   {_median_p90(whole)} (median / p90, {calls} calls{behind})\n"
-            f"    of it summarized_result {_median_p90(inner)}")
+            f"    of it summarized_result {of_it}")
 
 
 class _TimedCalls:

@@ -70,6 +70,12 @@ def bench_config(protocol: str = "pull", num_sms: int = 132, **over: Any) -> Con
     return Config().replace(**d)
 
 
+def _host_phases(marks: list[tuple[float, tuple[float, float] | None, float]]) -> list[tuple[float, float, float]]:
+    """Each dispatch's host seconds before / in / after its counts wait (HOST_PHASES), from its
+    marks (entry, the wait's start and end, return); dispatches without a wait are left out."""
+    return [(w[0] - t0, w[1] - w[0], t1 - w[1]) for t0, w, t1 in marks if w is not None]
+
+
 def _time(fn: Callable[[], Any], warmup: int, repeats: int, sleep_cycles: int, sync: Callable[[], None],
           host: list[float] | None = None, align: Callable[[], None] | None = None) -> list[float]:
     """GPU seconds per call (events); ``host`` receives the host's wall seconds per call.
@@ -261,14 +267,14 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
         ys = {}
         for layout in opts["layouts"]:
             state: dict[str, Any] = {}
-            phases: list[tuple[float, float, float]] = []  # each dispatch's host time before / in / after its wait
+            # Each dispatch's marks: entry, its wait's (start, end), return. Split only later, so
+            # the timed call's host is not kept from its end event by the bookkeeping.
+            marks: list[tuple[float, tuple[float, float] | None, float]] = []
 
             def dispatch() -> None:
                 t0 = time.perf_counter()
                 state["d"] = proto.dispatch(x, idx, w, layout, b.expert_alignment)
-                if proto.wait_marks is not None:
-                    w0, w1 = proto.wait_marks
-                    phases.append((w0 - t0, w1 - w0, time.perf_counter() - w1))
+                marks.append((t0, proto.wait_marks, time.perf_counter()))
 
             def combine() -> None:
                 recv, handle = state["d"]
@@ -284,17 +290,17 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
             fns = {"dispatch": dispatch, "combine": combine, "cached_dispatch": cached}
             if layout == "rank":
                 fns["worst_dispatch"] = worst
-            mark = len(phases)
+            mark = len(marks)
             gpu = {op: _time(f, warmup, repeats, sleep, sync, align=align) for op, f in fns.items()}
-            timed_phases = phases[mark:][-repeats:]  # the timed dispatches: their waits began during the sleep
+            timed_phases = _host_phases(marks[mark:])[-repeats:]  # the timed dispatches: their waits began during the sleep
             # The host's wall time per call, without the sleep kernel in front (with it, the
             # dispatch's wait for the counts would include the sleep): for dispatch the launches,
             # the wait for the routing kernels and the work after it; for combine the launches.
             host: dict[str, list[float]] = {op: [] for op in fns}
-            first = len(phases)  # the dispatches of this pass, the only ones timed without the sleep
+            first = len(marks)  # the dispatches of this pass, the only ones timed without the sleep
             for op, f in fns.items():
                 _time(f, 1, repeats, 0, sync, host[op])
-            host_phases = phases[first:]
+            host_phases = _host_phases(marks[first:])
             recv, handle = state["d"]
             rows = recv.x.shape[0]
             real = int((recv.src_rank >= 0).sum())

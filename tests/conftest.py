@@ -17,6 +17,15 @@ def seed() -> int:
     return SESSION_SEED
 
 
+@pytest.fixture(scope="session")
+def cuda_module():
+    """symmoe_cuda, built here (skipped without nvcc): its host-only bindings run without a GPU."""
+    from symmoe import build
+    if build.nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    return build.load("symmoe_cuda")
+
+
 def _has_gpu() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
 

@@ -5,6 +5,7 @@ raise with the same decision on every rank, and the results are views of the wor
 outputs with a handle that keeps its own copy of the matrix."""
 import dataclasses
 
+import numpy as np
 import pytest
 import torch
 
@@ -140,11 +141,24 @@ def _same_result(a, b) -> None:
     assert torch.equal(handle.recv_counts[2], want_handle.recv_counts[2])
 
 
+def _wait(mod, lay, summary: np.ndarray, counts: np.ndarray, guess: Guess, stage: int = 0, deferred: int = 0) -> int:
+    """What the dispatch's wait (host_wait.h's CountsWait) does for ``guess`` once the counts are
+    in, over plain host memory standing in for the mapped words: the ready word at the epoch,
+    the ErrorWord's stage and the DeferredError's kind as given."""
+    epoch = 3
+    ready, err, record = np.array([epoch], np.int64), np.array([stage, 0, 0, 0], np.int64), np.zeros(6, np.int64)
+    record[0] = deferred
+    w = mod.CountsWait(ready.ctypes.data, err.ctypes.data, record.ctypes.data, summary.ctypes.data, SUMMARY_HEAD,
+                       counts.ctypes.data, counts.size, lay.local_experts, lay.recv_rows)
+    return w.wait(epoch, 5.0, *guess.target)
+
+
+@pytest.mark.build
 @pytest.mark.parametrize("layout", ["rank", "expert"])
-def test_a_result_guessed_before_the_wait_is_the_result_it_guessed_or_is_not_used(layout):
-    """World size 1: the host builds the result for unmasked routing before its counts wait;
-    after it, that result is returned only when its rows are the received ones, with the
-    counts copied in (the mapped memory is the next dispatch's)."""
+def test_the_wait_fills_a_guessed_result_exactly_where_its_rows_are_the_received_ones(cuda_module, layout):
+    """World size 1: the host builds the result for unmasked routing before its counts wait.
+    The wait fills it, copying the counts out of the mapped memory (the next dispatch's), only
+    when its rows are the received ones; it is then the result built after the wait."""
     used = []
     for n, routing in enumerate(CHECK_ROUTINGS):
         lay, inputs, counts = _case(1, routing, seed=400 + n, align=1)
@@ -152,17 +166,17 @@ def test_a_result_guessed_before_the_wait_is_the_result_it_guessed_or_is_not_use
         args = (_worst_case_outputs(lay, layout), mine.topk_idx, mine.topk_weights, in_rank, 6)
         summary = summary_of(counts, 0, 1, lay.local_experts)
         guess = Guess.of(lay, layout, 1, *args, None)
-        got = summarized_result(lay, summary, counts, 0, layout, 1, lambda: pytest.fail("no bad ids"), *args, None,
-                                guess)
-        _same_result(got, summarized_result(lay, summary, counts, 0, layout, 1, lambda: (0, 0, 0, 0), *args))
+        got = _wait(cuda_module, lay, summary, counts, guess)
         rows = int(received_rows(lay, counts, 0, layout, 1)[0][0])
-        assert (got[0] is guess.recv and got[1] is guess.handle) == (rows == guess.rows), routing
-        used.append(rows == guess.rows)
-        published = counts.copy()
-        counts[:] = -7
-        summary[:] = -7
-        assert got[1].counts.numpy().tolist() == published.tolist(), routing
-        assert got[0].num_recv_tokens_per_expert.tolist() == received_rows(lay, published, 0, layout, 1)[1].tolist()
+        assert got == (cuda_module.COUNTS_FILLED if rows == guess.rows else cuda_module.COUNTS_READY), routing
+        used.append(got == cuda_module.COUNTS_FILLED)
+        if used[-1]:
+            want = summarized_result(lay, summary, counts, 0, layout, 1, lambda: pytest.fail("no bad ids"), *args)
+            published = counts.copy()
+            counts[:] = -7
+            summary[:] = -7
+            _same_result((guess.recv, guess.handle), want)
+            assert guess.handle.counts.numpy().tolist() == published.tolist(), routing
     assert any(used) and not all(used), used  # both ways taken ("masked" must not be guessed)
 
 
@@ -180,18 +194,28 @@ def test_a_guess_is_made_only_where_the_rows_are_known_up_to_masked_pairs():
             assert guess.rows == (T if layout == "rank" else T * K)
 
 
-def test_a_guess_does_not_hide_bad_ids_or_a_receiver_over_capacity():
-    lay, inputs, counts = _case(1, CHECK_ROUTINGS[0], seed=10, align=1, **{"buffer.recv_capacity": 8})
+@pytest.mark.build
+def test_the_wait_leaves_bad_ids_a_receiver_over_capacity_and_failures_to_the_host_s_checks(cuda_module):
+    """A guess is filled only where nothing is to be raised: otherwise the wait says the counts
+    are in and the host reads them (and raises) as without a guess."""
+    lay, inputs, counts = _case(1, CHECK_ROUTINGS[0], seed=10, align=1)
     mine, in_rank = inputs[0], torch.ones((inputs[0].x.shape[0], 1), dtype=torch.bool)
     args = (_worst_case_outputs(lay, "rank"), mine.topk_idx, mine.topk_weights, in_rank, 6)
     guess = Guess.of(lay, "rank", 1, *args, None)
+    summary = summary_of(counts, 0, 1, lay.local_experts)
+    assert _wait(cuda_module, lay, summary, counts, guess) == cuda_module.COUNTS_FILLED  # the checks below can fail
+    assert _wait(cuda_module, lay, summary, counts, guess, stage=1) == cuda_module.COUNTS_READY  # a device wait expired
+    assert _wait(cuda_module, lay, summary, counts, guess, deferred=2) == cuda_module.COUNTS_READY  # an earlier error
+
+    tight, _, _ = _case(1, CHECK_ROUTINGS[0], seed=10, align=1, **{"buffer.recv_capacity": 8})
+    assert _wait(cuda_module, tight, summary, counts, guess) == cuda_module.COUNTS_READY
     with pytest.raises(CapacityError, match="recv_capacity"):
-        summarized_result(lay, summary_of(counts, 0, 1, lay.local_experts), counts, 0, "rank", 1,
-                          lambda: (0, 0, 0, 0), *args, None, guess)
+        summarized_result(tight, summary, counts, 0, "rank", 1, lambda: (0, 0, 0, 0), *args)
     counts[0, 0] = -1  # the routing kernel rejected this rank's ids
+    summary = summary_of(counts, 0, 1, lay.local_experts)
+    assert _wait(cuda_module, lay, summary, counts, guess) == cuda_module.COUNTS_READY
     with pytest.raises(InputError, match="expert id 99"):
-        summarized_result(lay, summary_of(counts, 0, 1, lay.local_experts), counts, 0, "rank", 1,
-                          lambda: (1, 2, 0, 99), *args, None, guess)
+        summarized_result(lay, summary, counts, 0, "rank", 1, lambda: (1, 2, 0, 99), *args)
 
 
 @pytest.mark.parametrize("W", [1, 2, 4])

@@ -1,62 +1,65 @@
-"""The host's one wait of a GPU dispatch (csrc/bindings/host_wait.h): it spins on a word the
-routing kernel sets in host-mapped memory, returns as soon as the word holds the dispatch's
-epoch or a device wait recorded a failure, gives up after its time so the caller can ask the
-stream whether it faulted, and lets other Python threads run meanwhile. Plain host memory
-stands in for the mapped words: the helper never calls CUDA."""
+"""The host's one wait of a GPU dispatch (csrc/bindings/host_wait.h's CountsWait): it spins on
+a word the routing kernel sets in host-mapped memory, returns as soon as the word holds the
+dispatch's epoch or a device wait recorded a failure, gives up after its time so the caller
+can ask the stream whether it faulted, and lets other Python threads run meanwhile. Plain host
+memory stands in for the mapped words: the helper never calls CUDA. What it does with a guessed
+result once the counts are in: tests/test_counts.py."""
 import threading
 import time
 
 import numpy as np
 import pytest
 
-from symmoe import build
+from symmoe.protocol.counts import NO_GUESS, SUMMARY_HEAD
 
 pytestmark = pytest.mark.build
 
 
-@pytest.fixture(scope="module")
-def mod():
-    if build.nvcc_path() is None:
-        pytest.skip("nvcc not found")
-    return build.load("symmoe_cuda")
+class Words:
+    """The ready word and the ErrorWord (stage first), and the wait over them."""
+
+    def __init__(self, mod):
+        self.ready, self.err = np.zeros(1, np.int64), np.zeros(4, np.int64)
+        self.summary, self.counts = np.zeros(SUMMARY_HEAD + 4, np.int32), np.zeros(6, np.int32)
+        self._wait = mod.CountsWait(self.ready.ctypes.data, self.err.ctypes.data, 0, self.summary.ctypes.data,
+                                    SUMMARY_HEAD, self.counts.ctypes.data, self.counts.size, 4, 64)
+
+    def wait(self, epoch: int, max_s: float) -> int:
+        return self._wait.wait(epoch, max_s, *NO_GUESS)
 
 
-def _words():
-    return np.zeros(1, np.int64), np.zeros(4, np.int64)  # ready word, ErrorWord (stage first)
-
-
-def test_returns_false_after_its_time_when_nothing_arrives(mod):
-    ready, err = _words()
-    ready[0] = 6  # an earlier dispatch's epoch is not this one's
+def test_it_times_out_after_its_time_when_nothing_arrives(cuda_module):
+    w = Words(cuda_module)
+    w.ready[0] = 6  # an earlier dispatch's epoch is not this one's
     t0 = time.perf_counter()
-    assert mod.wait_mapped(ready.ctypes.data, 7, err.ctypes.data, 0.05) is False
+    assert w.wait(7, 0.05) == cuda_module.COUNTS_TIMED_OUT == 0  # falsy: the caller asks the stream
     assert 0.05 <= time.perf_counter() - t0 < 1.0
 
 
-def test_returns_true_when_the_word_holds_the_epoch(mod):
-    ready, err = _words()
-    ready[0] = 7
-    assert mod.wait_mapped(ready.ctypes.data, 7, err.ctypes.data, 5.0) is True
+def test_the_counts_are_ready_when_the_word_holds_the_epoch(cuda_module):
+    w = Words(cuda_module)
+    w.ready[0] = 7
+    assert w.wait(7, 5.0) == cuda_module.COUNTS_READY
 
 
-def test_returns_true_when_a_device_wait_recorded_a_failure(mod):
-    ready, err = _words()
-    err[0] = 1  # stage "dispatch.counts": the caller reads the word and raises StallError
+def test_it_returns_when_a_device_wait_recorded_a_failure(cuda_module):
+    w = Words(cuda_module)
+    w.err[0] = 1  # stage "dispatch.counts": the caller reads the word and raises StallError
     t0 = time.perf_counter()
-    assert mod.wait_mapped(ready.ctypes.data, 7, err.ctypes.data, 5.0) is True
+    assert w.wait(7, 5.0) == cuda_module.COUNTS_READY
     assert time.perf_counter() - t0 < 1.0
 
 
-def test_other_threads_run_while_it_spins(mod):
-    ready, err = _words()
+def test_other_threads_run_while_it_spins(cuda_module):
+    w = Words(cuda_module)
 
     def writer():  # needs the GIL: a wait that held it would run out its 5 s
         time.sleep(0.02)
-        ready[0] = 7
+        w.ready[0] = 7
 
     th = threading.Thread(target=writer)
     th.start()
     t0 = time.perf_counter()
-    assert mod.wait_mapped(ready.ctypes.data, 7, err.ctypes.data, 5.0) is True
+    assert w.wait(7, 5.0) == cuda_module.COUNTS_READY
     assert time.perf_counter() - t0 < 1.0
     th.join()

@@ -545,7 +545,7 @@ void bind_context(py::module_& m, Init init) {
                               py::arg("dispatch.phase") = int(kStageFanPhase),
                               py::arg("dispatch.route") = int(kStageRouteChunk));
   m.attr("DEFERRED") = py::dict(py::arg("capacity") = int(kDeferredCapacity), py::arg("bad_ids") = int(kDeferredBadIds));
-  bind_wait_mapped(m);
+  bind_counts_wait(m);
   m.def("host_alloc_mapped", [](size_t nbytes) {
     void* h = nullptr;
     check(cudaHostAlloc(&h, nbytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");

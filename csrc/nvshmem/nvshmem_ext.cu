@@ -330,7 +330,7 @@ PYBIND11_MODULE(symmoe_nvshmem, m) {
   m.def("ptr", [](int64_t addr, int pe) {
     return static_cast<int64_t>(reinterpret_cast<uintptr_t>(nvshmem_ptr(reinterpret_cast<void*>(addr), pe)));
   });
-  symmoe::bind_wait_mapped(m);
+  symmoe::bind_counts_wait(m);
   m.def("route", &launch_route);
   m.def("reset_error", &reset_error);
   // The kernels' device mirror of the ErrorWord: kernels of other modules launched for this

@@ -105,18 +105,20 @@ class Protocol(ABC):
     def __init__(self, mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int):
         self.mem, self.layout, self.config, self.buffer_id = mem, layout, config, buffer_id
 
-    def _wait_counts(self, event: torch.cuda.Event, wait_mapped: Callable[[float], bool]) -> None:
-        """The one host wait of a GPU dispatch, with its marks. ``wait_mapped(max_s)`` spins on
-        the host-mapped word the routing kernel sets once the counts matrix is in host memory
-        (True also when a device wait failed: the caller checks the error word). Every max_s
-        without it the stream is asked (``event``, recorded after the data kernel): a fault
-        raises there, and a finished data kernel means the routing's matrix is in place.
-        Spinning wakes within a microsecond; ``event.synchronize()`` woke tens of µs after the
-        kernel."""
+    def _wait_counts(self, event: torch.cuda.Event, wait: Callable[[float], int]) -> int:
+        """The one host wait of a GPU dispatch, with its marks; returns what ``wait`` last did
+        (host_wait.h's CountsWait.wait: COUNTS_TIMED_OUT, COUNTS_READY or COUNTS_FILLED).
+        ``wait(max_s)`` spins on the host-mapped word the routing kernel sets once the counts
+        matrix is in host memory (ready also when a device wait failed: the caller checks the
+        error word). Every max_s without it the stream is asked (``event``, recorded after the
+        data kernel): a fault raises there, and a finished data kernel means the routing's
+        matrix is in place. Spinning wakes within a microsecond; ``event.synchronize()`` woke
+        tens of µs after the kernel."""
         t0 = time.perf_counter()
-        while not wait_mapped(1e-3) and not event.query():
+        while not (got := wait(1e-3)) and not event.query():
             pass
         self.wait_marks = (t0, time.perf_counter())
+        return got
 
     @abstractmethod
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:

@@ -64,23 +64,26 @@ def summary_of(counts: np.ndarray, rank: int, alignment: int, local_experts: int
 
 class Guess:
     """An exact-size dispatch's result built before its counts wait, for the rows it is likely
-    to receive; the wait then only checks the guess and copies the counts in. At world size 1
-    those rows are known up to masked pairs (rank-major: the tokens; expert-major with
-    alignment 1: the pairs), and the host's work after the wait, not the kernel, bounded the
-    call: 21-58 µs of views and handle on the GPU machine's host (session 53 A, GPU idle)
-    against the ~21 µs the kernel has left once its counts are out. Where the guess is wrong
-    (masked pairs) it cost only host time before the wait."""
+    to receive. At world size 1 those rows are known up to masked pairs (rank-major: the
+    tokens; expert-major with alignment 1: the pairs), and the host's work after the wait, not
+    the kernel, bounded the call: 21-58 µs of views and handle on the GPU machine's host
+    (session 53 A, GPU idle) against the ~21 µs the kernel has left once its counts are out.
+    The wait itself (host_wait.h's CountsWait, given ``target``) checks the summary and, where
+    the received rows are the guessed ones, copies the counts and the per-expert counts into
+    this result's tensors. Where the guess is wrong (masked pairs) it cost only host time
+    before the wait."""
 
     def __init__(self, lay: BufferLayout, rows: int, output_layout: str, alignment: int,
                  out: dict[str, torch.Tensor | None], topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                  in_rank: torch.Tensor, buffer_id: int, cache: Any):
         self.rows = rows
         counts = torch.empty((lay.world_size, 1 + lay.world_size + lay.num_experts), dtype=torch.int32)
-        per_expert = torch.empty(lay.local_experts, dtype=torch.int32)
-        self._counts, self._per_expert = counts.numpy(), per_expert.numpy()  # filled once the counts are in
+        per_expert = torch.empty(lay.local_experts, dtype=torch.int32)  # both filled by the wait
         self.recv = recv_views(out, rows, per_expert)
         self.handle = make_handle(output_layout, topk_idx, topk_weights, in_rank, counts, out, self.recv, buffer_id,
                                   alignment, cache, 0, (rows, rows, per_expert))
+        # CountsWait.wait's (rows, expert_major, counts_dst, per_expert_dst)
+        self.target = (rows, output_layout == "expert", counts.data_ptr(), per_expert.data_ptr())
 
     @staticmethod
     def of(lay: BufferLayout, output_layout: str, alignment: int, out: dict[str, torch.Tensor | None],
@@ -92,28 +95,24 @@ class Guess:
         rows = topk_idx.shape[0] * (topk_idx.shape[1] if output_layout == "expert" else 1)
         return Guess(lay, rows, output_layout, alignment, out, topk_idx, topk_weights, in_rank, buffer_id, cache)
 
-    def result(self, summary: np.ndarray, counts: np.ndarray) -> tuple[RecvResult, DispatchHandle]:
-        np.copyto(self._counts, counts)
-        np.copyto(self._per_expert, summary[SUMMARY_HEAD:SUMMARY_HEAD + self._per_expert.shape[0]])
-        return self.recv, self.handle
+
+NO_GUESS = (0, False, 0, 0)  # CountsWait.wait's target without a guess: it only waits
 
 
 def summarized_result(lay: BufferLayout, summary: np.ndarray, counts: np.ndarray, rank: int, output_layout: str,
                       alignment: int, bad_info: Callable[[], Sequence[int]], out: dict[str, torch.Tensor | None],
                       topk_idx: torch.Tensor, topk_weights: torch.Tensor, in_rank: torch.Tensor, buffer_id: int,
-                      cache: Any = None, guess: Guess | None = None) -> tuple[RecvResult, DispatchHandle]:
+                      cache: Any = None) -> tuple[RecvResult, DispatchHandle]:
     """``dispatch_result`` (exact outputs) from the routing kernel's ``summary`` (``summary_of``):
     five words and this rank's per-expert counts instead of reducing the matrix on the host,
     which is left to do only when something must be raised (bad ids, a receiver over
-    capacity). The host does this after its wait, while only the data kernel hides it;
-    ``guess`` (built before the wait) is the result when its rows are the received ones."""
+    capacity). The host does this after its wait, while only the data kernel hides it,
+    unless the wait filled a ``Guess``."""
     bad, rank_rows, rank_most, expert_rows, expert_most = summary[:5].tolist()
     rows, most = (rank_rows, rank_most) if output_layout == "rank" else (expert_rows, expert_most)
     if bad or not lay.fits(most):  # the matrix names the bad rank or the receiver over
         return dispatch_result(lay, counts, rank, output_layout, alignment, bad_info, out, topk_idx, topk_weights,
                                in_rank, buffer_id, cache)
-    if guess is not None and guess.rows == rows == most:
-        return guess.result(summary, counts)
     per_expert = torch.from_numpy(summary[SUMMARY_HEAD:SUMMARY_HEAD + lay.local_experts].copy())
     recv = recv_views(out, rows, per_expert)
     return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, torch.from_numpy(counts.copy()), out,

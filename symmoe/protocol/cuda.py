@@ -73,7 +73,7 @@ from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots, fan_phases_mode, stall_detail, stream_handle, usable_sms
-from .counts import (SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
+from .counts import (NO_GUESS, SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
                      recv_views, summarized_result)
 
 MAX_LOCAL_EXPERTS = 4096  # the data kernels keep per-expert tables in shared memory
@@ -197,6 +197,10 @@ class _CudaProtocol(Protocol):
         # check()'s views of the two host-mapped records, made once: it runs twice a dispatch
         self._deferred_rec = (ctypes.c_int64 * 6).from_address(self._deferred[0])
         self._err_rec = (ctypes.c_int64 * 4).from_address(self._err[0])
+        self._counts_wait = self.mod.CountsWait(self._counts_ready[0], self._err[0], self._deferred[0], self._summary[0],
+                                                SUMMARY_HEAD, self._counts_mapped[0], cells, layout.local_experts,
+                                                layout.recv_rows)
+        self._filled = self.mod.COUNTS_FILLED
         offs = layout.offsets()
         self._offs = offs
         self._base = mem.local.data_ptr()
@@ -311,11 +315,13 @@ class _CudaProtocol(Protocol):
         # The data kernel keeps the GPU busy meanwhile; what needs no counts is done before.
         topk_idx = topk_idx.long()  # the handle's (a launch for int32 ids)
         guess = Guess.of(lay, output_layout, alignment, out, topk_idx, topk_weights, in_rank, self.buffer_id, cache)
-        self._wait_counts(self._counts_event,
-                          lambda max_s: self.mod.wait_mapped(self._counts_ready[0], epoch, self._err[0], max_s))
+        target = guess.target if guess is not None else NO_GUESS
+        if self._wait_counts(self._counts_event,
+                             lambda max_s: self._counts_wait.wait(epoch, max_s, *target)) == self._filled:
+            return guess.recv, guess.handle  # the wait found nothing to raise
         self.check()
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment, self._bad_record,
-                                 out, topk_idx, topk_weights, in_rank, self.buffer_id, cache, guess)
+                                 out, topk_idx, topk_weights, in_rank, self.buffer_id, cache)
 
     def _push_stream_blocks(self, config: Config, mem: SymmetricMemory) -> int:
         """Blocks of the streamed push, 0 for push then unpack (``stream_blocks``)."""

@@ -75,7 +75,7 @@ from .. import build
 from ..errors import ConfigError, InputError, StallError
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots, fan_phases_mode, stream_handle, usable_sms
-from .counts import (SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
+from .counts import (NO_GUESS, SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
                      recv_views, summarized_result)
 
 # Stage codes, as in csrc/common/layout.cuh (enum Stage).
@@ -203,6 +203,12 @@ class NvshmemPush(Protocol):
         self._summary = torch.zeros(SUMMARY_HEAD + layout.local_experts, dtype=torch.int32, pin_memory=True)
         # numpy views of the two, made once: a dispatch reads them right after its host wait
         self._counts_np, self._summary_np = self._counts_host.numpy(), self._summary.numpy()
+        # The wait reads the error word as raise_if_failed does after it; the deferred record
+        # is _raise_if_failed's at the call's start.
+        self._counts_wait = self.ext.CountsWait(self._counts_ready.data_ptr(), self.err.data_ptr(), 0,
+                                                self._summary.data_ptr(), SUMMARY_HEAD, self._counts_host.data_ptr(),
+                                                self._counts_host.numel(), layout.local_experts, layout.recv_rows)
+        self._filled = self.ext.COUNTS_FILLED
         # DeferredError of a dispatch without the host wait (num_worst_tokens; kernels/tail.cuh)
         self._deferred = torch.zeros(8, dtype=torch.int64, pin_memory=True)
         # Peers reachable by load/store get plain stores; the others puts, which read their
@@ -310,12 +316,13 @@ class NvshmemPush(Protocol):
         # The one host wait; the data kernel runs meanwhile. What needs no counts is done before.
         topk_idx = topk_idx.long()  # the handle's (a launch for int32 ids)
         guess = Guess.of(lay, output_layout, alignment, out, topk_idx, topk_weights, in_rank, self.buffer_id, plan)
-        ready, err = self._counts_ready.data_ptr(), self.err.data_ptr()
-        self._wait_counts(self._counts_event, lambda max_s: self.ext.wait_mapped(ready, epoch, err, max_s))
+        target = guess.target if guess is not None else NO_GUESS
+        if self._wait_counts(self._counts_event,
+                             lambda max_s: self._counts_wait.wait(epoch, max_s, *target)) == self._filled:
+            return guess.recv, guess.handle  # the wait found nothing to raise
         raise_if_failed(self.mem, "dispatch.counts")
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment,
-                                 self._bad_info.tolist, out, topk_idx, topk_weights, in_rank, self.buffer_id, plan,
-                                 guess)
+                                 self._bad_info.tolist, out, topk_idx, topk_weights, in_rank, self.buffer_id, plan)
 
     def _tail(self, out: dict[str, torch.Tensor | None], counts: torch.Tensor, worst: int, em: bool,
               alignment: int, counts_late: bool = False, per_expert: torch.Tensor | None = None,
