@@ -76,7 +76,7 @@ class CountsWait {
 };
 
 inline void bind_counts_wait(pybind11::module_& m) {
-  pybind11::class_<CountsWait>(m, "CountsWait")
+  pybind11::class_<CountsWait>(m, "CountsWait", pybind11::module_local())  // both extensions bind it
       .def(pybind11::init<uintptr_t, uintptr_t, uintptr_t, uintptr_t, int64_t, uintptr_t, int64_t, int64_t, int64_t>(),
            pybind11::arg("ready"), pybind11::arg("err_host"), pybind11::arg("deferred_host"), pybind11::arg("summary"),
            pybind11::arg("head"), pybind11::arg("counts"), pybind11::arg("counts_words"),
