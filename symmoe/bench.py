@@ -29,6 +29,10 @@ worst-case size; the same bytes, and the CUDA protocols skip the host wait.
 ``host_us``: the host's wall time inside a call, timed in a second pass without the sleep;
 ``dispatch_host_phases``: that pass's dispatch split at its counts wait (before / in / after);
 ``dispatch_host_phases_timed``: the same split of the timed dispatches (their wait spans the sleep).
+Every timed call's result (a dispatch's: the one it replaces) is released after the end event,
+plain torch's too: a training step keeps its results (a dispatch's handle until the backward),
+and freeing the previous result's tensors took the host 7.6 µs on a CPU-only machine (session
+54), which an exact-size dispatch would otherwise pay between its counts wait and its end.
 
 Several ranks on one GPU (MPS) all get the same active thread percentage, whatever the
 backend (``launch.mps_share``); the roofline is measured by the launching process on the whole
@@ -95,10 +99,11 @@ def _time(fn: Callable[[], Any], warmup: int, repeats: int, sleep_cycles: int, s
             align()
         start.record(stream)
         t0 = time.perf_counter()
-        fn()
+        done = fn()
         t1 = time.perf_counter()
         end.record(stream)
         end.synchronize()
+        del done  # released after the end event (see the module's docstring)
         out.append(start.elapsed_time(end) * 1e-3)
         if host is not None:
             host.append(t1 - t0)
@@ -271,20 +276,23 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
             # the timed call's host is not kept from its end event by the bookkeeping.
             marks: list[tuple[float, tuple[float, float] | None, float]] = []
 
-            def dispatch() -> None:
+            # Each returns what its call released (_time frees it after the end event).
+            def dispatch() -> Any:
                 t0 = time.perf_counter()
-                state["d"] = proto.dispatch(x, idx, w, layout, b.expert_alignment)
+                d = proto.dispatch(x, idx, w, layout, b.expert_alignment)
                 marks.append((t0, proto.wait_marks, time.perf_counter()))
+                old, state["d"] = state.get("d"), d
+                return old
 
-            def combine() -> None:
+            def combine() -> Any:
                 recv, handle = state["d"]
-                proto.combine(recv.x, handle, None)
+                return proto.combine(recv.x, handle, None)
 
-            def cached() -> None:  # dispatch(x, handle=...): the routing of the last dispatch
-                proto.dispatch_cached(x, state["d"][1])
+            def cached() -> Any:  # dispatch(x, handle=...): the routing of the last dispatch
+                return proto.dispatch_cached(x, state["d"][1])
 
-            def worst() -> None:  # DeepEP V1's num_worst_tokens: no host wait on the CUDA protocols
-                proto.dispatch(x, idx, w, layout, b.expert_alignment, world_size * T)
+            def worst() -> Any:  # DeepEP V1's num_worst_tokens: no host wait on the CUDA protocols
+                return proto.dispatch(x, idx, w, layout, b.expert_alignment, world_size * T)
 
             # In this order: combine and the cached dispatch use the last dispatch's handle.
             fns = {"dispatch": dispatch, "combine": combine, "cached_dispatch": cached}
