@@ -32,7 +32,8 @@ worst-case size; the same bytes, and the CUDA protocols skip the host wait.
 Every timed call's result (a dispatch's: the one it replaces) is released after the end event,
 plain torch's too: a training step keeps its results (a dispatch's handle until the backward),
 and freeing the previous result's tensors took the host 7.6 µs on a CPU-only machine (session
-54), which an exact-size dispatch would otherwise pay between its counts wait and its end.
+54, a W=1 rank-major result over CPU tensors), which an exact-size dispatch would otherwise pay
+between its counts wait and its end event.
 
 Several ranks on one GPU (MPS) all get the same active thread percentage, whatever the
 backend (``launch.mps_share``); the roofline is measured by the launching process on the whole
