@@ -194,7 +194,7 @@ class _CudaProtocol(Protocol):
         self._bad_info = self.mod.host_alloc_mapped(32)  # kind, token, slot, value (int64 each)
         self.ctx.set_input_check(self._bad_flag.data_ptr(), self._bad_info[1])
         self._deferred = self.mod.host_alloc_mapped(64)  # DeferredError of a dispatch without the host wait
-        # check()'s views of the two host-mapped records, made once: it runs twice a dispatch
+        # check()'s views of the two host-mapped records, made once: every dispatch runs it
         self._deferred_rec = (ctypes.c_int64 * 6).from_address(self._deferred[0])
         self._err_rec = (ctypes.c_int64 * 4).from_address(self._err[0])
         self._counts_wait = self.mod.CountsWait(self._counts_ready[0], self._err[0], self._deferred[0], self._summary[0],
