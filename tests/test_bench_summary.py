@@ -167,3 +167,11 @@ def test_the_dispatch_s_host_phases_are_printed_for_the_host_pass_and_the_timed_
     assert ["rank", "120", "/", "8", "/", "95", "(timed", "calls:", "130", "/", "900", "/", "150)"] in \
         [ln[3:] for ln in lines]
     assert ["expert", "120", "/", "8", "/", "95"] in [ln[3:] for ln in lines]
+
+
+def test_a_dispatch_s_marks_split_into_host_time_before_in_and_after_its_wait():
+    """The bench keeps each dispatch's raw marks (entry, its wait's start and end, return) and
+    splits them only after the timed calls; a dispatch that did not wait is left out."""
+    marks = [(10.0, (10.5, 12.0), 12.25), (20.0, None, 20.5), (30.0, (31.0, 31.5), 32.0)]
+    assert bench._host_phases(marks) == [(0.5, 1.5, 0.25), (1.0, 0.5, 0.5)]
+    assert bench.HOST_PHASES == ("before_wait", "wait", "after_wait")
