@@ -63,3 +63,27 @@ def test_other_threads_run_while_it_spins(cuda_module):
     assert w.wait(7, 5.0) == cuda_module.COUNTS_READY
     assert time.perf_counter() - t0 < 1.0
     th.join()
+
+
+def test_a_dispatch_s_wait_says_whether_it_filled_the_guess_and_marks_its_span(cuda_module):
+    """Protocol._wait_counts, as the GPU protocols call it: True only where the wait filled a
+    guess; without one the host reads the counts (False). Its marks bound the wait."""
+    from types import SimpleNamespace
+
+    from symmoe.protocol.base import Protocol
+
+    w = Words(cuda_module)
+    w.ready[0] = 7
+    w.summary[1:3] = 5  # this rank's rows and the most any receiver got, rank-major
+    counts, per_expert = np.zeros(6, np.int32), np.zeros(4, np.int32)
+    guess = SimpleNamespace(target=(5, False, counts.ctypes.data, per_expert.ctypes.data))
+    finished = SimpleNamespace(query=lambda: True)  # the stream, asked only after a timed-out spin
+    proto = SimpleNamespace(_counts_wait=w._wait, _filled=cuda_module.COUNTS_FILLED)
+    assert Protocol._wait_counts(proto, finished, 7, None) is False
+    t0, t1 = proto.wait_marks
+    assert t0 <= t1
+    w.counts[:] = 3
+    assert Protocol._wait_counts(proto, finished, 7, guess) is True
+    assert counts.tolist() == [3] * 6
+    w.ready[0] = 6  # not this dispatch's epoch: the finished stream ends the wait, nothing filled
+    assert Protocol._wait_counts(proto, finished, 7, guess) is False

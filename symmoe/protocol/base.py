@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import time
 from abc import ABC, abstractmethod
-from typing import Callable
+from typing import Any
 
 import torch
 
@@ -19,6 +19,7 @@ from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
+from .counts import NO_GUESS, Guess
 
 
 MAX_SLOTS = 64  # combine slots per token, max(world_size, topk): csrc/common/reduce.cuh (kMaxSlots)
@@ -101,24 +102,31 @@ class Protocol(ABC):
     # Host clock (time.perf_counter) just before and after the last dispatch's wait for the
     # counts (GPU protocols; None before the first): the bench splits a dispatch's host time there.
     wait_marks: tuple[float, float] | None = None
+    # GPU protocols: their extension's CountsWait over the mapped words, and its COUNTS_FILLED
+    # (_wait_counts).
+    _counts_wait: Any
+    _filled: int
 
     def __init__(self, mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int):
         self.mem, self.layout, self.config, self.buffer_id = mem, layout, config, buffer_id
 
-    def _wait_counts(self, event: torch.cuda.Event, wait: Callable[[float], int]) -> int:
-        """The one host wait of a GPU dispatch, with its marks; returns what ``wait`` last did
-        (host_wait.h's CountsWait.wait: COUNTS_TIMED_OUT, COUNTS_READY or COUNTS_FILLED).
-        ``wait(max_s)`` spins on the host-mapped word the routing kernel sets once the counts
-        matrix is in host memory (ready also when a device wait failed: the caller checks the
-        error word). Every max_s without it the stream is asked (``event``, recorded after the
-        data kernel): a fault raises there, and a finished data kernel means the routing's
-        matrix is in place. Spinning wakes within a microsecond; ``event.synchronize()`` woke
-        tens of µs after the kernel."""
+    def _wait_counts(self, event: torch.cuda.Event, epoch: int, guess: Guess | None) -> bool:
+        """The one host wait of a GPU dispatch, with its marks; True when the wait filled
+        ``guess`` (its result is complete, nothing is to be raised), False when the host must
+        read the counts. ``self._counts_wait`` (host_wait.h's CountsWait, the protocol's) spins
+        on the host-mapped word the routing kernel sets once the counts matrix is in host memory
+        (ready also when a device wait failed: the caller checks the error word). Every ms
+        without it the stream is asked (``event``, recorded after the data kernel): a fault
+        raises there, and a finished data kernel means the routing's matrix is in place.
+        Spinning wakes within a microsecond; ``event.synchronize()`` woke tens of µs after the
+        kernel."""
+        target = guess.target if guess is not None else NO_GUESS
+        wait = self._counts_wait.wait
         t0 = time.perf_counter()
-        while not (got := wait(1e-3)) and not event.query():
+        while not (got := wait(epoch, 1e-3, *target)) and not event.query():
             pass
         self.wait_marks = (t0, time.perf_counter())
-        return got
+        return got == self._filled
 
     @abstractmethod
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:

@@ -73,7 +73,7 @@ from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..reference import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots, fan_phases_mode, stall_detail, stream_handle, usable_sms
-from .counts import (NO_GUESS, SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
+from .counts import (SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
                      recv_views, summarized_result)
 
 MAX_LOCAL_EXPERTS = 4096  # the data kernels keep per-expert tables in shared memory
@@ -315,9 +315,7 @@ class _CudaProtocol(Protocol):
         # The data kernel keeps the GPU busy meanwhile; what needs no counts is done before.
         topk_idx = topk_idx.long()  # the handle's (a launch for int32 ids)
         guess = Guess.of(lay, output_layout, alignment, out, topk_idx, topk_weights, in_rank, self.buffer_id, cache)
-        target = guess.target if guess is not None else NO_GUESS
-        if self._wait_counts(self._counts_event,
-                             lambda max_s: self._counts_wait.wait(epoch, max_s, *target)) == self._filled:
+        if self._wait_counts(self._counts_event, epoch, guess):
             return guess.recv, guess.handle  # the wait found nothing to raise
         self.check()
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment, self._bad_record,

@@ -26,3 +26,11 @@ ab_benches() { # change main: benches change / main (c1, m1), then again (c2, m2
   b $1 c1; b $2 m1
   [ $SECONDS -lt 470 ] && b $1 c2
   [ $SECONDS -lt 510 ] && b $2 m2; }
+finish() { # tree label...: bench_compare (with the tree's code) of the labels' benches that ran into
+  # compare.txt, the JSONs and logs packed, its head printed (session 54: the tail every call script wrote out)
+  local t=$1; shift
+  local ls; ls=$(for l in "$@"; do [ -f $O/bench_$l.json ] && printf "$l,"; done | sed 's/,$//')
+  (cd $R && PYTHONPATH=$R/trees/$t python3 -m symmoe.bench_compare $(for l in ${ls//,/ }; do echo $O/bench_$l.json; done) --labels $ls > $O/compare.txt 2>&1)
+  (cd $O && tar czf jsons.tar.gz bench_*.json && rm -f bench_*.json)
+  tar czf $O/logs.tar.gz -C /tmp/l . 2>/dev/null
+  head -12 $O/compare.txt; grep -A4 "host after" $O/compare.txt; }

@@ -17,8 +17,4 @@ for ex in 1 0; do  # exact-size, then worst-size (TIMELINE_EXACT=0: num_worst_to
    cp /tmp/l/tl$ex/timeline.json $O/timeline_exact$ex.json; (echo "== timeline exact=$ex"; cat /tmp/l/tl$ex/timeline.txt) >> $O/summaries.txt)
 done
 [ $SECONDS -lt $((L - 70)) ] && { b $C s3 torch; b $M m3 torch; }
-ls=$(for l in s1 m1 s2 m2 s3 m3; do [ -f $O/bench_$l.json ] && printf "$l,"; done | sed 's/,$//')
-(cd $R && PYTHONPATH=$R/trees/$M python3 -m symmoe.bench_compare $(for l in ${ls//,/ }; do echo $O/bench_$l.json; done) --labels $ls > $O/compare.txt 2>&1)
-(cd $O && tar czf jsons.tar.gz bench_*.json && rm -f bench_*.json)
-tar czf $O/logs.tar.gz -C /tmp/l . 2>/dev/null
-head -12 $O/compare.txt; grep -A4 "host after" $O/compare.txt
+finish $M s1 m1 s2 m2 s3 m3
