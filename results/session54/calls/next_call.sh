@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# For session 55 (not run yet): next/stream-query (7f58094: the counts wait asks the stream; no
+# For session 55 (not run yet): next/stream-query (6dde302: the counts wait asks the stream; no
 # event recorded after the exact call's kernels) against main (MAIN), W=1 torch push benches
 # s / m in turns; then the routed timelines of main's exact-size and worst-size rank dispatch,
 # to find the exact call's last ~1 µs over the worst-size call (session 54 B).
