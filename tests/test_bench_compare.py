@@ -38,9 +38,16 @@ def test_each_op_of_the_baseline_is_set_beside_the_other_runs_with_its_ratio():
     cols = _line(text, "torch", "dispatch")
     assert cols[:4] == ["torch", "push", "1", "rank"]
     base_copy = 2 * 4096 * ROW_BYTES / 4.0e6 / 40.0
-    assert cols[5:7] == ["40.0", f"{base_copy:.3f}"]
-    assert cols[7:10] == ["36.0", "(0.900)", f"{base_copy * 40 / 36:.3f}"]
+    assert cols[5:7] == ["40.0", f"{base_copy:.4f}"]
+    assert cols[7:10] == ["36.0", "(0.900)", f"{base_copy * 40 / 36:.4f}"]
     assert _line(text, "torch", "dispatch", section=1)[5:] == ["34.0", "32.0"]  # the kernels' µs
+
+
+def test_a_ratio_to_the_copy_just_under_a_target_line_does_not_print_as_the_line():
+    docs = [_doc("base", 40.0, 34.0), _doc("change", 36.0, 32.0)]
+    docs[1]["results"][0]["layouts"]["rank"]["dispatch"]["ratio_same_size_copy"] = 0.84989
+    cols = _line(bench_compare.compare(docs, ["base", "change"]), "torch", "dispatch")
+    assert cols[9] == "0.8499"
 
 
 def test_the_host_s_work_after_the_counts_wait_is_set_beside_the_kernels_where_measured():
