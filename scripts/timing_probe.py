@@ -9,9 +9,9 @@ same-size copy timed four ways (median µs, events unless said):
 python scripts/timing_probe.py --backends torch,nvshmem --protocols push,pull \
     --variant kernel.copy_bytes=7168,kernel.copy_depth=4   (torch push again with these values)
 --exact: also the W=1 rank dispatch that routes, at exact size (the host waits for its counts)
-and at worst size (num_worst_tokens, no wait), the bench's way; the exact one also with a second
-end event recorded right before its counts wait ("early", after every launch of the call): whether the
-exact call's end event, recorded after the wait, costs it time the worst-size call does not pay.
+and at worst size (num_worst_tokens, no wait), the four ways; the exact one also to an event
+recorded right before its counts wait ("early", after every launch of the call): whether the exact
+call's end event, recorded after the wait, costs it time the worst-size call does not pay.
 """
 from __future__ import annotations
 
@@ -27,22 +27,30 @@ from symmoe.config import PROTOCOLS, parse_key_value
 from symmoe.timing import sleep_cycles_for
 
 
-def ways(fn, sleep_cycles: int, repeats: int = 20) -> dict[str, float]:
+def ways(fn, sleep_cycles: int, repeats: int = 20, marks: list | None = None) -> dict[str, float]:
+    """``fn`` timed the four ways. ``marks``: where ``fn`` records events of its own (an exact
+    dispatch's before its counts wait), "early" is the median start -> the last of them, in the
+    "sleep" way. Each timed call's result is released after the end event, as the bench does."""
     for _ in range(5):
         fn()
     torch.cuda.synchronize()
-    out: dict[str, list[float]] = {"sleep": [], "after": [], "stream": []}
+    out: dict[str, list[float]] = {"sleep": [], "after": [], "stream": [], "early": []}
     for _ in range(repeats):
         for way in ("sleep", "after"):
             a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda._sleep(sleep_cycles)
             if way == "after":
                 fn()
+            if marks is not None:
+                marks.clear()
             a.record()
-            fn()
+            done = fn()
             b.record()
             b.synchronize()
+            del done
             out[way].append(a.elapsed_time(b) * 1e3)
+            if way == "sleep" and marks:
+                out["early"].append(a.elapsed_time(marks[-1]) * 1e3)
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(sleep_cycles)
         a.record()
@@ -51,16 +59,16 @@ def ways(fn, sleep_cycles: int, repeats: int = 20) -> dict[str, float]:
         b.record()
         b.synchronize()
         out["stream"].append(a.elapsed_time(b) * 1e3 / 20)
-    res = {k: statistics.median(v) for k, v in out.items()}
+    res = {k: statistics.median(v) for k, v in out.items() if v}
     res["kernel"] = sum(kernel_breakdown(fn).values())
     return res
 
 
-def exact_ways(pr, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, sleep_cycles: int,
-               repeats: int = 20) -> dict[str, dict[str, float]]:
-    """The W=1 rank dispatch that routes, exact and worst size: median µs start -> end (the
-    bench's), start -> early (an event recorded where the call enters its counts wait; the
-    worst-size call has none) and the profiler's kernel time."""
+def exact_ways(pr, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
+               sleep_cycles: int) -> dict[str, dict[str, float]]:
+    """The W=1 rank dispatch that routes, exact and worst size, timed the four ways; the exact
+    one also to an event recorded where it enters its counts wait ("early"; the worst-size
+    call has no wait)."""
     marks: list[torch.cuda.Event] = []
     wait = pr._wait_counts
 
@@ -71,29 +79,9 @@ def exact_ways(pr, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, sleep_cy
         return wait(*args)
 
     pr._wait_counts = marked  # this instance only: the probe's, dropped with its Buffer
-    out: dict[str, dict[str, float]] = {}
-    for name, worst in (("exact", 0), ("worst", x.shape[0])):
-        fn = lambda: pr.dispatch(x, idx, w, "rank", 1, worst)  # noqa: E731
-        for _ in range(5):
-            fn()
-        torch.cuda.synchronize()
-        full, early = [], []
-        for _ in range(repeats):
-            marks.clear()
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            torch.cuda._sleep(sleep_cycles)
-            a.record()
-            done = fn()
-            b.record()
-            b.synchronize()
-            del done  # after the end event, as the bench releases it
-            full.append(a.elapsed_time(b) * 1e3)
-            if marks:
-                early.append(a.elapsed_time(marks[-1]) * 1e3)
-        out[name] = {"sleep": statistics.median(full), "kernel": sum(kernel_breakdown(fn).values())}
-        if early:
-            out[name]["early"] = statistics.median(early)
-    return out
+    return {f"torch/push routed, {name} size": ways(lambda worst=worst: pr.dispatch(x, idx, w, "rank", 1, worst),
+                                                   sleep_cycles, marks=marks)
+            for name, worst in (("exact", 0), ("worst", x.shape[0]))}
 
 
 def main() -> None:
@@ -125,22 +113,20 @@ def main() -> None:
             pr = buf._protocol
             _, handle = pr.dispatch(x, idx, w, "rank", 1)
             rows[f"push {v.replace('kernel.', '')}"] = ways(lambda: pr.dispatch_cached(x, handle), sleep)
-    exact = {}
     if a.exact:
         with Buffer(None, bench_config("push", sms)) as buf:
-            exact = exact_ways(buf._protocol, x, idx, w, sleep)
+            rows.update(exact_ways(buf._protocol, x, idx, w, sleep))
     print(f"{'':40}" + "".join(f"{k:>9}" for k in ("sleep", "after", "stream", "kernel")) + "   ratio to copy (sleep / after / stream)")
     c = rows["copy"]
     for name, r in rows.items():
-        ratios = " / ".join(f"{c[k] / r[k]:.3f}" for k in ("sleep", "after", "stream"))
+        ratios = " / ".join(f"{c[k] / r[k]:.4f}" for k in ("sleep", "after", "stream"))
         print(f"{name:40}" + "".join(f"{r[k]:9.1f}" for k in ("sleep", "after", "stream", "kernel")) + f"   {ratios}")
-    for name, r in exact.items():
-        early = f"{r['early']:.1f}" if "early" in r else "-"
-        print(f"torch/push routed, {name} size: sleep {r['sleep']:.1f}  early {early}  kernel {r['kernel']:.1f}"
-              f"   ratio to copy (sleep) {c['sleep'] / r['sleep']:.4f}")
+    for name, r in rows.items():
+        if "early" in r:
+            print(f"{name}: start -> before its counts wait {r['early']:.1f} µs (sleep way: {r['sleep']:.1f})")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({**rows, **{f"routed_{k}": v for k, v in exact.items()}}, f, indent=1)
+            json.dump(rows, f, indent=1)
 
 
 if __name__ == "__main__":
