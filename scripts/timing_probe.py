@@ -12,6 +12,9 @@ python scripts/timing_probe.py --backends torch,nvshmem --protocols push,pull \
 and at worst size (num_worst_tokens, no wait), the four ways; the exact one also to an event
 recorded right before its counts wait ("early", after every launch of the call): whether the exact
 call's end event, recorded after the wait, costs it time the worst-size call does not pay.
+Then the exact one's wait watched ("seen", untimed by the bench's events): whether the host's wait
+ended while the GPU was still busy (counts seen early) or after it went idle, how many 1 ms spins
+it took, and three events of the call: before the wait, right after it, the end.
 """
 from __future__ import annotations
 
@@ -84,6 +87,61 @@ def exact_ways(pr, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor,
             for name, worst in (("exact", 0), ("worst", x.shape[0]))}
 
 
+def wait_seen(pr, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, sleep_cycles: int,
+              repeats: int = 20) -> dict[str, float]:
+    """The exact dispatch's wait watched, the bench's way (sleep, start, call, end): per call,
+    whether the GPU was still busy when the wait returned (the early event not yet done), host
+    µs from the wait's return to the GPU done, the wait's spins, and events from the start to
+    before the wait / right after it / the end."""
+    import time
+    wait, counting = pr._wait_counts, pr._counts_wait
+    spins = [0]
+
+    class Spins:  # the protocol's CountsWait, each spin of up to max_s counted
+        def wait(self, *args):
+            spins[0] += 1
+            return counting.wait(*args)
+
+    seen: list[tuple] = []
+
+    def watched(*args):
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        e0.record()
+        spins[0] = 0
+        got = wait(*args)
+        t = time.perf_counter()
+        busy = not e0.query()
+        e1.record()
+        seen.append((e0, e1, t, busy, spins[0]))
+        return got
+
+    pr._wait_counts, pr._counts_wait = watched, Spins()
+    try:
+        for _ in range(5):
+            pr.dispatch(x, idx, w, "rank", 1)
+        torch.cuda.synchronize()
+        seen.clear()
+        rec = []
+        for _ in range(repeats):
+            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(sleep_cycles)
+            a.record()
+            done = pr.dispatch(x, idx, w, "rank", 1)
+            b.record()
+            e0, e1, t, busy, n = seen[-1]
+            while not e0.query():
+                pass
+            gap = (time.perf_counter() - t) * 1e6
+            b.synchronize()
+            del done
+            rec.append((busy, gap, n, a.elapsed_time(e0) * 1e3, a.elapsed_time(e1) * 1e3, a.elapsed_time(b) * 1e3))
+    finally:
+        pr._wait_counts, pr._counts_wait = wait, counting
+    med = lambda i: statistics.median(r[i] for r in rec)  # noqa: E731
+    return {"busy_at_wait_end": sum(r[0] for r in rec), "calls": len(rec), "wait_end_to_gpu_done_us": med(1),
+            "spins": med(2), "before_wait": med(3), "after_wait": med(4), "end": med(5)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--backends", default="torch")
@@ -116,6 +174,7 @@ def main() -> None:
     if a.exact:
         with Buffer(None, bench_config("push", sms)) as buf:
             rows.update(exact_ways(buf._protocol, x, idx, w, sleep))
+            seen = wait_seen(buf._protocol, x, idx, w, sleep)
     print(f"{'':40}" + "".join(f"{k:>9}" for k in ("sleep", "after", "stream", "kernel")) + "   ratio to copy (sleep / after / stream)")
     c = rows["copy"]
     for name, r in rows.items():
@@ -124,6 +183,12 @@ def main() -> None:
     for name, r in rows.items():
         if "early" in r:
             print(f"{name}: start -> before its counts wait {r['early']:.1f} µs (sleep way: {r['sleep']:.1f})")
+    if a.exact:
+        print(f"exact size, its wait watched: ended with the GPU busy in {seen['busy_at_wait_end']} of "
+              f"{seen['calls']} calls, {seen['wait_end_to_gpu_done_us']:.1f} host µs before the GPU was done, "
+              f"{seen['spins']:.0f} spin(s); events from the start: before the wait {seen['before_wait']:.1f}, "
+              f"after it {seen['after_wait']:.1f}, end {seen['end']:.1f} µs (medians)")
+        rows["torch/push routed, exact size, wait watched"] = seen
     if a.json:
         with open(a.json, "w") as f:
             json.dump(rows, f, indent=1)
