@@ -6,8 +6,10 @@ A same-size copy (the rank bench's 58.7 MB) timed from a start event, the end ev
   queued   right after the copy's launch (during the sleep), as the bench times a copy;
   mid+D    D µs after the host saw the stream reach the copy (a pinned word set by a copy-engine
            write queued just before it), while the copy runs: as the exact dispatch's end.
-Also an event recorded right after the launch in the mid rows ("before"), as timing_probe's
-"early". Medians of 30, µs.   python scripts/microbench/end_record.py
+Also an event recorded right after the copy's launch ("before"), as timing_probe's "early". The
+mid rows ask the stream whether the copy still ran when the end was recorded (one event query),
+except the "no query" rows; the "no before" rows record no such event (the end is the only one
+after the copy). Medians of 30, µs.   python scripts/microbench/end_record.py
 """
 from __future__ import annotations
 
@@ -26,14 +28,15 @@ def main() -> None:
     one = torch.ones(1, dtype=torch.int32, device=dev)
     zero = torch.zeros(1, dtype=torch.int32, pin_memory=True)
 
-    def once(delay_us: float | None) -> tuple[float, float, bool | None]:
+    def once(delay_us: float | None, query: bool = True, mark: bool = True) -> tuple[float, float, bool | None]:
         flag.copy_(zero)
         a, e, b = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         torch.cuda._sleep(cycles)
         flag.copy_(one, non_blocking=True)  # the host sees this just before the copy starts
         a.record()
         dst.copy_(src)
-        e.record()
+        if mark:
+            e.record()
         busy = None
         if delay_us is not None:
             while int(flag[0]) == 0:
@@ -41,19 +44,23 @@ def main() -> None:
             t = time.perf_counter() + delay_us * 1e-6
             while time.perf_counter() < t:
                 pass
-            busy = not e.query()
+            busy = not e.query() if query and mark else None
         b.record()
         b.synchronize()
-        return a.elapsed_time(e) * 1e3, a.elapsed_time(b) * 1e3, busy
+        return a.elapsed_time(e) * 1e3 if mark else float("nan"), a.elapsed_time(b) * 1e3, busy
 
     for _ in range(5):
         once(None), once(0.0)
-    print(f"{'end recorded':14}{'before':>9}{'end':>9}{'end - before':>14}  GPU busy at the end's record")
-    for name, d in (("queued", None), ("mid+0", 0.0), ("mid+10", 10.0), ("mid+20", 20.0), ("queued", None)):
-        r = [once(d) for _ in range(30)]
+    print(f"{'end recorded':18}{'before':>9}{'end':>9}{'end - before':>14}  GPU busy at the end's record")
+    rows = (("queued", None, True, True), ("queued, no before", None, True, False), ("mid+0", 0.0, True, True),
+            ("mid+10", 10.0, True, True), ("mid+20", 20.0, True, True), ("mid+0, no query", 0.0, False, True),
+            ("mid+10, no query", 10.0, False, True), ("mid+10, no before", 10.0, False, False),
+            ("queued", None, True, True), ("queued, no before", None, True, False))
+    for name, d, q, m in rows:
+        r = [once(d, q, m) for _ in range(30)]
         e, b = statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)
-        busy = "-" if d is None else f"{sum(x[2] for x in r)} of {len(r)}"
-        print(f"{name:14}{e:9.1f}{b:9.1f}{b - e:14.1f}  {busy}")
+        busy = "-" if d is None or not q or not m else f"{sum(x[2] for x in r)} of {len(r)}"
+        print(f"{name:18}{e:9.1f}{b:9.1f}{b - e:14.1f}  {busy}")
 
 
 if __name__ == "__main__":
