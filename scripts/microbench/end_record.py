@@ -9,14 +9,33 @@ A same-size copy (the rank bench's 58.7 MB) timed from a start event, the end ev
 Also an event recorded right after the copy's launch ("before"), as timing_probe's "early". The
 mid rows ask the stream whether the copy still ran when the end was recorded (one event query),
 except the "no query" rows; the "no before" rows record no such event (the end is the only one
-after the copy). Medians of 30, µs.   python scripts/microbench/end_record.py
+after the copy). The "held" rows queue, after the copy, a stream wait on a pinned word
+(cuStreamWaitValue32 through libcuda) that the host sets just before it records the end: does a
+front end held on a semaphore pick the end up sooner than one that went idle? Medians of 30, µs.
+    python scripts/microbench/end_record.py
 """
 from __future__ import annotations
 
+import ctypes
 import statistics
 import time
 
 import torch
+
+
+def stream_wait_value():
+    """libcuda's cuStreamWaitValue32 (GEQ), or None where it cannot be found."""
+    try:
+        cu = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return None
+    for name in ("cuStreamWaitValue32_v2", "cuStreamWaitValue32"):
+        f = getattr(cu, name, None)
+        if f is not None:
+            f.argtypes = [ctypes.c_void_p, ctypes.c_uint64, ctypes.c_uint32, ctypes.c_uint]
+            f.restype = ctypes.c_int
+            return f
+    return None
 
 
 def main() -> None:
@@ -28,7 +47,11 @@ def main() -> None:
     one = torch.ones(1, dtype=torch.int32, device=dev)
     zero = torch.zeros(1, dtype=torch.int32, pin_memory=True)
 
-    def once(delay_us: float | None, query: bool = True, mark: bool = True) -> tuple[float, float, bool | None]:
+    hold = torch.zeros(1, dtype=torch.int32, pin_memory=True)
+    hold_np, wait_value, ticket = hold.numpy(), stream_wait_value(), [0]
+
+    def once(delay_us: float | None, query: bool = True, mark: bool = True,
+             held: bool = False) -> tuple[float, float, bool | None]:
         flag.copy_(zero)
         a, e, b = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         torch.cuda._sleep(cycles)
@@ -37,6 +60,10 @@ def main() -> None:
         dst.copy_(src)
         if mark:
             e.record()
+        if held:
+            ticket[0] += 1
+            rc = wait_value(torch.cuda.current_stream().cuda_stream, hold.data_ptr(), ticket[0], 0)
+            assert rc == 0, f"cuStreamWaitValue32: CUresult {rc}"
         busy = None
         if delay_us is not None:
             while int(flag[0]) == 0:
@@ -45,6 +72,8 @@ def main() -> None:
             while time.perf_counter() < t:
                 pass
             busy = not e.query() if query and mark else None
+        if held:
+            hold_np[0] = ticket[0]
         b.record()
         b.synchronize()
         return a.elapsed_time(e) * 1e3 if mark else float("nan"), a.elapsed_time(b) * 1e3, busy
@@ -56,8 +85,14 @@ def main() -> None:
             ("mid+10", 10.0, True, True), ("mid+20", 20.0, True, True), ("mid+0, no query", 0.0, False, True),
             ("mid+10, no query", 10.0, False, True), ("mid+10, no before", 10.0, False, False),
             ("queued", None, True, True), ("queued, no before", None, True, False))
-    for name, d, q, m in rows:
-        r = [once(d, q, m) for _ in range(30)]
+    if wait_value is not None:
+        rows += (("held mid+10", 10.0, False, False, True), ("mid+10, no before", 10.0, False, False),
+                 ("held mid+10", 10.0, False, False, True), ("mid+10, no before", 10.0, False, False),
+                 ("held mid+20", 20.0, False, False, True), ("mid+20, no before", 20.0, False, False))
+    else:
+        print("cuStreamWaitValue32 not found: no held rows")
+    for name, d, q, m, *h in rows:
+        r = [once(d, q, m, *h) for _ in range(30)]
         e, b = statistics.median(x[0] for x in r), statistics.median(x[1] for x in r)
         busy = "-" if d is None or not q or not m else f"{sum(x[2] for x in r)} of {len(r)}"
         print(f"{name:18}{e:9.1f}{b:9.1f}{b - e:14.1f}  {busy}")
