@@ -27,6 +27,7 @@ import torch
 
 from symmoe.bench import bench_config, kernel_breakdown, probe_inputs
 from symmoe.config import PROTOCOLS, parse_key_value
+from symmoe.ops import kernels_total
 from symmoe.timing import sleep_cycles_for
 
 
@@ -63,7 +64,7 @@ def ways(fn, sleep_cycles: int, repeats: int = 20, marks: list | None = None) ->
         b.synchronize()
         out["stream"].append(a.elapsed_time(b) * 1e3 / 20)
     res = {k: statistics.median(v) for k, v in out.items() if v}
-    res["kernel"] = sum(kernel_breakdown(fn).values())
+    res["kernel"] = kernels_total(kernel_breakdown(fn))  # the union: the per-kernel sum counted the union again
     return res
 
 
