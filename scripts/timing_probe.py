@@ -12,7 +12,7 @@ python scripts/timing_probe.py --backends torch,nvshmem --protocols push,pull \
 and at worst size (num_worst_tokens, no wait), the four ways; the exact one also to an event
 recorded right before its counts wait ("early", after every launch of the call): whether the exact
 call's end event, recorded after the wait, costs it time the worst-size call does not pay.
-Then the exact one's wait watched ("seen", untimed by the bench's events): whether the host's wait
+Then the exact one's wait watched, in a pass of its own after the timed ones: whether the host's wait
 ended while the GPU was still busy (counts seen early) or after it went idle, how many 1 ms spins
 it took, and three events of the call: before the wait, right after it, the end.
 """
@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import statistics
+import time
 
 import torch
 
@@ -94,7 +95,6 @@ def wait_seen(pr, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, sleep_cyc
     whether the GPU was still busy when the wait returned (the early event not yet done), host
     µs from the wait's return to the GPU done, the wait's spins, and events from the start to
     before the wait / right after it / the end."""
-    import time
     wait, counting = pr._wait_counts, pr._counts_wait
     spins = [0]
 
