@@ -12,7 +12,7 @@ except the "no query" rows; the "no before" rows record no such event (the end i
 after the copy). The "held" rows queue, after the copy, a stream wait on a pinned word
 (cuStreamWaitValue32 through libcuda) that the host sets just before it records the end: does a
 front end held on a semaphore pick the end up sooner than one that went idle? Medians of 30, µs.
-    python scripts/microbench/end_record.py
+    PYTHONPATH=. python scripts/microbench/end_record.py   (symmoe importable: its sleep_cycles_for)
 """
 from __future__ import annotations
 
@@ -21,6 +21,8 @@ import statistics
 import time
 
 import torch
+
+from symmoe.timing import sleep_cycles_for
 
 
 def stream_wait_value():
@@ -40,19 +42,18 @@ def stream_wait_value():
 
 def main() -> None:
     dev = torch.device("cuda", 0)
-    cycles = int(1000e-6 * 1.98e9)  # a 1 ms sleep, as symmoe.timing.sleep_cycles_for
+    cycles = sleep_cycles_for()  # the bench's sleep in front of a timed call
     src = torch.empty(4096 * 7168 * 2, dtype=torch.uint8, device=dev).random_(0, 255)
     dst = torch.empty_like(src)
     flag = torch.zeros(1, dtype=torch.int32, pin_memory=True)
     one = torch.ones(1, dtype=torch.int32, device=dev)
-    zero = torch.zeros(1, dtype=torch.int32, pin_memory=True)
 
     hold = torch.zeros(1, dtype=torch.int32, pin_memory=True)
     hold_np, wait_value, ticket = hold.numpy(), stream_wait_value(), [0]
 
     def once(delay_us: float | None, query: bool = True, mark: bool = True,
              held: bool = False) -> tuple[float, float, bool | None]:
-        flag.copy_(zero)
+        flag.zero_()
         a, e, b = (torch.cuda.Event(enable_timing=True) for _ in range(3))
         torch.cuda._sleep(cycles)
         flag.copy_(one, non_blocking=True)  # the host sees this just before the copy starts

@@ -10,7 +10,7 @@ R=$PWD; O=$OUT; M=${MAIN:?set MAIN}; C=${CHANGE:?set CHANGE}
 . "$R/results/session34/calls/next_lib.sh"
 need_trees $M $C
 mkdir -p /tmp/l/e
-er() { timeout 60 python3 "$R/scripts/microbench/end_record.py" > /tmp/l/e/end_record$1.txt 2>&1
+er() { PYTHONPATH=$R:$PYTHONPATH timeout 60 python3 "$R/scripts/microbench/end_record.py" > /tmp/l/e/end_record$1.txt 2>&1
        (echo "== end_record $1"; cat /tmp/l/e/end_record$1.txt) >> $O/summaries.txt; }
 er 1
 b $C c1 torch; b $M m1 torch; b $C c2 torch; b $M m2 torch
