@@ -1,0 +1,455 @@
+// Whether the world-size-1 expert-major dispatch that routes can route without any block waiting
+// for another: every block reads all T x K ids itself (262 KB at the DeepSeek shape, from L2 after
+// the first block) and counts them in shared memory, which gives it the experts' offsets and the
+// pairs before its own tokens, so its round 0 positions need no cross-block round trip. The
+// kernels' routing (csrc/kernels/route.cuh) instead has routing blocks publish chunk counts and
+// wait for one another: 7-8 dependent global round trips, each ~1 µs behind round 0's bulk loads
+// (sessions 36-52), and the routed kernel runs ~9 µs behind the cached one.
+//
+// Three forms of the same phased fan-out (csrc/common/phases.cuh's steal mode: 16 rows a block,
+// round 0 = group blockIdx.x, later groups to whichever block asks first), timed in turns:
+//   table     positions read from a table computed before (what the cached dispatch does)
+//   table+ids the table's positions, but every block also reads and counts all ids: the local
+//             routing's traffic and work without its dependency
+//   table+id loads  the table's positions, every block reading all ids but counting nothing
+//   local     positions from the block's own counts: round 0's group and one more group
+//             (blockIdx.x + blocks, published with a mark for the block that takes it later)
+// Every form's outputs (rows, ids, source tokens) are checked against the host's routing.
+// Per-block stamps (globaltimer, from the earliest block's start): positions known, round 0's
+// rows landed, round 0's stores issued, end.
+//
+// Build and run: nvcc -std=c++17 -O3 -arch=sm_90a -o /tmp/lr scripts/microbench/local_route.cu && /tmp/lr
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "../../csrc/common/ptx.cuh"
+
+using namespace symmoe;
+
+#define CK(x)                                                                              \
+  do {                                                                                     \
+    cudaError_t e_ = (x);                                                                  \
+    if (e_ != cudaSuccess) {                                                               \
+      std::printf("CUDA error %s at line %d: %s\n", #x, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                        \
+    }                                                                                      \
+  } while (0)
+
+enum Mode { kTable = 0, kTableIds = 1, kLocal = 2, kTableLoads = 3 };
+constexpr int kStamps = 5;  // start, positions known, round 0 landed, round 0 stores issued, end
+constexpr int kFieldBits = 16;  // two counts in a 32-bit shared atomic: T < 65536
+constexpr unsigned kField = (1u << kFieldBits) - 1;
+
+struct Args {
+  const uint8_t* x;
+  uint8_t* out;
+  const int64_t* idx;    // [T, K], -1 masked
+  const int32_t* table;  // [T, K] expert-major positions (the host's)
+  int32_t* pub;          // [T, K] positions of the groups a block routes for another
+  int64_t* marks;        // [groups] epoch once a group's positions are in pub
+  int64_t epoch;
+  unsigned* ctr;         // the steal's counter, zero at launch and after
+  int32_t* o_idx;        // [T * K] output rows' expert
+  int32_t* o_src;        // [T * K] output rows' source token
+  unsigned long long* stamps;  // [blocks][kStamps]
+  int T, K, E, rows;
+  int64_t R;
+};
+
+// Whole warp, token t of the group starting at g0: lanes < K get their slot's expert e (-1: masked
+// or out of range) and the pairs of e in [g0, t); the lanes split the earlier tokens four ways
+// (lane / 8) and add up. A slot's position is then its expert's base plus that count.
+__device__ __forceinline__ int group_count(const Args& a, int64_t t, int64_t g0, int lane, int& e) {
+  const int k = lane & 7, s = lane >> 3;
+  e = k < a.K ? int(a.idx[t * a.K + k]) : -1;
+  int c = 0;
+  for (int64_t u = g0 + s; u < t; u += 4)
+    for (int kk = 0; kk < a.K; ++kk) c += int(a.idx[u * a.K + kk] == e);
+  c += __shfl_xor_sync(0xffffffffu, c, 8);
+  c += __shfl_xor_sync(0xffffffffu, c, 16);
+  if (lane >= a.K || e >= a.E) e = -1;
+  return c;
+}
+
+template <int kMode>
+__global__ void __launch_bounds__(512, 1) fan(Args a) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = gridDim.x;
+  const unsigned long long t_start = global_timer_ns();
+  uint8_t* smem = dyn_smem();
+  uint8_t* tile = smem + int64_t(warp) * a.R;
+  uint64_t* bar = reinterpret_cast<uint64_t*>(smem + int64_t(a.rows) * a.R) + warp;
+  // [E] packed counts (total | before the second group << 16), [E] counts before round 0's group;
+  // then in place two int32 bases a expert: round 0's group, the second group.
+  unsigned* hist = reinterpret_cast<unsigned*>(bar + a.rows - warp);
+  unsigned* hist_lo = hist + a.E;
+  int32_t* base = reinterpret_cast<int32_t*>(hist);
+  __shared__ int32_t wsum[32];
+  __shared__ int64_t given;
+  constexpr bool kIds = kMode != kTable;
+  const int64_t lo = int64_t(blockIdx.x) * a.rows, mid = int64_t(blockIdx.x + G) * a.rows;
+  const int64_t n4 = int64_t(a.T) * a.K / 2, step = blockDim.x;
+  const int4* ids4 = reinterpret_cast<const int4*>(a.idx);
+  constexpr int kB = 8;
+  int4 v[kB];
+  if (kIds) {
+    for (int e = threadIdx.x; e < 2 * a.E; e += blockDim.x) hist[e] = 0u;
+#pragma unroll
+    for (int u = 0; u < kB; ++u) {
+      const int64_t j = threadIdx.x + u * step;
+      v[u] = j < n4 ? __ldg(ids4 + j) : make_int4(-1, -1, -1, -1);
+    }
+  }
+  if (lane == 0) {  // round 0's row behind the ids' loads
+    fence_proxy_async_shared();
+    mbar_init(bar, 1);
+    mbar_init_fence();
+    if (lo + warp < a.T) {
+      mbar_arrive_expect_tx(bar, uint32_t(a.R));
+      bulk_load(tile, a.x + (lo + warp) * a.R, uint32_t(a.R), bar);
+    }
+  }
+  __syncwarp();
+  if (kIds) {
+    __syncthreads();  // hist zeroed
+    unsigned sink = 0;
+    auto add = [&](int64_t p, int lo32, int hi32) {
+      const int64_t e = int64_t((uint64_t(uint32_t(hi32)) << 32) | uint32_t(lo32));
+      if (e < 0 || e >= a.E) return;
+      const int64_t t = p / a.K;
+      if (kMode == kTableLoads) {  // the loads alone: a sum nobody reads but the compiler keeps
+        sink += unsigned(e);
+        return;
+      }
+      atomicAdd(hist + e, 1u | (t < mid ? 1u << kFieldBits : 0u));
+      if (t < lo) atomicAdd(hist_lo + e, 1u);
+    };
+    for (int64_t j0 = threadIdx.x; j0 < n4; j0 += kB * step) {
+      int4 w[kB];
+#pragma unroll
+      for (int u = 0; u < kB; ++u) {
+        const int64_t j = j0 + (kB + u) * step;
+        w[u] = j < n4 ? __ldg(ids4 + j) : make_int4(-1, -1, -1, -1);
+      }
+#pragma unroll
+      for (int u = 0; u < kB; ++u) {
+        const int64_t j = j0 + u * step;
+        add(2 * j, v[u].x, v[u].y);
+        add(2 * j + 1, v[u].z, v[u].w);
+      }
+#pragma unroll
+      for (int u = 0; u < kB; ++u) v[u] = w[u];
+    }
+    __syncthreads();
+    // Offsets: exclusive scan of the totals (E <= blockDim.x), then the two bases in place.
+    const int e = threadIdx.x;
+    if (kMode == kTableLoads && sink == 0x7fffffffu) hist[0] = sink;
+    const unsigned h = e < a.E ? hist[e] : 0u, hl = e < a.E ? hist_lo[e] : 0u;
+    const int tot = int(h & kField);
+    int inc = tot;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int o = __shfl_up_sync(0xffffffffu, inc, d);
+      if (lane >= d) inc += o;
+    }
+    if (lane == 31) wsum[warp] = inc;
+    __syncthreads();
+    if (warp == 0) {
+      int s = lane < int(blockDim.x >> 5) ? wsum[lane] : 0;
+#pragma unroll
+      for (int d = 1; d < 32; d <<= 1) {
+        const int o = __shfl_up_sync(0xffffffffu, s, d);
+        if (lane >= d) s += o;
+      }
+      wsum[lane] = s;  // inclusive over warps
+    }
+    __syncthreads();
+    const int off = inc - tot + (warp ? wsum[warp - 1] : 0);
+    if (e < a.E) {
+      base[2 * e] = off + int(hl);
+      base[2 * e + 1] = off + int(h >> kFieldBits);
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) a.stamps[blockIdx.x * kStamps + 1] = global_timer_ns();
+  // A later group's positions: the table's, or (local) those its routing block published.
+  auto pos_of = [&](int64_t t, int64_t g) -> int {
+    if (kMode != kLocal) return lane < a.K ? __ldg(a.table + t * a.K + lane) : -1;
+    if (lane == 0) {
+      int64_t spins = 0;
+      while (ld_acquire_gpu(a.marks + g) != a.epoch)
+        if (++spins > (int64_t(1) << 26)) {
+          printf("block %d: group %lld never marked\n", int(blockIdx.x), (long long)g);
+          __trap();
+        }
+    }
+    __syncwarp();
+    return lane < a.K ? __ldcg(a.pub + t * a.K + lane) : -1;
+  };
+  const int64_t groups = (a.T + a.rows - 1) / a.rows;
+  int64_t g = blockIdx.x;
+  uint32_t parity = 0;
+  for (int r = 0; r == 0 || g < groups; ++r) {
+    const int64_t g0 = g * a.rows, t = g0 + warp;
+    const bool mine = g < groups && t < a.T;
+    int p = -1;
+    if (mine) {
+      if (lane == 0 && r > 0) {
+        mbar_arrive_expect_tx(bar, uint32_t(a.R));
+        bulk_load(tile, a.x + t * a.R, uint32_t(a.R), bar);
+      }
+      if (kMode == kLocal && r == 0) {  // round 0: the block's own counts (base[2e])
+        int e;
+        const int c = group_count(a, t, g0, lane, e);
+        p = e >= 0 ? base[2 * e] + c : -1;
+      } else {
+        p = pos_of(t, g);
+      }
+      if (lane < a.K && p >= 0) {
+        a.o_idx[p] = int(a.idx[t * a.K + lane]);
+        a.o_src[p] = int(t);
+      }
+      if (lane == 0)
+        while (!mbar_try_wait(bar, parity)) {
+        }
+      parity ^= 1u;
+      __syncwarp();
+    }
+    __syncthreads();
+    if (r == 0 && threadIdx.x == 0) a.stamps[blockIdx.x * kStamps + 2] = global_timer_ns();
+    if (threadIdx.x == 0) {  // the next group (phase_steal_next)
+      const unsigned w = atomicAdd(a.ctr, 1u);
+      if (int64_t(w) == max(groups - G, int64_t(0)) + G - 1) *a.ctr = 0u;
+      given = G + w;
+    }
+    if (mine) {
+      for (int i = 0; i < a.K; ++i) {
+        const int d = __shfl_sync(0xffffffffu, p, i);
+        if (lane == 0 && d >= 0) bulk_store(a.out + int64_t(d) * a.R, tile, uint32_t(a.R));
+      }
+      if (lane == 0) bulk_commit();
+    }
+    if (r == 0 && threadIdx.x == 0) a.stamps[blockIdx.x * kStamps + 3] = global_timer_ns();
+    if (kMode == kLocal && r == 0) {  // the second group's positions, for whoever takes it
+      const int64_t g2 = blockIdx.x + G, t2 = g2 * a.rows + warp;
+      if (g2 < groups && t2 < a.T) {
+        int e;
+        const int c = group_count(a, t2, g2 * a.rows, lane, e);
+        if (lane < a.K) a.pub[t2 * a.K + lane] = e >= 0 ? base[2 * e + 1] + c : -1;
+      }
+    }
+    if (mine && lane == 0) bulk_wait_read_all();
+    __syncthreads();
+    if (kMode == kLocal && r == 0 && threadIdx.x == 0 && blockIdx.x + G < groups) {
+      __threadfence();
+      st_release_gpu(a.marks + blockIdx.x + G, a.epoch);
+    }
+    g = given;
+  }
+  if (lane == 0) bulk_wait_all();
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    a.stamps[blockIdx.x * kStamps + 0] = t_start;
+    a.stamps[blockIdx.x * kStamps + 4] = global_timer_ns();
+  }
+}
+
+// Rows whose bytes differ from their source row's (o_src), and rows whose o_src / o_idx differ from
+// the host's: counted into bad.
+__global__ void check_rows(const uint8_t* x, const uint8_t* out, const int32_t* o_src, const int32_t* want_src,
+                           const int32_t* o_idx, const int32_t* want_idx, int64_t rows, int64_t R,
+                           unsigned long long* bad) {
+  const int lane = threadIdx.x & 31;
+  const int64_t gw = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5, nw = (int64_t(gridDim.x) * blockDim.x) >> 5;
+  for (int64_t o = gw; o < rows; o += nw) {
+    int wrong = o_src[o] != want_src[o] || o_idx[o] != want_idx[o];
+    const int4* s = reinterpret_cast<const int4*>(x + int64_t(want_src[o]) * R);
+    const int4* d = reinterpret_cast<const int4*>(out + o * R);
+    for (int64_t i = lane; i < R / 16; i += 32) {
+      const int4 p = s[i], q = d[i];
+      wrong |= p.x != q.x || p.y != q.y || p.z != q.z || p.w != q.w;
+    }
+    if (__any_sync(0xffffffffu, wrong) && lane == 0) atomicAdd(bad, 1ull);
+  }
+}
+
+__global__ void fill(uint16_t* p, int64_t n, uint32_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
+    h ^= h >> 15;
+    h *= 2246822519u;
+    h ^= h >> 13;
+    p[i] = uint16_t(((h & 1u) << 15) | ((120u + (h >> 1) % 15u) << 7) | ((h >> 8) & 0x7fu));  // a finite bf16
+  }
+}
+
+__global__ void spin(int64_t cycles) {
+  const int64_t t0 = clock64();
+  while (clock64() - t0 < cycles) {
+  }
+}
+
+static float time_us(const std::function<void()>& f, int reps) {
+  for (int i = 0; i < 3; ++i) f();
+  CK(cudaDeviceSynchronize());
+  std::vector<float> t;
+  cudaEvent_t a, b;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&b));
+  for (int i = 0; i < reps; ++i) {
+    spin<<<1, 1>>>(100000);  // the events bracket device time, not the launch
+    CK(cudaEventRecord(a));
+    f();
+    CK(cudaEventRecord(b));
+    CK(cudaEventSynchronize(b));
+    float ms = 0;
+    CK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms * 1000.f);
+  }
+  CK(cudaGetLastError());
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+// The host's routing: uniform top-K of E (distinct per token), or `kind` 1: masked slots (-1,
+// one token in 7 fully masked) and half the pairs on expert 0..7; 2: every token's first slot on
+// expert 0.
+static std::vector<int64_t> routing(int64_t T, int K, int E, int kind, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int64_t> idx(T * K);
+  std::vector<int> ids(E);
+  std::iota(ids.begin(), ids.end(), 0);
+  for (int64_t t = 0; t < T; ++t) {
+    std::shuffle(ids.begin(), ids.end(), rng);
+    if (kind == 1 && rng() % 2) std::sort(ids.begin(), ids.begin() + 16);
+    if (kind == 2) std::swap(ids[0], *std::find(ids.begin(), ids.end(), 0));
+    for (int k = 0; k < K; ++k) idx[t * K + k] = ids[k];
+    if (kind == 1)
+      for (int k = 0; k < K; ++k)
+        if (t % 7 == 3 || rng() % 5 == 0) idx[t * K + k] = -1;
+  }
+  return idx;
+}
+
+int main(int argc, char** argv) {
+  const int64_t T = argc > 1 ? std::atoll(argv[1]) : 4096, H = argc > 2 ? std::atoll(argv[2]) : 7168;
+  const int K = 8, E = 256, rows = 16, reps = 30;
+  const int64_t R = H * 2;
+  int sms = 0, optin = 0;
+  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device %s, %d SMs, %d B shared per block; %lld rows of %lld B\n", prop.name, sms, optin, (long long)T,
+              (long long)R);
+  const int64_t groups = (T + rows - 1) / rows;
+  if (groups > 2 * int64_t(sms) || E > rows * 32 || T >= (1 << kFieldBits)) {
+    std::printf("shape out of this microbenchmark's range (groups <= 2 x SMs, E <= threads)\n");
+    return 1;
+  }
+  const size_t smem = size_t(rows) * R + 8 * rows + 8 * E;  // rows, mbarriers, 2 x [E] counts
+  uint8_t *x, *out;
+  int64_t *idx, *marks;
+  int32_t *table, *pub, *o_idx, *o_src, *want_src, *want_idx;
+  unsigned* ctr;
+  unsigned long long *stamps, *bad;
+  CK(cudaMalloc(&x, T * R));
+  CK(cudaMalloc(&out, T * (K + 1) * R));  // the tail: room for the same-size copy's halves
+  CK(cudaMalloc(&idx, T * K * 8));
+  CK(cudaMalloc(&marks, groups * 8));
+  for (int32_t** p : {&table, &pub, &o_idx, &o_src, &want_src, &want_idx}) CK(cudaMalloc(p, T * K * 4));
+  CK(cudaMalloc(&ctr, 4));
+  CK(cudaMalloc(&stamps, sms * kStamps * 8));
+  CK(cudaMalloc(&bad, 8));
+  CK(cudaMemset(ctr, 0, 4));
+  CK(cudaMemset(marks, 0, groups * 8));
+  fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(x), T * R / 2, 1u);
+  for (auto k : {fan<kTable>, fan<kTableIds>, fan<kLocal>, fan<kTableLoads>})
+    CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+
+  Args a{x, out, idx, table, pub, marks, 0, ctr, o_idx, o_src, stamps, int(T), K, E, rows, R};
+  int64_t rows_out = 0;
+  // The routing on the device and the host's answer (positions, and each row's source and expert).
+  auto load = [&](int kind, uint32_t seed) {
+    const std::vector<int64_t> h = routing(T, K, E, kind, seed);
+    std::vector<int32_t> cnt(E + 1, 0), pos(T * K, -1);
+    for (int64_t p = 0; p < T * K; ++p)
+      if (h[p] >= 0) ++cnt[h[p] + 1];
+    for (int e = 0; e < E; ++e) cnt[e + 1] += cnt[e];
+    rows_out = cnt[E];
+    std::vector<int32_t> src(T * K, -1), eid(T * K, -1);
+    for (int64_t p = 0; p < T * K; ++p)
+      if (h[p] >= 0) {
+        pos[p] = cnt[h[p]]++;
+        src[pos[p]] = int32_t(p / K);
+        eid[pos[p]] = int32_t(h[p]);
+      }
+    CK(cudaMemcpy(idx, h.data(), T * K * 8, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(table, pos.data(), T * K * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(want_src, src.data(), T * K * 4, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(want_idx, eid.data(), T * K * 4, cudaMemcpyHostToDevice));
+  };
+  auto launch = [&](int mode) {
+    ++a.epoch;
+    if (mode == kTable) fan<kTable><<<sms, rows * 32, smem>>>(a);
+    if (mode == kTableIds) fan<kTableIds><<<sms, rows * 32, smem>>>(a);
+    if (mode == kLocal) fan<kLocal><<<sms, rows * 32, smem>>>(a);
+    if (mode == kTableLoads) fan<kTableLoads><<<sms, rows * 32, smem>>>(a);
+  };
+  const char* names[4] = {"table", "table+ids", "local", "table+id loads"};
+  auto verify = [&](int mode) {
+    CK(cudaMemset(out, 0xab, T * K * R));
+    CK(cudaMemset(o_idx, 0xff, T * K * 4));
+    CK(cudaMemset(o_src, 0xff, T * K * 4));
+    CK(cudaMemset(bad, 0, 8));
+    launch(mode);
+    check_rows<<<1024, 256>>>(x, out, o_src, want_src, o_idx, want_idx, rows_out, R, bad);
+    unsigned long long b = 0;
+    CK(cudaMemcpy(&b, bad, 8, cudaMemcpyDeviceToHost));
+    return b;
+  };
+  const char* kinds[3] = {"uniform", "masked and skewed", "first slot on expert 0"};
+  bool all_ok = true;
+  for (int kind = 2; kind >= 0; --kind) {  // ends loaded with the uniform routing, which is timed
+    load(kind, 11u + kind);
+    for (int mode = 0; mode < 4; ++mode) {
+      const unsigned long long b = verify(mode);
+      std::printf("check %-24s %-10s %llu of %lld rows wrong%s\n", kinds[kind], names[mode], b, (long long)rows_out,
+                  b ? "  MISMATCH" : "");
+      all_ok = all_ok && b == 0;
+    }
+  }
+  const double bytes = double(T) * R * (K + 1);  // each row read once, written K times
+  const float memcpy_us =
+      time_us([&] { CK(cudaMemcpyAsync(out, out + int64_t(bytes / 2), int64_t(bytes / 2), cudaMemcpyDeviceToDevice)); }, reps);
+  const double roof = bytes / memcpy_us / 1e6;
+  std::printf("-- fan-out of %lld rows to %d each, steal phases of %d rows, %d blocks\n", (long long)T, K, rows, sms);
+  std::printf("%-34s %9.1f us  %5.2f TB/s  1.000\n", "cudaMemcpy of the same bytes", memcpy_us, roof);
+  std::vector<unsigned long long> st(sms * kStamps);
+  for (int turn = 0; turn < 3; ++turn)
+    for (int mode : {kTable, kLocal, kTableIds, kTableLoads}) {
+      const float us = time_us([&] { launch(mode); }, reps);
+      std::printf("%-34s %9.1f us  %5.2f TB/s  %5.3f\n", names[mode], us, bytes / us / 1e6, bytes / us / 1e6 / roof);
+      if (turn) continue;
+      CK(cudaMemcpy(st.data(), stamps, st.size() * 8, cudaMemcpyDeviceToHost));
+      unsigned long long t0 = ~0ull;
+      for (int b = 0; b < sms; ++b) t0 = std::min(t0, st[b * kStamps]);
+      std::printf("   stamps, µs from the first block's start, median / max over blocks:");
+      const char* what[kStamps] = {"start", "positions", "round 0 landed", "round 0 issued", "end"};
+      for (int s = 0; s < kStamps; ++s) {
+        std::vector<double> v;
+        for (int b = 0; b < sms; ++b) v.push_back((st[b * kStamps + s] - t0) / 1e3);
+        std::sort(v.begin(), v.end());
+        std::printf(" %s %.1f / %.1f;", what[s], v[v.size() / 2], v.back());
+      }
+      std::printf("\n");
+    }
+  std::printf("%s\n", all_ok ? "all outputs right" : "SOME OUTPUTS WRONG");
+  return all_ok ? 0 : 1;
+}
