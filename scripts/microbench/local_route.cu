@@ -42,7 +42,7 @@ using namespace symmoe;
     }                                                                                      \
   } while (0)
 
-enum Mode { kTable = 0, kTableIds = 1, kLocal = 2, kTableLoads = 3 };
+enum Mode { kTable = 0, kTableIds = 1, kLocal = 2, kTableLoads = 3, kGroups = 4, kColumns = 5 };
 constexpr int kStamps = 5;  // start, positions known, round 0 landed, round 0 stores issued, end
 constexpr int kFieldBits = 16;  // two counts in a 32-bit shared atomic: T < 65536
 constexpr unsigned kField = (1u << kFieldBits) - 1;
@@ -59,6 +59,19 @@ struct Args {
   int32_t* o_idx;        // [T * K] output rows' expert
   int32_t* o_src;        // [T * K] output rows' source token
   unsigned long long* stamps;  // [blocks][kStamps]
+  // groups: each group's expert counts, the experts' totals (zero at launch and after), the
+  // blocks that published (never reset: gen x blocks once this launch's have), the totals' readers
+  int32_t* rowcnt;             // [groups][E]
+  int32_t* totals;             // [E]
+  unsigned long long* arrived;
+  unsigned* readers;
+  int64_t gen;                 // groups launches so far, this one included
+  // columns: the prefix matrix ([groups + 1][E], pairs of expert e in the groups before g; the
+  // last row the totals, apart from groups' zeroed ones) and a
+  // second never-reset arrival count
+  int32_t* prefix;
+  unsigned long long* arrived2;
+  int64_t gen2;  // columns launches so far, this one included
   int T, K, E, rows;
   int64_t R;
 };
@@ -78,6 +91,42 @@ __device__ __forceinline__ int group_count(const Args& a, int64_t t, int64_t g0,
   return c;
 }
 
+// Whole block: the exclusive sum of v over the threads before this one.
+__device__ __forceinline__ int block_exscan(int v, int32_t* wsum, int warp, int lane) {
+  int inc = v;
+#pragma unroll
+  for (int d = 1; d < 32; d <<= 1) {
+    const int o = __shfl_up_sync(0xffffffffu, inc, d);
+    if (lane >= d) inc += o;
+  }
+  if (lane == 31) wsum[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int s = lane < int(blockDim.x >> 5) ? wsum[lane] : 0;
+#pragma unroll
+    for (int d = 1; d < 32; d <<= 1) {
+      const int o = __shfl_up_sync(0xffffffffu, s, d);
+      if (lane >= d) s += o;
+    }
+    wsum[lane] = s;  // inclusive over warps
+  }
+  __syncthreads();
+  const int r = inc - v + (warp ? wsum[warp - 1] : 0);
+  __syncthreads();  // wsum free again
+  return r;
+}
+
+// Column c's sum over rows [r0, r1) of an [.][E] int32 matrix, 8 loads in flight.
+__device__ __forceinline__ int column_sum(const int32_t* m, int E, int c, int64_t r0, int64_t r1) {
+  int s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t r = r0;
+  for (; r + 8 <= r1; r += 8)
+#pragma unroll
+    for (int u = 0; u < 8; ++u) s[u] += __ldcg(m + (r + u) * E + c);
+  for (; r < r1; ++r) s[0] += __ldcg(m + r * E + c);
+  return s[0] + s[1] + s[2] + s[3] + s[4] + s[5] + s[6] + s[7];
+}
+
 template <int kMode>
 __global__ void __launch_bounds__(512, 1) fan(Args a) {
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, G = gridDim.x;
@@ -92,7 +141,21 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   int32_t* base = reinterpret_cast<int32_t*>(hist);
   __shared__ int32_t wsum[32];
   __shared__ int64_t given;
-  constexpr bool kIds = kMode != kTable;
+  constexpr bool kIds = kMode == kTableIds || kMode == kLocal || kMode == kTableLoads;
+  constexpr bool kOwn = kMode == kLocal || kMode == kGroups || kMode == kColumns;
+  constexpr bool kCounts = kMode == kGroups || kMode == kColumns;  // two groups' counts published  // positions of its own (and a second group)
+  const int64_t groups = (a.T + a.rows - 1) / a.rows, g2 = int64_t(blockIdx.x) + G;
+  // groups: this block's two groups' pairs, one a thread (the loads go out first)
+  const int P = a.rows * a.K;
+  int64_t ev = -1;
+  int which = 0;
+  if (kCounts) {
+    for (int e = threadIdx.x; e < 2 * a.E; e += blockDim.x) hist[e] = 0u;
+    const int i = threadIdx.x;
+    which = i / P;
+    const int64_t p = (which ? g2 : int64_t(blockIdx.x)) * P + i % P;
+    if (i < 2 * P && p < int64_t(a.T) * a.K && (which == 0 || g2 < groups)) ev = __ldg(a.idx + p);
+  }
   const int64_t lo = int64_t(blockIdx.x) * a.rows, mid = int64_t(blockIdx.x + G) * a.rows;
   const int64_t n4 = int64_t(a.T) * a.K / 2, step = blockDim.x;
   const int4* ids4 = reinterpret_cast<const int4*>(a.idx);
@@ -116,6 +179,76 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     }
   }
   __syncwarp();
+  int off = 0, pre = 0;  // groups, thread e: expert e's offset and its pairs before round 0's group
+  // Thread 0: this block's arrival at *w, then a bounded wait for every block of the `gen`-th launch.
+  auto arrive_wait = [&](unsigned long long* w, int64_t gen, const char* what) {
+    __threadfence();  // this block's writes before its arrival
+    atomicAdd(w, 1ull);
+    int64_t spins = 0;
+    while (ld_acquire_gpu(reinterpret_cast<const int64_t*>(w)) < gen * G)
+      if (++spins > (int64_t(1) << 26)) {
+        printf("block %d: %s never all arrived\n", int(blockIdx.x), what);
+        __trap();
+      }
+  };
+  if (kCounts) {
+    __syncthreads();  // hist zeroed
+    if (ev >= 0 && ev < a.E) atomicAdd(hist + 2 * ev + which, 1u);
+    __syncthreads();
+    const int e = threadIdx.x;
+    if (e < a.E) {
+      const int c0 = int(hist[2 * e]), c1 = int(hist[2 * e + 1]);
+      a.rowcnt[int64_t(blockIdx.x) * a.E + e] = c0;
+      if (g2 < groups) a.rowcnt[g2 * a.E + e] = c1;
+      if (kMode == kGroups && c0 + c1) atomicAdd(a.totals + e, c0 + c1);
+    }
+  }
+  if (kMode == kColumns) {  // block j scans columns [j * cpb, ...) over the groups, then rows back
+    __syncthreads();
+    if (threadIdx.x == 0) arrive_wait(a.arrived, a.gen, "the groups' counts");
+    __syncthreads();
+    const int cpb = (a.E + G - 1) / G, i = threadIdx.x, sc = i / int(groups), r = i % int(groups);
+    const int c = int(blockIdx.x) * cpb + sc;
+    const bool in = sc < cpb && c < a.E;
+    const int v = in ? __ldcg(a.rowcnt + int64_t(r) * a.E + c) : 0;
+    const int ex = block_exscan(v, wsum, warp, lane);
+    int32_t* start = reinterpret_cast<int32_t*>(hist);  // [cpb + 1]: each column's start in the scan
+    if (in && r == 0) start[sc] = ex;
+    if (in && r == int(groups) - 1) start[sc + 1] = ex + v;
+    __syncthreads();
+    if (in) {
+      a.prefix[int64_t(r) * a.E + c] = ex - start[sc];
+      if (r == int(groups) - 1) a.prefix[groups * a.E + c] = ex + v - start[sc];
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) arrive_wait(a.arrived2, a.gen2, "the columns' prefixes");
+    __syncthreads();
+    const int e = threadIdx.x;
+    const int tot = e < a.E ? __ldcg(a.prefix + groups * a.E + e) : 0;
+    const int p0 = e < a.E ? __ldcg(a.prefix + int64_t(blockIdx.x) * a.E + e) : 0;
+    const int p1 = e < a.E && g2 < groups ? __ldcg(a.prefix + g2 * a.E + e) : 0;
+    off = block_exscan(tot, wsum, warp, lane);
+    if (e < a.E) {
+      base[2 * e] = off + p0;
+      base[2 * e + 1] = off + p1;
+    }
+    __syncthreads();
+  }
+  if (kMode == kGroups) {
+    __syncthreads();
+    if (threadIdx.x == 0) arrive_wait(a.arrived, a.gen, "the groups' counts");
+    __syncthreads();
+    const int e = threadIdx.x;
+    const int tot = e < a.E ? __ldcg(a.totals + e) : 0;
+    if (e < a.E) pre = column_sum(a.rowcnt, a.E, e, 0, blockIdx.x);
+    off = block_exscan(tot, wsum, warp, lane);
+    if (e < a.E) base[2 * e] = off + pre;
+    if (threadIdx.x == 0 && atomicAdd(a.readers, 1u) == unsigned(G) - 1) {  // every block read the totals
+      for (int c = 0; c < a.E; ++c) a.totals[c] = 0;
+      *a.readers = 0u;
+    }
+    __syncthreads();
+  }
   if (kIds) {
     __syncthreads();  // hist zeroed
     unsigned sink = 0;
@@ -180,7 +313,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   if (threadIdx.x == 0) a.stamps[blockIdx.x * kStamps + 1] = global_timer_ns();
   // A later group's positions: the table's, or (local) those its routing block published.
   auto pos_of = [&](int64_t t, int64_t g) -> int {
-    if (kMode != kLocal) return lane < a.K ? __ldg(a.table + t * a.K + lane) : -1;
+    if (!kOwn) return lane < a.K ? __ldg(a.table + t * a.K + lane) : -1;
     if (lane == 0) {
       int64_t spins = 0;
       while (ld_acquire_gpu(a.marks + g) != a.epoch)
@@ -192,7 +325,6 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     __syncwarp();
     return lane < a.K ? __ldcg(a.pub + t * a.K + lane) : -1;
   };
-  const int64_t groups = (a.T + a.rows - 1) / a.rows;
   int64_t g = blockIdx.x;
   uint32_t parity = 0;
   for (int r = 0; r == 0 || g < groups; ++r) {
@@ -204,7 +336,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
         mbar_arrive_expect_tx(bar, uint32_t(a.R));
         bulk_load(tile, a.x + t * a.R, uint32_t(a.R), bar);
       }
-      if (kMode == kLocal && r == 0) {  // round 0: the block's own counts (base[2e])
+      if (kOwn && r == 0) {  // round 0: the block's own counts (base[2e])
         int e;
         const int c = group_count(a, t, g0, lane, e);
         p = e >= 0 ? base[2 * e] + c : -1;
@@ -236,8 +368,13 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
       if (lane == 0) bulk_commit();
     }
     if (r == 0 && threadIdx.x == 0) a.stamps[blockIdx.x * kStamps + 3] = global_timer_ns();
-    if (kMode == kLocal && r == 0) {  // the second group's positions, for whoever takes it
-      const int64_t g2 = blockIdx.x + G, t2 = g2 * a.rows + warp;
+    if (kMode == kGroups && r == 0) {  // the second group's bases: its pairs before it
+      const int e = threadIdx.x;
+      if (e < a.E && g2 < groups) base[2 * e + 1] = off + pre + column_sum(a.rowcnt, a.E, e, blockIdx.x, g2);
+      __syncthreads();
+    }
+    if (kOwn && r == 0) {  // the second group's positions, for whoever takes it
+      const int64_t t2 = g2 * a.rows + warp;
       if (g2 < groups && t2 < a.T) {
         int e;
         const int c = group_count(a, t2, g2 * a.rows, lane, e);
@@ -246,7 +383,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     }
     if (mine && lane == 0) bulk_wait_read_all();
     __syncthreads();
-    if (kMode == kLocal && r == 0 && threadIdx.x == 0 && blockIdx.x + G < groups) {
+    if (kOwn && r == 0 && threadIdx.x == 0 && g2 < groups) {
       __threadfence();
       st_release_gpu(a.marks + blockIdx.x + G, a.epoch);
     }
@@ -349,31 +486,44 @@ int main(int argc, char** argv) {
   std::printf("device %s, %d SMs, %d B shared per block; %lld rows of %lld B\n", prop.name, sms, optin, (long long)T,
               (long long)R);
   const int64_t groups = (T + rows - 1) / rows;
-  if (groups > 2 * int64_t(sms) || E > rows * 32 || T >= (1 << kFieldBits)) {
-    std::printf("shape out of this microbenchmark's range (groups <= 2 x SMs, E <= threads)\n");
+  if (groups > 2 * int64_t(sms) || E > rows * 32 || T >= (1 << kFieldBits) ||
+      (E + sms - 1) / sms * groups > rows * 32) {
+    std::printf("shape out of this microbenchmark's range (groups <= 2 x SMs, E and a block's columns x groups <= threads)\n");
     return 1;
   }
   const size_t smem = size_t(rows) * R + 8 * rows + 8 * E;  // rows, mbarriers, 2 x [E] counts
   uint8_t *x, *out;
   int64_t *idx, *marks;
   int32_t *table, *pub, *o_idx, *o_src, *want_src, *want_idx;
-  unsigned* ctr;
-  unsigned long long *stamps, *bad;
+  unsigned *ctr, *readers;
+  unsigned long long *stamps, *bad, *arrived, *arrived2;
+  int32_t *rowcnt, *totals, *prefix;
   CK(cudaMalloc(&x, T * R));
   CK(cudaMalloc(&out, T * (K + 1) * R));  // the tail: room for the same-size copy's halves
   CK(cudaMalloc(&idx, T * K * 8));
   CK(cudaMalloc(&marks, groups * 8));
   for (int32_t** p : {&table, &pub, &o_idx, &o_src, &want_src, &want_idx}) CK(cudaMalloc(p, T * K * 4));
   CK(cudaMalloc(&ctr, 4));
+  CK(cudaMalloc(&readers, 4));
+  CK(cudaMalloc(&arrived, 8));
+  CK(cudaMalloc(&arrived2, 8));
+  CK(cudaMalloc(&prefix, (groups + 1) * E * 4));
+  CK(cudaMemset(arrived2, 0, 8));
+  CK(cudaMalloc(&rowcnt, groups * E * 4));
+  CK(cudaMalloc(&totals, E * 4));
+  CK(cudaMemset(readers, 0, 4));
+  CK(cudaMemset(arrived, 0, 8));
+  CK(cudaMemset(totals, 0, E * 4));
   CK(cudaMalloc(&stamps, sms * kStamps * 8));
   CK(cudaMalloc(&bad, 8));
   CK(cudaMemset(ctr, 0, 4));
   CK(cudaMemset(marks, 0, groups * 8));
   fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(x), T * R / 2, 1u);
-  for (auto k : {fan<kTable>, fan<kTableIds>, fan<kLocal>, fan<kTableLoads>})
+  for (auto k : {fan<kTable>, fan<kTableIds>, fan<kLocal>, fan<kTableLoads>, fan<kGroups>, fan<kColumns>})
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
 
-  Args a{x, out, idx, table, pub, marks, 0, ctr, o_idx, o_src, stamps, int(T), K, E, rows, R};
+  Args a{x, out, idx, table, pub, marks, 0, ctr, o_idx, o_src, stamps, rowcnt, totals, arrived, readers, 0,
+         prefix, arrived2, 0, int(T), K, E, rows, R};
   int64_t rows_out = 0;
   // The routing on the device and the host's answer (positions, and each row's source and expert).
   auto load = [&](int kind, uint32_t seed) {
@@ -401,8 +551,14 @@ int main(int argc, char** argv) {
     if (mode == kTableIds) fan<kTableIds><<<sms, rows * 32, smem>>>(a);
     if (mode == kLocal) fan<kLocal><<<sms, rows * 32, smem>>>(a);
     if (mode == kTableLoads) fan<kTableLoads><<<sms, rows * 32, smem>>>(a);
+    if (mode == kGroups || mode == kColumns) ++a.gen;  // the arrival counts are shared: one gen per launch
+    if (mode == kGroups) fan<kGroups><<<sms, rows * 32, smem>>>(a);
+    if (mode == kColumns) {
+      ++a.gen2;
+      fan<kColumns><<<sms, rows * 32, smem>>>(a);
+    }
   };
-  const char* names[4] = {"table", "table+ids", "local", "table+id loads"};
+  const char* names[6] = {"table", "table+ids", "local", "table+id loads", "groups", "columns"};
   auto verify = [&](int mode) {
     CK(cudaMemset(out, 0xab, T * K * R));
     CK(cudaMemset(o_idx, 0xff, T * K * 4));
@@ -418,7 +574,7 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (int kind = 2; kind >= 0; --kind) {  // ends loaded with the uniform routing, which is timed
     load(kind, 11u + kind);
-    for (int mode = 0; mode < 4; ++mode) {
+    for (int mode = 0; mode < 6; ++mode) {
       const unsigned long long b = verify(mode);
       std::printf("check %-24s %-10s %llu of %lld rows wrong%s\n", kinds[kind], names[mode], b, (long long)rows_out,
                   b ? "  MISMATCH" : "");
@@ -433,7 +589,7 @@ int main(int argc, char** argv) {
   std::printf("%-34s %9.1f us  %5.2f TB/s  1.000\n", "cudaMemcpy of the same bytes", memcpy_us, roof);
   std::vector<unsigned long long> st(sms * kStamps);
   for (int turn = 0; turn < 3; ++turn)
-    for (int mode : {kTable, kLocal, kTableIds, kTableLoads}) {
+    for (int mode : {kTable, kColumns, kGroups, kTableLoads}) {
       const float us = time_us([&] { launch(mode); }, reps);
       std::printf("%-34s %9.1f us  %5.2f TB/s  %5.3f\n", names[mode], us, bytes / us / 1e6, bytes / us / 1e6 / roof);
       if (turn) continue;
