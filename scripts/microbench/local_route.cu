@@ -1,20 +1,23 @@
-// Whether the world-size-1 expert-major dispatch that routes can route without any block waiting
-// for another: every block reads all T x K ids itself (262 KB at the DeepSeek shape, from L2 after
-// the first block) and counts them in shared memory, which gives it the experts' offsets and the
-// pairs before its own tokens, so its round 0 positions need no cross-block round trip. The
-// kernels' routing (csrc/kernels/route.cuh) instead has routing blocks publish chunk counts and
-// wait for one another: 7-8 dependent global round trips, each ~1 µs behind round 0's bulk loads
-// (sessions 36-52), and the routed kernel runs ~9 µs behind the cached one.
-//
-// Three forms of the same phased fan-out (csrc/common/phases.cuh's steal mode: 16 rows a block,
-// round 0 = group blockIdx.x, later groups to whichever block asks first), timed in turns:
-//   table     positions read from a table computed before (what the cached dispatch does)
-//   table+ids the table's positions, but every block also reads and counts all ids: the local
-//             routing's traffic and work without its dependency
-//   table+id loads  the table's positions, every block reading all ids but counting nothing
-//   local     positions from the block's own counts: round 0's group and one more group
-//             (blockIdx.x + blocks, published with a mark for the block that takes it later)
-// Every form's outputs (rows, ids, source tokens) are checked against the host's routing.
+// How the world-size-1 expert-major dispatch that routes could route, against the positions read
+// from a table (what the cached dispatch does): the kernels' routing (csrc/kernels/route.cuh) has
+// 64 routing blocks publish chunk counts and wait for one another, 7-8 dependent global round trips,
+// each ~1 µs behind round 0's bulk loads (sessions 36-52), and the routed kernel runs ~9 µs behind
+// the cached one. Each form here is the same phased fan-out (csrc/common/phases.cuh's steal mode:
+// 16 rows a block, round 0 = group blockIdx.x, later groups to whichever block asks first):
+//   table      positions from a table computed before
+//   table+ids  the table's positions, but every block also reads and counts all T x K ids
+//   table+id loads  the same, every block reading all ids but counting nothing
+//   local      every block counts all ids itself (no block waits for another): the experts'
+//              offsets and the pairs before its own round 0 group and before a second group
+//              (blockIdx.x + blocks, published with a mark for the block that takes it later)
+//   groups     each block counts its two groups' pairs, publishes those rows and adds the experts'
+//              totals; once every block has (one grid arrival) it sums the rows before its group
+//   columns    the same rows; after the arrival block j scans columns 2j, 2j + 1 over the groups
+//              and publishes their prefixes; after a second arrival each block reads its rows'
+//   columns, rows after / half the rows after: round 0's loads (all, or the second half of the
+//              warps') only once the routing is done
+// Every form's outputs (rows, ids, source tokens) are checked against the host's routing. The arrivals
+// need every block resident at once (one a SM, 132 on an H200, no MPS).
 // Per-block stamps (globaltimer, from the earliest block's start): positions known, round 0's
 // rows landed, round 0's stores issued, end.
 //
@@ -42,7 +45,7 @@ using namespace symmoe;
     }                                                                                      \
   } while (0)
 
-enum Mode { kTable = 0, kTableIds = 1, kLocal = 2, kTableLoads = 3, kGroups = 4, kColumns = 5 };
+enum Mode { kTable = 0, kTableIds = 1, kLocal = 2, kTableLoads = 3, kGroups = 4, kColumns = 5, kColumnsFirst = 6, kColumnsHalf = 7 };
 constexpr int kStamps = 5;  // start, positions known, round 0 landed, round 0 stores issued, end
 constexpr int kFieldBits = 16;  // two counts in a 32-bit shared atomic: T < 65536
 constexpr unsigned kField = (1u << kFieldBits) - 1;
@@ -142,8 +145,11 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   __shared__ int32_t wsum[32];
   __shared__ int64_t given;
   constexpr bool kIds = kMode == kTableIds || kMode == kLocal || kMode == kTableLoads;
-  constexpr bool kOwn = kMode == kLocal || kMode == kGroups || kMode == kColumns;
-  constexpr bool kCounts = kMode == kGroups || kMode == kColumns;  // two groups' counts published  // positions of its own (and a second group)
+  constexpr bool kCol = kMode == kColumns || kMode == kColumnsFirst || kMode == kColumnsHalf;
+  constexpr bool kOwn = kMode == kLocal || kMode == kGroups || kCol;
+  constexpr bool kCounts = kMode == kGroups || kCol;  // two groups' counts published
+  // round 0's rows only once the routing is done: all (first), or the second half of the warps' (half)
+  const bool late = kMode == kColumnsFirst || (kMode == kColumnsHalf && warp >= a.rows / 2);  // positions of its own (and a second group)
   const int64_t groups = (a.T + a.rows - 1) / a.rows, g2 = int64_t(blockIdx.x) + G;
   // groups: this block's two groups' pairs, one a thread (the loads go out first)
   const int P = a.rows * a.K;
@@ -173,7 +179,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     fence_proxy_async_shared();
     mbar_init(bar, 1);
     mbar_init_fence();
-    if (lo + warp < a.T) {
+    if (!late && lo + warp < a.T) {
       mbar_arrive_expect_tx(bar, uint32_t(a.R));
       bulk_load(tile, a.x + (lo + warp) * a.R, uint32_t(a.R), bar);
     }
@@ -203,7 +209,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
       if (kMode == kGroups && c0 + c1) atomicAdd(a.totals + e, c0 + c1);
     }
   }
-  if (kMode == kColumns) {  // block j scans columns [j * cpb, ...) over the groups, then rows back
+  if (kCol) {  // block j scans columns [j * cpb, ...) over the groups, then rows back
     __syncthreads();
     if (threadIdx.x == 0) arrive_wait(a.arrived, a.gen, "the groups' counts");
     __syncthreads();
@@ -311,6 +317,10 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     __syncthreads();
   }
   if (threadIdx.x == 0) a.stamps[blockIdx.x * kStamps + 1] = global_timer_ns();
+  if (late && lane == 0 && lo + warp < a.T) {
+    mbar_arrive_expect_tx(bar, uint32_t(a.R));
+    bulk_load(tile, a.x + (lo + warp) * a.R, uint32_t(a.R), bar);
+  }
   // A later group's positions: the table's, or (local) those its routing block published.
   auto pos_of = [&](int64_t t, int64_t g) -> int {
     if (!kOwn) return lane < a.K ? __ldg(a.table + t * a.K + lane) : -1;
@@ -519,7 +529,8 @@ int main(int argc, char** argv) {
   CK(cudaMemset(ctr, 0, 4));
   CK(cudaMemset(marks, 0, groups * 8));
   fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(x), T * R / 2, 1u);
-  for (auto k : {fan<kTable>, fan<kTableIds>, fan<kLocal>, fan<kTableLoads>, fan<kGroups>, fan<kColumns>})
+  for (auto k : {fan<kTable>, fan<kTableIds>, fan<kLocal>, fan<kTableLoads>, fan<kGroups>, fan<kColumns>, fan<kColumnsFirst>,
+                 fan<kColumnsHalf>})
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
 
   Args a{x, out, idx, table, pub, marks, 0, ctr, o_idx, o_src, stamps, rowcnt, totals, arrived, readers, 0,
@@ -551,14 +562,15 @@ int main(int argc, char** argv) {
     if (mode == kTableIds) fan<kTableIds><<<sms, rows * 32, smem>>>(a);
     if (mode == kLocal) fan<kLocal><<<sms, rows * 32, smem>>>(a);
     if (mode == kTableLoads) fan<kTableLoads><<<sms, rows * 32, smem>>>(a);
-    if (mode == kGroups || mode == kColumns) ++a.gen;  // the arrival counts are shared: one gen per launch
+    if (mode == kGroups || mode == kColumns || mode == kColumnsFirst || mode == kColumnsHalf) ++a.gen;  // the arrival counts are shared: one gen per launch
     if (mode == kGroups) fan<kGroups><<<sms, rows * 32, smem>>>(a);
-    if (mode == kColumns) {
-      ++a.gen2;
-      fan<kColumns><<<sms, rows * 32, smem>>>(a);
-    }
+    if (mode == kColumns || mode == kColumnsFirst || mode == kColumnsHalf) ++a.gen2;
+    if (mode == kColumns) fan<kColumns><<<sms, rows * 32, smem>>>(a);
+    if (mode == kColumnsFirst) fan<kColumnsFirst><<<sms, rows * 32, smem>>>(a);
+    if (mode == kColumnsHalf) fan<kColumnsHalf><<<sms, rows * 32, smem>>>(a);
   };
-  const char* names[6] = {"table", "table+ids", "local", "table+id loads", "groups", "columns"};
+  const char* names[8] = {"table", "table+ids", "local", "table+id loads", "groups", "columns", "columns, rows after",
+                          "columns, half the rows after"};
   auto verify = [&](int mode) {
     CK(cudaMemset(out, 0xab, T * K * R));
     CK(cudaMemset(o_idx, 0xff, T * K * 4));
@@ -574,7 +586,7 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (int kind = 2; kind >= 0; --kind) {  // ends loaded with the uniform routing, which is timed
     load(kind, 11u + kind);
-    for (int mode = 0; mode < 6; ++mode) {
+    for (int mode = 0; mode < 8; ++mode) {
       const unsigned long long b = verify(mode);
       std::printf("check %-24s %-10s %llu of %lld rows wrong%s\n", kinds[kind], names[mode], b, (long long)rows_out,
                   b ? "  MISMATCH" : "");
@@ -589,7 +601,7 @@ int main(int argc, char** argv) {
   std::printf("%-34s %9.1f us  %5.2f TB/s  1.000\n", "cudaMemcpy of the same bytes", memcpy_us, roof);
   std::vector<unsigned long long> st(sms * kStamps);
   for (int turn = 0; turn < 3; ++turn)
-    for (int mode : {kTable, kColumns, kGroups, kTableLoads}) {
+    for (int mode : {kTable, kColumnsHalf, kColumns, kColumnsFirst}) {
       const float us = time_us([&] { launch(mode); }, reps);
       std::printf("%-34s %9.1f us  %5.2f TB/s  %5.3f\n", names[mode], us, bytes / us / 1e6, bytes / us / 1e6 / roof);
       if (turn) continue;
