@@ -33,17 +33,9 @@
 #include <vector>
 
 #include "../../csrc/common/ptx.cuh"
+#include "harness.cuh"
 
 using namespace symmoe;
-
-#define CK(x)                                                                              \
-  do {                                                                                     \
-    cudaError_t e_ = (x);                                                                  \
-    if (e_ != cudaSuccess) {                                                               \
-      std::printf("CUDA error %s at line %d: %s\n", #x, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                        \
-    }                                                                                      \
-  } while (0)
 
 enum Mode { kTable = 0, kTableIds = 1, kLocal = 2, kTableLoads = 3, kGroups = 4, kColumns = 5, kColumnsFirst = 6, kColumnsHalf = 7 };
 constexpr int kStamps = 5;  // start, positions known, round 0 landed, round 0 stores issued, end
@@ -291,25 +283,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     if (kMode == kTableLoads && sink == 0x7fffffffu) hist[0] = sink;
     const unsigned h = e < a.E ? hist[e] : 0u, hl = e < a.E ? hist_lo[e] : 0u;
     const int tot = int(h & kField);
-    int inc = tot;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-      const int o = __shfl_up_sync(0xffffffffu, inc, d);
-      if (lane >= d) inc += o;
-    }
-    if (lane == 31) wsum[warp] = inc;
-    __syncthreads();
-    if (warp == 0) {
-      int s = lane < int(blockDim.x >> 5) ? wsum[lane] : 0;
-#pragma unroll
-      for (int d = 1; d < 32; d <<= 1) {
-        const int o = __shfl_up_sync(0xffffffffu, s, d);
-        if (lane >= d) s += o;
-      }
-      wsum[lane] = s;  // inclusive over warps
-    }
-    __syncthreads();
-    const int off = inc - tot + (warp ? wsum[warp - 1] : 0);
+    const int off = block_exscan(tot, wsum, warp, lane);
     if (e < a.E) {
       base[2 * e] = off + int(hl);
       base[2 * e + 1] = off + int(h >> kFieldBits);
@@ -426,44 +400,6 @@ __global__ void check_rows(const uint8_t* x, const uint8_t* out, const int32_t* 
   }
 }
 
-__global__ void fill(uint16_t* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    p[i] = uint16_t(((h & 1u) << 15) | ((120u + (h >> 1) % 15u) << 7) | ((h >> 8) & 0x7fu));  // a finite bf16
-  }
-}
-
-__global__ void spin(int64_t cycles) {
-  const int64_t t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
-}
-
-static float time_us(const std::function<void()>& f, int reps) {
-  for (int i = 0; i < 3; ++i) f();
-  CK(cudaDeviceSynchronize());
-  std::vector<float> t;
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < reps; ++i) {
-    spin<<<1, 1>>>(100000);  // the events bracket device time, not the launch
-    CK(cudaEventRecord(a));
-    f();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000.f);
-  }
-  CK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 // The host's routing: uniform top-K of E (distinct per token), or `kind` 1: masked slots (-1,
 // one token in 7 fully masked) and half the pairs on expert 0..7; 2: every token's first slot on
 // expert 0.
@@ -488,13 +424,8 @@ int main(int argc, char** argv) {
   const int64_t T = argc > 1 ? std::atoll(argv[1]) : 4096, H = argc > 2 ? std::atoll(argv[2]) : 7168;
   const int K = 8, E = 256, rows = 16, reps = 30;
   const int64_t R = H * 2;
-  int sms = 0, optin = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device %s, %d SMs, %d B shared per block; %lld rows of %lld B\n", prop.name, sms, optin, (long long)T,
-              (long long)R);
+  const Device dev = device_header(T, R);
+  const int sms = dev.sms, optin = dev.optin;
   const int64_t groups = (T + rows - 1) / rows;
   if (groups > 2 * int64_t(sms) || E > rows * 32 || T >= (1 << kFieldBits) ||
       (E + sms - 1) / sms * groups > rows * 32) {
@@ -502,6 +433,10 @@ int main(int argc, char** argv) {
     return 1;
   }
   const size_t smem = size_t(rows) * R + 8 * rows + 8 * E;  // rows, mbarriers, 2 x [E] counts
+  if (smem > size_t(optin)) {
+    std::printf("%zu B of shared memory a block needed, %d allowed: a smaller hidden size\n", smem, optin);
+    return 1;
+  }
   uint8_t *x, *out;
   int64_t *idx, *marks;
   int32_t *table, *pub, *o_idx, *o_src, *want_src, *want_idx;

@@ -37,17 +37,9 @@
 
 #include "../../csrc/common/mover.cuh"
 #include "../../csrc/common/reduce.cuh"
+#include "harness.cuh"
 
 using namespace symmoe;
-
-#define CK(x)                                                                                  \
-  do {                                                                                         \
-    cudaError_t e_ = (x);                                                                      \
-    if (e_ != cudaSuccess) {                                                                   \
-      std::printf("CUDA error %s at line %d: %s\n", #x, __LINE__, cudaGetErrorString(e_));     \
-      std::exit(1);                                                                            \
-    }                                                                                          \
-  } while (0)
 
 // Non-coherent, no L1 allocation; kL2: with the L2 prefetch-size hint (each miss fetches the
 // 256-byte sector group).
@@ -67,17 +59,6 @@ __device__ __forceinline__ int4 ld_nc(const int4* p) {
 __device__ __forceinline__ void st_na(int4* p, int4 v) {
   asm volatile("st.global.L1::no_allocate.v4.s32 [%0], {%1,%2,%3,%4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                : "memory");
-}
-
-__global__ void fill(uint16_t* p, int64_t n, uint32_t seed) {
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    uint32_t h = uint32_t(i) * 2654435761u ^ seed;
-    h ^= h >> 15;
-    h *= 2246822519u;
-    h ^= h >> 13;
-    // a finite bf16: sign, exponent 120..134, mantissa
-    p[i] = uint16_t(((h & 1u) << 15) | ((120u + (h >> 1) % 15u) << 7) | ((h >> 8) & 0x7fu));
-  }
 }
 
 __global__ void count_diff(const int4* a, const int4* b, int64_t n, unsigned long long* out) {
@@ -516,48 +497,12 @@ __global__ void __launch_bounds__(NT) reduce_kernel(CombineSources cs, __nv_bflo
   reduce_tokens<__nv_bfloat16, U, NT>(cs, out, out_w, 2);  // halves, as the combine at W=1 on a whole H200
 }
 
-// -- timing --------------------------------------------------------------------------------
-// Keeps the GPU busy while the host enqueues the timed launch (as torch.cuda._sleep does in
-// symmoe.bench), so the events bracket device time, not the host's launch latency.
-__global__ void spin(int64_t cycles) {
-  const int64_t t0 = clock64();
-  while (clock64() - t0 < cycles) {
-  }
-}
-
-static float time_us(const std::function<void()>& f, int reps) {
-  for (int i = 0; i < 3; ++i) f();
-  CK(cudaDeviceSynchronize());
-  std::vector<float> t;
-  cudaEvent_t a, b;
-  CK(cudaEventCreate(&a));
-  CK(cudaEventCreate(&b));
-  for (int i = 0; i < reps; ++i) {
-    spin<<<1, 1>>>(100000);  // ~50 us at 1.98 GHz
-    CK(cudaEventRecord(a));
-    f();
-    CK(cudaEventRecord(b));
-    CK(cudaEventSynchronize(b));
-    float ms = 0;
-    CK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms * 1000.f);
-  }
-  CK(cudaGetLastError());
-  std::sort(t.begin(), t.end());
-  return t[t.size() / 2];
-}
-
 int main(int argc, char** argv) {
   const int64_t N = argc > 1 ? std::atoll(argv[1]) : 4096, H = argc > 2 ? std::atoll(argv[2]) : 7168;
   const int K = 8, reps = 30;
   const int64_t R = H * 2, nv = R / 16;
-  int sms = 0, optin = 0;
-  CK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  CK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, 0));
-  cudaDeviceProp prop;
-  CK(cudaGetDeviceProperties(&prop, 0));
-  std::printf("device %s, %d SMs, %d B shared per block; %lld rows of %lld B\n", prop.name, sms, optin, (long long)N,
-              (long long)R);
+  const Device dev = device_header(N, R);
+  const int sms = dev.sms, optin = dev.optin;
 
   uint8_t *src, *dst, *ref, *ybig;
   int *perm_id, *perm_rand;
