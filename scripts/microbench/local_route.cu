@@ -22,6 +22,7 @@
 // rows landed, round 0's stores issued, end.
 //
 // Build and run: nvcc -std=c++17 -O3 -arch=sm_90a -o /tmp/lr scripts/microbench/local_route.cu && /tmp/lr
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -37,7 +38,8 @@
 
 using namespace symmoe;
 
-enum Mode { kTable = 0, kTableIds = 1, kLocal = 2, kTableLoads = 3, kGroups = 4, kColumns = 5, kColumnsFirst = 6, kColumnsHalf = 7 };
+enum Mode { kTable = 0, kTableIds = 1, kLocal = 2, kTableLoads = 3, kGroups = 4, kColumns = 5, kColumnsFirst = 6, kColumnsHalf = 7, kCluster = 8,
+           kTableCgrid = 9 };  // the last: the table form on the cluster form's grid (a host choice)
 constexpr int kStamps = 5;  // start, positions known, round 0 landed, round 0 stores issued, end
 constexpr int kFieldBits = 16;  // two counts in a 32-bit shared atomic: T < 65536
 constexpr unsigned kField = (1u << kFieldBits) - 1;
@@ -138,11 +140,33 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   __shared__ int64_t given;
   constexpr bool kIds = kMode == kTableIds || kMode == kLocal || kMode == kTableLoads;
   constexpr bool kCol = kMode == kColumns || kMode == kColumnsFirst || kMode == kColumnsHalf;
-  constexpr bool kOwn = kMode == kLocal || kMode == kGroups || kCol;
+  constexpr bool kClu = kMode == kCluster;
+  constexpr bool kOwn = kMode == kLocal || kMode == kGroups || kCol || kClu;
   constexpr bool kCounts = kMode == kGroups || kCol;  // two groups' counts published
   // round 0's rows only once the routing is done: all (first), or the second half of the warps' (half)
   const bool late = kMode == kColumnsFirst || (kMode == kColumnsHalf && warp >= a.rows / 2);  // positions of its own (and a second group)
-  const int64_t groups = (a.T + a.rows - 1) / a.rows, g2 = int64_t(blockIdx.x) + G;
+  // cluster: a cluster of CS blocks splits the tokens into CS chunks of gpc whole groups; rank r
+  // counts chunk r and takes the chunk's groups c (c: its cluster) in round 0 and ncl + c as its
+  // second (ncl: the clusters), so that the pairs before either lie in the chunk it counts.
+  namespace cg = cooperative_groups;
+  int64_t CS = 1, crank = 0, ncl = 1, gpc = 0;
+  if (kClu) {
+    const cg::cluster_group cl = cg::this_cluster();
+    CS = cl.num_blocks();
+    crank = cl.block_rank();
+    ncl = G / CS;
+    gpc = ((a.T + CS - 1) / CS + a.rows - 1) / a.rows;
+  }
+  const int64_t groups = (a.T + a.rows - 1) / a.rows, cidx = blockIdx.x / CS;
+  const int64_t g_first = !kClu ? int64_t(blockIdx.x) : cidx < gpc ? crank * gpc + cidx : groups;
+  const int64_t g2 = !kClu ? int64_t(blockIdx.x) + G : ncl + cidx < gpc ? crank * gpc + ncl + cidx : groups;
+  // the groups handed out after round 0, and the v-th of them
+  const int64_t remaining = kClu ? CS * max(gpc - ncl, int64_t(0)) : max(groups - G, int64_t(0));
+  auto stolen = [&](int64_t v) -> int64_t {
+    if (!kClu) return G + v;
+    const int64_t rem = gpc - ncl;
+    return v < remaining ? v / rem * gpc + ncl + v % rem : groups;
+  };
   // groups: this block's two groups' pairs, one a thread (the loads go out first)
   const int P = a.rows * a.K;
   int64_t ev = -1;
@@ -154,7 +178,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     const int64_t p = (which ? g2 : int64_t(blockIdx.x)) * P + i % P;
     if (i < 2 * P && p < int64_t(a.T) * a.K && (which == 0 || g2 < groups)) ev = __ldg(a.idx + p);
   }
-  const int64_t lo = int64_t(blockIdx.x) * a.rows, mid = int64_t(blockIdx.x + G) * a.rows;
+  const int64_t lo = g_first * a.rows, mid = int64_t(blockIdx.x + G) * a.rows;
   const int64_t n4 = int64_t(a.T) * a.K / 2, step = blockDim.x;
   const int4* ids4 = reinterpret_cast<const int4*>(a.idx);
   constexpr int kB = 8;
@@ -165,6 +189,21 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     for (int u = 0; u < kB; ++u) {
       const int64_t j = threadIdx.x + u * step;
       v[u] = j < n4 ? __ldg(ids4 + j) : make_int4(-1, -1, -1, -1);
+    }
+  }
+  // cluster: H [E] this rank's chunk's pairs per expert (read by the whole cluster), P [E] the
+  // chunk's pairs before round 0's group (low 16 bits) and before the second group (high 16 bits)
+  unsigned* H = hist;
+  unsigned* Pp = hist + a.E;
+  const int64_t c0 = kClu ? min(int64_t(a.T), crank * gpc * a.rows) * a.K / 2 : 0;
+  const int64_t nclu = kClu ? min(int64_t(a.T), (crank + 1) * gpc * a.rows) * a.K / 2 - c0 : 0;
+  int4 cv[4];
+  if (kClu) {
+    for (int e = threadIdx.x; e < 2 * a.E; e += blockDim.x) hist[e] = 0u;
+#pragma unroll
+    for (int u = 0; u < 4; ++u) {
+      const int64_t j = threadIdx.x + u * step;
+      cv[u] = j < nclu ? __ldg(ids4 + c0 + j) : make_int4(-1, -1, -1, -1);
     }
   }
   if (lane == 0) {  // round 0's row behind the ids' loads
@@ -178,6 +217,52 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   }
   __syncwarp();
   int off = 0, pre = 0;  // groups, thread e: expert e's offset and its pairs before round 0's group
+  int b1_reg = 0;        // cluster, thread e: the second group's base until H may be overwritten
+  if (kClu) {
+    __syncthreads();  // H, P zeroed
+    auto add = [&](int64_t p, int lo32, int hi32) {
+      const int64_t e = int64_t((uint64_t(uint32_t(hi32)) << 32) | uint32_t(lo32));
+      if (e < 0 || e >= a.E) return;
+      const int64_t t = p / a.K;
+      atomicAdd(H + e, 1u);
+      const unsigned before = (t < lo ? 1u : 0u) | (t < g2 * a.rows ? 1u << 16 : 0u);
+      if (before) atomicAdd(Pp + e, before);
+    };
+    for (int64_t j0 = threadIdx.x; j0 < nclu; j0 += 4 * step) {
+      int4 w[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t j = j0 + (4 + u) * step;
+        w[u] = j < nclu ? __ldg(ids4 + c0 + j) : make_int4(-1, -1, -1, -1);
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) {
+        const int64_t j = j0 + u * step;
+        if (j < nclu) {
+          add(2 * (c0 + j), cv[u].x, cv[u].y);
+          add(2 * (c0 + j) + 1, cv[u].z, cv[u].w);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < 4; ++u) cv[u] = w[u];
+    }
+    const cg::cluster_group cl = cg::this_cluster();
+    cl.sync();  // every rank's chunk counted
+    const int e = threadIdx.x;
+    int tot = 0, pre0 = 0;
+    if (e < a.E) {
+      for (int j = 0; j < int(cl.num_blocks()); ++j) {
+        const int h = int(*cl.map_shared_rank(H + e, j));
+        tot += h;
+        pre0 += j < crank ? h : 0;
+      }
+    }
+    const unsigned pp = e < a.E ? Pp[e] : 0u;
+    off = block_exscan(tot, wsum, warp, lane);
+    if (e < a.E) Pp[e] = unsigned(off + pre0 + int(pp & 0xffffu));  // round 0's bases, in place
+    b1_reg = off + pre0 + int(pp >> 16);
+    __syncthreads();
+  }
   // Thread 0: this block's arrival at *w, then a bounded wait for every block of the `gen`-th launch.
   auto arrive_wait = [&](unsigned long long* w, int64_t gen, const char* what) {
     __threadfence();  // this block's writes before its arrival
@@ -295,6 +380,10 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     mbar_arrive_expect_tx(bar, uint32_t(a.R));
     bulk_load(tile, a.x + (lo + warp) * a.R, uint32_t(a.R), bar);
   }
+  // Round 0's and the second group's bases: interleaved in `base`, or (cluster) P and then H.
+  const int32_t* b0 = kClu ? reinterpret_cast<const int32_t*>(Pp) : base;
+  int32_t* b1 = kClu ? reinterpret_cast<int32_t*>(H) : base + 1;
+  const int bs = kClu ? 1 : 2;
   // A later group's positions: the table's, or (local) those its routing block published.
   auto pos_of = [&](int64_t t, int64_t g) -> int {
     if (!kOwn) return lane < a.K ? __ldg(a.table + t * a.K + lane) : -1;
@@ -309,7 +398,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     __syncwarp();
     return lane < a.K ? __ldcg(a.pub + t * a.K + lane) : -1;
   };
-  int64_t g = blockIdx.x;
+  int64_t g = g_first;
   uint32_t parity = 0;
   for (int r = 0; r == 0 || g < groups; ++r) {
     const int64_t g0 = g * a.rows, t = g0 + warp;
@@ -323,7 +412,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
       if (kOwn && r == 0) {  // round 0: the block's own counts (base[2e])
         int e;
         const int c = group_count(a, t, g0, lane, e);
-        p = e >= 0 ? base[2 * e] + c : -1;
+        p = e >= 0 ? b0[bs * e] + c : -1;
       } else {
         p = pos_of(t, g);
       }
@@ -341,8 +430,8 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     if (r == 0 && threadIdx.x == 0) a.stamps[blockIdx.x * kStamps + 2] = global_timer_ns();
     if (threadIdx.x == 0) {  // the next group (phase_steal_next)
       const unsigned w = atomicAdd(a.ctr, 1u);
-      if (int64_t(w) == max(groups - G, int64_t(0)) + G - 1) *a.ctr = 0u;
-      given = G + w;
+      if (int64_t(w) == remaining + G - 1) *a.ctr = 0u;
+      given = stolen(w);
     }
     if (mine) {
       for (int i = 0; i < a.K; ++i) {
@@ -357,19 +446,24 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
       if (e < a.E && g2 < groups) base[2 * e + 1] = off + pre + column_sum(a.rowcnt, a.E, e, blockIdx.x, g2);
       __syncthreads();
     }
+    if (kClu && r == 0) {  // the second group's bases, once no rank reads this block's H any more
+      cg::this_cluster().sync();
+      if (threadIdx.x < a.E) b1[threadIdx.x] = b1_reg;
+      __syncthreads();
+    }
     if (kOwn && r == 0) {  // the second group's positions, for whoever takes it
       const int64_t t2 = g2 * a.rows + warp;
       if (g2 < groups && t2 < a.T) {
         int e;
         const int c = group_count(a, t2, g2 * a.rows, lane, e);
-        if (lane < a.K) a.pub[t2 * a.K + lane] = e >= 0 ? base[2 * e + 1] + c : -1;
+        if (lane < a.K) a.pub[t2 * a.K + lane] = e >= 0 ? b1[bs * e] + c : -1;
       }
     }
     if (mine && lane == 0) bulk_wait_read_all();
     __syncthreads();
     if (kOwn && r == 0 && threadIdx.x == 0 && g2 < groups) {
       __threadfence();
-      st_release_gpu(a.marks + blockIdx.x + G, a.epoch);
+      st_release_gpu(a.marks + g2, a.epoch);
     }
     g = given;
   }
@@ -465,8 +559,9 @@ int main(int argc, char** argv) {
   CK(cudaMemset(marks, 0, groups * 8));
   fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(x), T * R / 2, 1u);
   for (auto k : {fan<kTable>, fan<kTableIds>, fan<kLocal>, fan<kTableLoads>, fan<kGroups>, fan<kColumns>, fan<kColumnsFirst>,
-                 fan<kColumnsHalf>})
+                 fan<kColumnsHalf>, fan<kCluster>})
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+  CK(cudaFuncSetAttribute(fan<kCluster>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 
   Args a{x, out, idx, table, pub, marks, 0, ctr, o_idx, o_src, stamps, rowcnt, totals, arrived, readers, 0,
          prefix, arrived2, 0, int(T), K, E, rows, R};
@@ -491,9 +586,48 @@ int main(int argc, char** argv) {
     CK(cudaMemcpy(want_src, src.data(), T * K * 4, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(want_idx, eid.data(), T * K * 4, cudaMemcpyHostToDevice));
   };
+  // The cluster form and the table beside it: the largest cluster size of 8, 4, 2 whose clusters all
+  // fit at once (an H200 held 7 of 16 and 15 of 8 in session 57), on as many whole clusters as fit
+  // on the SMs, with every chunk's groups covered by round 0 and the second groups (gpc <= 2 ncl)
+  // and whole chunks (T a multiple of cs x rows).
+  cudaLaunchAttribute cluster_at[1];  // outlives every config that points at it
+  auto launch_clustered = [&](auto kernel, int grid, int cs) {
+    cudaLaunchConfig_t cfg = {};
+    cfg.gridDim = dim3(grid);
+    cfg.blockDim = dim3(rows * 32);
+    cfg.dynamicSmemBytes = smem;
+    cluster_at[0].id = cudaLaunchAttributeClusterDimension;
+    cluster_at[0].val.clusterDim.x = cs;
+    cluster_at[0].val.clusterDim.y = 1;
+    cluster_at[0].val.clusterDim.z = 1;
+    cfg.attrs = cluster_at;
+    cfg.numAttrs = 1;
+    return cfg;
+  };
+  int cs = 0, cgrid = 0;
+  for (int c : {16, 8, 4, 2}) {
+    cudaLaunchConfig_t cfg = launch_clustered(fan<kCluster>, sms / c * c, c);
+    int n = 0;
+    CK(cudaOccupancyMaxActiveClusters(&n, fan<kCluster>, &cfg));
+    const int ncl = std::min(n, sms / c);
+    const int64_t gpc = T / c / rows;
+    const bool ok = T % (int64_t(c) * rows) == 0 && gpc <= 2 * int64_t(ncl) && ncl > 0;
+    std::printf("clusters of %d: %d resident at once, %d blocks, %lld groups a chunk%s\n", c, n, ncl * c,
+                (long long)gpc, ok && cs == 0 ? "  <- the cluster form's" : "");
+    if (ok && cs == 0) cs = c, cgrid = ncl * c;
+  }
+  if (cs == 0) {
+    std::printf("no cluster size fits this shape\n");
+    return 1;
+  }
   auto launch = [&](int mode) {
     ++a.epoch;
     if (mode == kTable) fan<kTable><<<sms, rows * 32, smem>>>(a);
+    if (mode == kTableCgrid) fan<kTable><<<cgrid, rows * 32, smem>>>(a);
+    if (mode == kCluster) {
+      cudaLaunchConfig_t cfg = launch_clustered(fan<kCluster>, cgrid, cs);
+      CK(cudaLaunchKernelEx(&cfg, fan<kCluster>, a));
+    }
     if (mode == kTableIds) fan<kTableIds><<<sms, rows * 32, smem>>>(a);
     if (mode == kLocal) fan<kLocal><<<sms, rows * 32, smem>>>(a);
     if (mode == kTableLoads) fan<kTableLoads><<<sms, rows * 32, smem>>>(a);
@@ -504,8 +638,8 @@ int main(int argc, char** argv) {
     if (mode == kColumnsFirst) fan<kColumnsFirst><<<sms, rows * 32, smem>>>(a);
     if (mode == kColumnsHalf) fan<kColumnsHalf><<<sms, rows * 32, smem>>>(a);
   };
-  const char* names[8] = {"table", "table+ids", "local", "table+id loads", "groups", "columns", "columns, rows after",
-                          "columns, half the rows after"};
+  const char* names[10] = {"table", "table+ids", "local", "table+id loads", "groups", "columns", "columns, rows after",
+                           "columns, half the rows after", "cluster", "table, cluster grid"};
   auto verify = [&](int mode) {
     CK(cudaMemset(out, 0xab, T * K * R));
     CK(cudaMemset(o_idx, 0xff, T * K * 4));
@@ -521,7 +655,7 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (int kind = 2; kind >= 0; --kind) {  // ends loaded with the uniform routing, which is timed
     load(kind, 11u + kind);
-    for (int mode = 0; mode < 8; ++mode) {
+    for (int mode = 0; mode < 10; ++mode) {
       const unsigned long long b = verify(mode);
       std::printf("check %-24s %-10s %llu of %lld rows wrong%s\n", kinds[kind], names[mode], b, (long long)rows_out,
                   b ? "  MISMATCH" : "");
@@ -536,18 +670,19 @@ int main(int argc, char** argv) {
   std::printf("%-34s %9.1f us  %5.2f TB/s  1.000\n", "cudaMemcpy of the same bytes", memcpy_us, roof);
   std::vector<unsigned long long> st(sms * kStamps);
   for (int turn = 0; turn < 3; ++turn)
-    for (int mode : {kTable, kColumnsHalf, kColumns, kColumnsFirst}) {
+    for (int mode : {kTable, kTableCgrid, kCluster, kColumns}) {
       const float us = time_us([&] { launch(mode); }, reps);
       std::printf("%-34s %9.1f us  %5.2f TB/s  %5.3f\n", names[mode], us, bytes / us / 1e6, bytes / us / 1e6 / roof);
       if (turn) continue;
       CK(cudaMemcpy(st.data(), stamps, st.size() * 8, cudaMemcpyDeviceToHost));
       unsigned long long t0 = ~0ull;
-      for (int b = 0; b < sms; ++b) t0 = std::min(t0, st[b * kStamps]);
+      const int nb = mode == kTableCgrid || mode == kCluster ? cgrid : sms;
+      for (int b = 0; b < nb; ++b) t0 = std::min(t0, st[b * kStamps]);
       std::printf("   stamps, µs from the first block's start, median / max over blocks:");
       const char* what[kStamps] = {"start", "positions", "round 0 landed", "round 0 issued", "end"};
       for (int s = 0; s < kStamps; ++s) {
         std::vector<double> v;
-        for (int b = 0; b < sms; ++b) v.push_back((st[b * kStamps + s] - t0) / 1e3);
+        for (int b = 0; b < nb; ++b) v.push_back((st[b * kStamps + s] - t0) / 1e3);
         std::sort(v.begin(), v.end());
         std::printf(" %s %.1f / %.1f;", what[s], v[v.size() / 2], v.back());
       }
