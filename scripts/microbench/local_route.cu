@@ -16,6 +16,11 @@
 //              and publishes their prefixes; after a second arrival each block reads its rows'
 //   columns, rows after / half the rows after: round 0's loads (all, or the second half of the
 //              warps') only once the routing is done
+//   cluster    no global trip: a cluster of cs blocks splits the tokens into cs chunks of whole
+//              groups; rank r counts chunk r, takes the chunk's group c (its cluster's index) in
+//              round 0 and group ncl + c as its second, and reads the other ranks' counts over
+//              distributed shared memory (cs: the largest of 16, 8, 4, 2 whose clusters all fit
+//              and cover every chunk's groups; "table, cluster grid" is the table on its grid)
 // Every form's outputs (rows, ids, source tokens) are checked against the host's routing. The arrivals
 // need every block resident at once (one a SM, 132 on an H200, no MPS).
 // Per-block stamps (globaltimer, from the earliest block's start): positions known, round 0's
