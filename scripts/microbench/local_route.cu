@@ -44,8 +44,8 @@
 using namespace symmoe;
 
 enum Mode { kTable = 0, kTableIds = 1, kLocal = 2, kTableLoads = 3, kGroups = 4, kColumns = 5, kColumnsFirst = 6, kColumnsHalf = 7, kCluster = 8,
-           kTableCgrid = 9 };  // the last: the table form on the cluster form's grid (a host choice)
-constexpr int kStamps = 5;  // start, positions known, round 0 landed, round 0 stores issued, end
+           kTableCgrid = 9, kClusterStaged = 10 };  // the last: the table form on the cluster form's grid (a host choice)
+constexpr int kStamps = 7;  // start, positions known, round 0 landed, round 0 stores issued, end, (staged) ids in, counted
 constexpr int kFieldBits = 16;  // two counts in a 32-bit shared atomic: T < 65536
 constexpr unsigned kField = (1u << kFieldBits) - 1;
 
@@ -145,11 +145,12 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   __shared__ int64_t given;
   constexpr bool kIds = kMode == kTableIds || kMode == kLocal || kMode == kTableLoads;
   constexpr bool kCol = kMode == kColumns || kMode == kColumnsFirst || kMode == kColumnsHalf;
-  constexpr bool kClu = kMode == kCluster;
+  constexpr bool kStaged = kMode == kClusterStaged;  // the ids first, into the last warps' tiles
+  constexpr bool kClu = kMode == kCluster || kStaged;
   constexpr bool kOwn = kMode == kLocal || kMode == kGroups || kCol || kClu;
   constexpr bool kCounts = kMode == kGroups || kCol;  // two groups' counts published
   // round 0's rows only once the routing is done: all (first), or the second half of the warps' (half)
-  const bool late = kMode == kColumnsFirst || (kMode == kColumnsHalf && warp >= a.rows / 2);  // positions of its own (and a second group)
+  bool late = kMode == kColumnsFirst || (kMode == kColumnsHalf && warp >= a.rows / 2);  // positions of its own (and a second group)
   // cluster: a cluster of CS blocks splits the tokens into CS chunks of gpc whole groups; rank r
   // counts chunk r and takes the chunk's groups c (c: its cluster) in round 0 and ncl + c as its
   // second (ncl: the clusters), so that the pairs before either lie in the chunk it counts.
@@ -203,7 +204,38 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   const int64_t c0 = kClu ? min(int64_t(a.T), crank * gpc * a.rows) * a.K / 2 : 0;
   const int64_t nclu = kClu ? min(int64_t(a.T), (crank + 1) * gpc * a.rows) * a.K / 2 - c0 : 0;
   int4 cv[4];
-  if (kClu) {
+  // staged: the chunk's ids as uint16 (0xffff: none) over the tiles of the last `ns` warps, whose
+  // round 0 loads wait for the routing; every other warp's load goes out once the ids are in
+  uint16_t* stage = nullptr;
+  if (kStaged) {
+    const int64_t ns = (nclu * 4 + a.R - 1) / a.R;
+    stage = reinterpret_cast<uint16_t*>(smem + (a.rows - ns) * a.R);
+    late = warp >= a.rows - ns;
+    for (int e = threadIdx.x; e < 2 * a.E; e += blockDim.x) hist[e] = 0u;
+    auto id16 = [&](int lo32, int hi32) -> uint16_t {
+      const int64_t e = int64_t((uint64_t(uint32_t(hi32)) << 32) | uint32_t(lo32));
+      return e >= 0 && e < a.E ? uint16_t(e) : uint16_t(0xffff);
+    };
+    for (int64_t j0 = threadIdx.x; j0 < nclu; j0 += 8 * step) {
+      int4 w[8];
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int64_t j = j0 + u * step;
+        w[u] = j < nclu ? __ldg(ids4 + c0 + j) : make_int4(-1, -1, -1, -1);
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int64_t j = j0 + u * step;
+        if (j < nclu) {
+          stage[2 * j] = id16(w[u].x, w[u].y);
+          stage[2 * j + 1] = id16(w[u].z, w[u].w);
+        }
+      }
+    }
+    __syncthreads();  // every id in: the other warps' loads may go out
+    if (threadIdx.x == 0) a.stamps[blockIdx.x * kStamps + 5] = global_timer_ns();
+  }
+  if (kClu && !kStaged) {
     for (int e = threadIdx.x; e < 2 * a.E; e += blockDim.x) hist[e] = 0u;
 #pragma unroll
     for (int u = 0; u < 4; ++u) {
@@ -233,7 +265,16 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
       const unsigned before = (t < lo ? 1u : 0u) | (t < g2 * a.rows ? 1u << 16 : 0u);
       if (before) atomicAdd(Pp + e, before);
     };
-    for (int64_t j0 = threadIdx.x; j0 < nclu; j0 += 4 * step) {
+    if (kStaged)
+      for (int64_t j = threadIdx.x; j < 2 * nclu; j += step) {
+        const uint16_t e = stage[j];
+        if (e == 0xffff) continue;
+        const int64_t t = (2 * c0 + j) / a.K;
+        atomicAdd(H + e, 1u);
+        const unsigned before = (t < lo ? 1u : 0u) | (t < g2 * a.rows ? 1u << 16 : 0u);
+        if (before) atomicAdd(Pp + e, before);
+      }
+    for (int64_t j0 = threadIdx.x; !kStaged && j0 < nclu; j0 += 4 * step) {
       int4 w[4];
 #pragma unroll
       for (int u = 0; u < 4; ++u) {
@@ -250,6 +291,10 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
       }
 #pragma unroll
       for (int u = 0; u < 4; ++u) cv[u] = w[u];
+    }
+    if (kStaged) {
+      __syncthreads();
+      if (threadIdx.x == 0) a.stamps[blockIdx.x * kStamps + 6] = global_timer_ns();
     }
     const cg::cluster_group cl = cg::this_cluster();
     cl.sync();  // every rank's chunk counted
@@ -382,6 +427,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   }
   if (threadIdx.x == 0) a.stamps[blockIdx.x * kStamps + 1] = global_timer_ns();
   if (late && lane == 0 && lo + warp < a.T) {
+    fence_proxy_async_shared();  // staged: the ids' generic writes to this tile before the bulk load's
     mbar_arrive_expect_tx(bar, uint32_t(a.R));
     bulk_load(tile, a.x + (lo + warp) * a.R, uint32_t(a.R), bar);
   }
@@ -564,9 +610,10 @@ int main(int argc, char** argv) {
   CK(cudaMemset(marks, 0, groups * 8));
   fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(x), T * R / 2, 1u);
   for (auto k : {fan<kTable>, fan<kTableIds>, fan<kLocal>, fan<kTableLoads>, fan<kGroups>, fan<kColumns>, fan<kColumnsFirst>,
-                 fan<kColumnsHalf>, fan<kCluster>})
+                 fan<kColumnsHalf>, fan<kCluster>, fan<kClusterStaged>})
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   CK(cudaFuncSetAttribute(fan<kCluster>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CK(cudaFuncSetAttribute(fan<kClusterStaged>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 
   Args a{x, out, idx, table, pub, marks, 0, ctr, o_idx, o_src, stamps, rowcnt, totals, arrived, readers, 0,
          prefix, arrived2, 0, int(T), K, E, rows, R};
@@ -633,6 +680,10 @@ int main(int argc, char** argv) {
       cudaLaunchConfig_t cfg = launch_clustered(fan<kCluster>, cgrid, cs);
       CK(cudaLaunchKernelEx(&cfg, fan<kCluster>, a));
     }
+    if (mode == kClusterStaged) {
+      cudaLaunchConfig_t cfg = launch_clustered(fan<kClusterStaged>, cgrid, cs);
+      CK(cudaLaunchKernelEx(&cfg, fan<kClusterStaged>, a));
+    }
     if (mode == kTableIds) fan<kTableIds><<<sms, rows * 32, smem>>>(a);
     if (mode == kLocal) fan<kLocal><<<sms, rows * 32, smem>>>(a);
     if (mode == kTableLoads) fan<kTableLoads><<<sms, rows * 32, smem>>>(a);
@@ -643,8 +694,9 @@ int main(int argc, char** argv) {
     if (mode == kColumnsFirst) fan<kColumnsFirst><<<sms, rows * 32, smem>>>(a);
     if (mode == kColumnsHalf) fan<kColumnsHalf><<<sms, rows * 32, smem>>>(a);
   };
-  const char* names[10] = {"table", "table+ids", "local", "table+id loads", "groups", "columns", "columns, rows after",
-                           "columns, half the rows after", "cluster", "table, cluster grid"};
+  const char* names[11] = {"table", "table+ids", "local", "table+id loads", "groups", "columns", "columns, rows after",
+                           "columns, half the rows after", "cluster", "table, cluster grid",
+                           "cluster, ids staged first"};
   auto verify = [&](int mode) {
     CK(cudaMemset(out, 0xab, T * K * R));
     CK(cudaMemset(o_idx, 0xff, T * K * 4));
@@ -660,7 +712,7 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (int kind = 2; kind >= 0; --kind) {  // ends loaded with the uniform routing, which is timed
     load(kind, 11u + kind);
-    for (int mode = 0; mode < 10; ++mode) {
+    for (int mode = 0; mode < 11; ++mode) {
       const unsigned long long b = verify(mode);
       std::printf("check %-24s %-10s %llu of %lld rows wrong%s\n", kinds[kind], names[mode], b, (long long)rows_out,
                   b ? "  MISMATCH" : "");
@@ -675,17 +727,17 @@ int main(int argc, char** argv) {
   std::printf("%-34s %9.1f us  %5.2f TB/s  1.000\n", "cudaMemcpy of the same bytes", memcpy_us, roof);
   std::vector<unsigned long long> st(sms * kStamps);
   for (int turn = 0; turn < 3; ++turn)
-    for (int mode : {kTable, kTableCgrid, kCluster, kColumns}) {
+    for (int mode : {kTable, kClusterStaged, kCluster}) {
       const float us = time_us([&] { launch(mode); }, reps);
       std::printf("%-34s %9.1f us  %5.2f TB/s  %5.3f\n", names[mode], us, bytes / us / 1e6, bytes / us / 1e6 / roof);
       if (turn) continue;
       CK(cudaMemcpy(st.data(), stamps, st.size() * 8, cudaMemcpyDeviceToHost));
       unsigned long long t0 = ~0ull;
-      const int nb = mode == kTableCgrid || mode == kCluster ? cgrid : sms;
+      const int nb = mode == kTableCgrid || mode == kCluster || mode == kClusterStaged ? cgrid : sms;
       for (int b = 0; b < nb; ++b) t0 = std::min(t0, st[b * kStamps]);
       std::printf("   stamps, µs from the first block's start, median / max over blocks:");
-      const char* what[kStamps] = {"start", "positions", "round 0 landed", "round 0 issued", "end"};
-      for (int s = 0; s < kStamps; ++s) {
+      const char* what[kStamps] = {"start", "positions", "round 0 landed", "round 0 issued", "end", "ids in", "counted"};
+      for (int s = 0; s < (mode == kClusterStaged ? kStamps : 5); ++s) {
         std::vector<double> v;
         for (int b = 0; b < nb; ++b) v.push_back((st[b * kStamps + s] - t0) / 1e3);
         std::sort(v.begin(), v.end());
