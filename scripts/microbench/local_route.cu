@@ -21,6 +21,9 @@
 //              round 0 and group ncl + c as its second, and reads the other ranks' counts over
 //              distributed shared memory (cs: the largest of 16, 8, 4, 2 whose clusters all fit
 //              and cover every chunk's groups; "table, cluster grid" is the table on its grid)
+//   cluster, ids staged first: the same, but the chunk's ids are read first, as uint16, into the
+//              tiles of the last warps (whose round 0 loads then wait for the routing), and the
+//              other warps' round 0 loads go out once every id is in
 // Every form's outputs (rows, ids, source tokens) are checked against the host's routing. The arrivals
 // need every block resident at once (one a SM, 132 on an H200, no MPS).
 // Per-block stamps (globaltimer, from the earliest block's start): positions known, round 0's
