@@ -24,6 +24,8 @@
 //   cluster, ids staged first: the same, but the chunk's ids are read first, as uint16, into the
 //              tiles of the last warps (whose round 0 loads then wait for the routing), and the
 //              other warps' round 0 loads go out once every id is in
+//   cluster, staged, paired groups: the same with each block's two groups side by side in its
+//              chunk, one packed shared atomic an id
 // Every form's outputs (rows, ids, source tokens) are checked against the host's routing. The arrivals
 // need every block resident at once (one a SM, 132 on an H200, no MPS).
 // Per-block stamps (globaltimer, from the earliest block's start): positions known, round 0's
@@ -47,7 +49,7 @@
 using namespace symmoe;
 
 enum Mode { kTable = 0, kTableIds = 1, kLocal = 2, kTableLoads = 3, kGroups = 4, kColumns = 5, kColumnsFirst = 6, kColumnsHalf = 7, kCluster = 8,
-           kTableCgrid = 9, kClusterStaged = 10 };  // the last: the table form on the cluster form's grid (a host choice)
+           kTableCgrid = 9, kClusterStaged = 10, kClusterPaired = 11 };  // the last: the table form on the cluster form's grid (a host choice)
 constexpr int kStamps = 7;  // start, positions known, round 0 landed, round 0 stores issued, end, (staged) ids in, counted
 constexpr int kFieldBits = 16;  // two counts in a 32-bit shared atomic: T < 65536
 constexpr unsigned kField = (1u << kFieldBits) - 1;
@@ -148,7 +150,11 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   __shared__ int64_t given;
   constexpr bool kIds = kMode == kTableIds || kMode == kLocal || kMode == kTableLoads;
   constexpr bool kCol = kMode == kColumns || kMode == kColumnsFirst || kMode == kColumnsHalf;
-  constexpr bool kStaged = kMode == kClusterStaged;  // the ids first, into the last warps' tiles
+  // paired: the staged form with each block's two groups side by side in its chunk (groups 2c, 2c + 1),
+  // so one packed atomic an id (the chunk's count | the count before round 0's group << 16) serves
+  // both: the second group's pairs before it are the first group's base plus what lies in between
+  constexpr bool kPaired = kMode == kClusterPaired;
+  constexpr bool kStaged = kMode == kClusterStaged || kPaired;  // the ids first, into the last warps' tiles
   constexpr bool kClu = kMode == kCluster || kStaged;
   constexpr bool kOwn = kMode == kLocal || kMode == kGroups || kCol || kClu;
   constexpr bool kCounts = kMode == kGroups || kCol;  // two groups' counts published
@@ -167,12 +173,19 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     gpc = ((a.T + CS - 1) / CS + a.rows - 1) / a.rows;
   }
   const int64_t groups = (a.T + a.rows - 1) / a.rows, cidx = blockIdx.x / CS;
-  const int64_t g_first = !kClu ? int64_t(blockIdx.x) : cidx < gpc ? crank * gpc + cidx : groups;
-  const int64_t g2 = !kClu ? int64_t(blockIdx.x) + G : ncl + cidx < gpc ? crank * gpc + ncl + cidx : groups;
+  const int64_t g_first = !kClu      ? int64_t(blockIdx.x)
+                          : kPaired ? (2 * cidx < gpc ? crank * gpc + 2 * cidx : groups)
+                          : cidx < gpc ? crank * gpc + cidx : groups;
+  const int64_t g2 = !kClu      ? int64_t(blockIdx.x) + G
+                     : kPaired ? (2 * cidx + 1 < gpc ? crank * gpc + 2 * cidx + 1 : groups)
+                     : ncl + cidx < gpc ? crank * gpc + ncl + cidx : groups;
   // the groups handed out after round 0, and the v-th of them
-  const int64_t remaining = kClu ? CS * max(gpc - ncl, int64_t(0)) : max(groups - G, int64_t(0));
+  const int64_t remaining = kPaired ? CS * (gpc / 2)
+                            : kClu  ? CS * max(gpc - ncl, int64_t(0))
+                                    : max(groups - G, int64_t(0));
   auto stolen = [&](int64_t v) -> int64_t {
     if (!kClu) return G + v;
+    if (kPaired) return v < remaining ? v / (gpc / 2) * gpc + 2 * (v % (gpc / 2)) + 1 : groups;
     const int64_t rem = gpc - ncl;
     return v < remaining ? v / rem * gpc + ncl + v % rem : groups;
   };
@@ -263,7 +276,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     auto add = [&](int64_t p, int lo32, int hi32) {
       const int64_t e = int64_t((uint64_t(uint32_t(hi32)) << 32) | uint32_t(lo32));
       if (e < 0 || e >= a.E) return;
-      const int64_t t = p / a.K;
+      const int64_t t = int64_t(uint32_t(p) / uint32_t(a.K));  // 32-bit: T x K < 2^31 (host check)
       atomicAdd(H + e, 1u);
       const unsigned before = (t < lo ? 1u : 0u) | (t < g2 * a.rows ? 1u << 16 : 0u);
       if (before) atomicAdd(Pp + e, before);
@@ -272,7 +285,11 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
       for (int64_t j = threadIdx.x; j < 2 * nclu; j += step) {
         const uint16_t e = stage[j];
         if (e == 0xffff) continue;
-        const int64_t t = (2 * c0 + j) / a.K;
+        const int64_t t = int64_t(uint32_t(2 * c0 + j) / uint32_t(a.K));
+        if (kPaired) {
+          atomicAdd(H + e, t < lo ? 1u | 1u << 16 : 1u);
+          continue;
+        }
         atomicAdd(H + e, 1u);
         const unsigned before = (t < lo ? 1u : 0u) | (t < g2 * a.rows ? 1u << 16 : 0u);
         if (before) atomicAdd(Pp + e, before);
@@ -305,12 +322,12 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     int tot = 0, pre0 = 0;
     if (e < a.E) {
       for (int j = 0; j < int(cl.num_blocks()); ++j) {
-        const int h = int(*cl.map_shared_rank(H + e, j));
+        const int h = int(*cl.map_shared_rank(H + e, j) & (kPaired ? 0xffffu : ~0u));
         tot += h;
         pre0 += j < crank ? h : 0;
       }
     }
-    const unsigned pp = e < a.E ? Pp[e] : 0u;
+    const unsigned pp = e >= a.E ? 0u : kPaired ? H[e] >> 16 : Pp[e];
     off = block_exscan(tot, wsum, warp, lane);
     if (e < a.E) Pp[e] = unsigned(off + pre0 + int(pp & 0xffffu));  // round 0's bases, in place
     b1_reg = off + pre0 + int(pp >> 16);
@@ -391,7 +408,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     auto add = [&](int64_t p, int lo32, int hi32) {
       const int64_t e = int64_t((uint64_t(uint32_t(hi32)) << 32) | uint32_t(lo32));
       if (e < 0 || e >= a.E) return;
-      const int64_t t = p / a.K;
+      const int64_t t = int64_t(uint32_t(p) / uint32_t(a.K));  // 32-bit: T x K < 2^31 (host check)
       if (kMode == kTableLoads) {  // the loads alone: a sum nobody reads but the compiler keeps
         sink += unsigned(e);
         return;
@@ -509,8 +526,9 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
       const int64_t t2 = g2 * a.rows + warp;
       if (g2 < groups && t2 < a.T) {
         int e;
-        const int c = group_count(a, t2, g2 * a.rows, lane, e);
-        if (lane < a.K) a.pub[t2 * a.K + lane] = e >= 0 ? b1[bs * e] + c : -1;
+        // paired: counted from round 0's group on, over round 0's bases
+        const int c = group_count(a, t2, kPaired ? lo : g2 * a.rows, lane, e);
+        if (lane < a.K) a.pub[t2 * a.K + lane] = e < 0 ? -1 : kPaired ? b0[e] + c : b1[bs * e] + c;
       }
     }
     if (mine && lane == 0) bulk_wait_read_all();
@@ -575,7 +593,7 @@ int main(int argc, char** argv) {
   const Device dev = device_header(T, R);
   const int sms = dev.sms, optin = dev.optin;
   const int64_t groups = (T + rows - 1) / rows;
-  if (groups > 2 * int64_t(sms) || E > rows * 32 || T >= (1 << kFieldBits) ||
+  if (groups > 2 * int64_t(sms) || E > rows * 32 || T >= (1 << kFieldBits) || T * K >= (int64_t(1) << 31) ||
       (E + sms - 1) / sms * groups > rows * 32) {
     std::printf("shape out of this microbenchmark's range (groups <= 2 x SMs, E and a block's columns x groups <= threads)\n");
     return 1;
@@ -613,10 +631,11 @@ int main(int argc, char** argv) {
   CK(cudaMemset(marks, 0, groups * 8));
   fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(x), T * R / 2, 1u);
   for (auto k : {fan<kTable>, fan<kTableIds>, fan<kLocal>, fan<kTableLoads>, fan<kGroups>, fan<kColumns>, fan<kColumnsFirst>,
-                 fan<kColumnsHalf>, fan<kCluster>, fan<kClusterStaged>})
+                 fan<kColumnsHalf>, fan<kCluster>, fan<kClusterStaged>, fan<kClusterPaired>})
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   CK(cudaFuncSetAttribute(fan<kCluster>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   CK(cudaFuncSetAttribute(fan<kClusterStaged>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CK(cudaFuncSetAttribute(fan<kClusterPaired>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 
   Args a{x, out, idx, table, pub, marks, 0, ctr, o_idx, o_src, stamps, rowcnt, totals, arrived, readers, 0,
          prefix, arrived2, 0, int(T), K, E, rows, R};
@@ -687,6 +706,10 @@ int main(int argc, char** argv) {
       cudaLaunchConfig_t cfg = launch_clustered(fan<kClusterStaged>, cgrid, cs);
       CK(cudaLaunchKernelEx(&cfg, fan<kClusterStaged>, a));
     }
+    if (mode == kClusterPaired) {
+      cudaLaunchConfig_t cfg = launch_clustered(fan<kClusterPaired>, cgrid, cs);
+      CK(cudaLaunchKernelEx(&cfg, fan<kClusterPaired>, a));
+    }
     if (mode == kTableIds) fan<kTableIds><<<sms, rows * 32, smem>>>(a);
     if (mode == kLocal) fan<kLocal><<<sms, rows * 32, smem>>>(a);
     if (mode == kTableLoads) fan<kTableLoads><<<sms, rows * 32, smem>>>(a);
@@ -697,9 +720,9 @@ int main(int argc, char** argv) {
     if (mode == kColumnsFirst) fan<kColumnsFirst><<<sms, rows * 32, smem>>>(a);
     if (mode == kColumnsHalf) fan<kColumnsHalf><<<sms, rows * 32, smem>>>(a);
   };
-  const char* names[11] = {"table", "table+ids", "local", "table+id loads", "groups", "columns", "columns, rows after",
+  const char* names[12] = {"table", "table+ids", "local", "table+id loads", "groups", "columns", "columns, rows after",
                            "columns, half the rows after", "cluster", "table, cluster grid",
-                           "cluster, ids staged first"};
+                           "cluster, ids staged first", "cluster, staged, paired groups"};
   auto verify = [&](int mode) {
     CK(cudaMemset(out, 0xab, T * K * R));
     CK(cudaMemset(o_idx, 0xff, T * K * 4));
@@ -715,7 +738,7 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (int kind = 2; kind >= 0; --kind) {  // ends loaded with the uniform routing, which is timed
     load(kind, 11u + kind);
-    for (int mode = 0; mode < 11; ++mode) {
+    for (int mode = 0; mode < 12; ++mode) {
       const unsigned long long b = verify(mode);
       std::printf("check %-24s %-10s %llu of %lld rows wrong%s\n", kinds[kind], names[mode], b, (long long)rows_out,
                   b ? "  MISMATCH" : "");
@@ -730,17 +753,17 @@ int main(int argc, char** argv) {
   std::printf("%-34s %9.1f us  %5.2f TB/s  1.000\n", "cudaMemcpy of the same bytes", memcpy_us, roof);
   std::vector<unsigned long long> st(sms * kStamps);
   for (int turn = 0; turn < 3; ++turn)
-    for (int mode : {kTable, kClusterStaged, kCluster}) {
+    for (int mode : {kTable, kClusterPaired, kClusterStaged, kLocal}) {
       const float us = time_us([&] { launch(mode); }, reps);
       std::printf("%-34s %9.1f us  %5.2f TB/s  %5.3f\n", names[mode], us, bytes / us / 1e6, bytes / us / 1e6 / roof);
       if (turn) continue;
       CK(cudaMemcpy(st.data(), stamps, st.size() * 8, cudaMemcpyDeviceToHost));
       unsigned long long t0 = ~0ull;
-      const int nb = mode == kTableCgrid || mode == kCluster || mode == kClusterStaged ? cgrid : sms;
+      const int nb = mode == kTableCgrid || mode == kCluster || mode == kClusterStaged || mode == kClusterPaired ? cgrid : sms;
       for (int b = 0; b < nb; ++b) t0 = std::min(t0, st[b * kStamps]);
       std::printf("   stamps, µs from the first block's start, median / max over blocks:");
       const char* what[kStamps] = {"start", "positions", "round 0 landed", "round 0 issued", "end", "ids in", "counted"};
-      for (int s = 0; s < (mode == kClusterStaged ? kStamps : 5); ++s) {
+      for (int s = 0; s < (mode == kClusterStaged || mode == kClusterPaired ? kStamps : 5); ++s) {
         std::vector<double> v;
         for (int b = 0; b < nb; ++b) v.push_back((st[b * kStamps + s] - t0) / 1e3);
         std::sort(v.begin(), v.end());
