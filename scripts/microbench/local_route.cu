@@ -48,8 +48,22 @@
 
 using namespace symmoe;
 
-enum Mode { kTable = 0, kTableIds = 1, kLocal = 2, kTableLoads = 3, kGroups = 4, kColumns = 5, kColumnsFirst = 6, kColumnsHalf = 7, kCluster = 8,
-           kTableCgrid = 9, kClusterStaged = 10, kClusterPaired = 11 };  // the last: the table form on the cluster form's grid (a host choice)
+// The forms, in the order they were written (kTableCgrid: the table form launched on the cluster
+// forms' grid, a host choice).
+enum Mode {
+  kTable = 0,
+  kTableIds = 1,
+  kLocal = 2,
+  kTableLoads = 3,
+  kGroups = 4,
+  kColumns = 5,
+  kColumnsFirst = 6,
+  kColumnsHalf = 7,
+  kCluster = 8,
+  kTableCgrid = 9,
+  kClusterStaged = 10,
+  kClusterPaired = 11
+};
 constexpr int kStamps = 7;  // start, positions known, round 0 landed, round 0 stores issued, end, (staged) ids in, counted
 constexpr int kFieldBits = 16;  // two counts in a 32-bit shared atomic: T < 65536
 constexpr unsigned kField = (1u << kFieldBits) - 1;
@@ -74,8 +88,7 @@ struct Args {
   unsigned* readers;
   int64_t gen;                 // groups launches so far, this one included
   // columns: the prefix matrix ([groups + 1][E], pairs of expert e in the groups before g; the
-  // last row the totals, apart from groups' zeroed ones) and a
-  // second never-reset arrival count
+  // last row the totals, apart from groups' zeroed ones) and a second never-reset arrival count
   int32_t* prefix;
   unsigned long long* arrived2;
   int64_t gen2;  // columns launches so far, this one included
@@ -156,10 +169,10 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   constexpr bool kPaired = kMode == kClusterPaired;
   constexpr bool kStaged = kMode == kClusterStaged || kPaired;  // the ids first, into the last warps' tiles
   constexpr bool kClu = kMode == kCluster || kStaged;
-  constexpr bool kOwn = kMode == kLocal || kMode == kGroups || kCol || kClu;
+  constexpr bool kOwn = kMode == kLocal || kMode == kGroups || kCol || kClu;  // positions of its own (and a second group)
   constexpr bool kCounts = kMode == kGroups || kCol;  // two groups' counts published
   // round 0's rows only once the routing is done: all (first), or the second half of the warps' (half)
-  bool late = kMode == kColumnsFirst || (kMode == kColumnsHalf && warp >= a.rows / 2);  // positions of its own (and a second group)
+  bool late = kMode == kColumnsFirst || (kMode == kColumnsHalf && warp >= a.rows / 2);
   // cluster: a cluster of CS blocks splits the tokens into CS chunks of gpc whole groups; rank r
   // counts chunk r and takes the chunk's groups c (c: its cluster) in round 0 and ncl + c as its
   // second (ncl: the clusters), so that the pairs before either lie in the chunk it counts.
