@@ -26,6 +26,8 @@
 //              other warps' round 0 loads go out once every id is in
 //   cluster, staged, paired groups: the same with each block's two groups side by side in its
 //              chunk, one packed shared atomic an id
+//   staged, warps 0-5 / 0-12 load first: the staged form with those warps' round 0 loads issued
+//              before the ids are read
 // Every form's outputs (rows, ids, source tokens) are checked against the host's routing. The arrivals
 // need every block resident at once (one a SM, 132 on an H200, no MPS).
 // Per-block stamps (globaltimer, from the earliest block's start): positions known, round 0's
@@ -62,7 +64,9 @@ enum Mode {
   kCluster = 8,
   kTableCgrid = 9,
   kClusterStaged = 10,
-  kClusterPaired = 11
+  kClusterPaired = 11,
+  kStagedEarly6 = 12,  // host choices: the staged form with warps 0-5 / 0-12 loading before the ids
+  kStagedEarly13 = 13
 };
 constexpr int kStamps = 7;  // start, positions known, round 0 landed, round 0 stores issued, end, (staged) ids in, counted
 constexpr int kFieldBits = 16;  // two counts in a 32-bit shared atomic: T < 65536
@@ -92,6 +96,7 @@ struct Args {
   int32_t* prefix;
   unsigned long long* arrived2;
   int64_t gen2;  // columns launches so far, this one included
+  int early;     // staged: warps (from 0, outside the stage) whose round 0 loads go out before the ids are read
   int T, K, E, rows;
   int64_t R;
 };
@@ -240,6 +245,16 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     const int64_t ns = (nclu * 4 + a.R - 1) / a.R;
     stage = reinterpret_cast<uint16_t*>(smem + (a.rows - ns) * a.R);
     late = warp >= a.rows - ns;
+    if (lane == 0 && warp < a.early && !late) {  // these rows' loads beside the ids' reads
+      fence_proxy_async_shared();
+      mbar_init(bar, 1);
+      mbar_init_fence();
+      if (lo + warp < a.T) {
+        mbar_arrive_expect_tx(bar, uint32_t(a.R));
+        bulk_load(tile, a.x + (lo + warp) * a.R, uint32_t(a.R), bar);
+      }
+    }
+    __syncwarp();
     for (int e = threadIdx.x; e < 2 * a.E; e += blockDim.x) hist[e] = 0u;
     auto id16 = [&](int lo32, int hi32) -> uint16_t {
       const int64_t e = int64_t((uint64_t(uint32_t(hi32)) << 32) | uint32_t(lo32));
@@ -272,7 +287,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
       cv[u] = j < nclu ? __ldg(ids4 + c0 + j) : make_int4(-1, -1, -1, -1);
     }
   }
-  if (lane == 0) {  // round 0's row behind the ids' loads
+  if (lane == 0 && !(kStaged && warp < a.early && !late)) {  // round 0's row behind the ids' loads
     fence_proxy_async_shared();
     mbar_init(bar, 1);
     mbar_init_fence();
@@ -651,7 +666,7 @@ int main(int argc, char** argv) {
   CK(cudaFuncSetAttribute(fan<kClusterPaired>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 
   Args a{x, out, idx, table, pub, marks, 0, ctr, o_idx, o_src, stamps, rowcnt, totals, arrived, readers, 0,
-         prefix, arrived2, 0, int(T), K, E, rows, R};
+         prefix, arrived2, 0, 0, int(T), K, E, rows, R};
   int64_t rows_out = 0;
   // The routing on the device and the host's answer (positions, and each row's source and expert).
   auto load = [&](int kind, uint32_t seed) {
@@ -715,9 +730,11 @@ int main(int argc, char** argv) {
       cudaLaunchConfig_t cfg = launch_clustered(fan<kCluster>, cgrid, cs);
       CK(cudaLaunchKernelEx(&cfg, fan<kCluster>, a));
     }
-    if (mode == kClusterStaged) {
+    if (mode == kClusterStaged || mode == kStagedEarly6 || mode == kStagedEarly13) {
+      a.early = mode == kStagedEarly6 ? 6 : mode == kStagedEarly13 ? 13 : 0;
       cudaLaunchConfig_t cfg = launch_clustered(fan<kClusterStaged>, cgrid, cs);
       CK(cudaLaunchKernelEx(&cfg, fan<kClusterStaged>, a));
+      a.early = 0;
     }
     if (mode == kClusterPaired) {
       cudaLaunchConfig_t cfg = launch_clustered(fan<kClusterPaired>, cgrid, cs);
@@ -733,9 +750,10 @@ int main(int argc, char** argv) {
     if (mode == kColumnsFirst) fan<kColumnsFirst><<<sms, rows * 32, smem>>>(a);
     if (mode == kColumnsHalf) fan<kColumnsHalf><<<sms, rows * 32, smem>>>(a);
   };
-  const char* names[12] = {"table", "table+ids", "local", "table+id loads", "groups", "columns", "columns, rows after",
+  const char* names[14] = {"table", "table+ids", "local", "table+id loads", "groups", "columns", "columns, rows after",
                            "columns, half the rows after", "cluster", "table, cluster grid",
-                           "cluster, ids staged first", "cluster, staged, paired groups"};
+                           "cluster, ids staged first", "cluster, staged, paired groups",
+                           "staged, warps 0-5 load first", "staged, warps 0-12 load first"};
   auto verify = [&](int mode) {
     CK(cudaMemset(out, 0xab, T * K * R));
     CK(cudaMemset(o_idx, 0xff, T * K * 4));
@@ -751,7 +769,7 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (int kind = 2; kind >= 0; --kind) {  // ends loaded with the uniform routing, which is timed
     load(kind, 11u + kind);
-    for (int mode = 0; mode < 12; ++mode) {
+    for (int mode = 0; mode < 14; ++mode) {
       const unsigned long long b = verify(mode);
       std::printf("check %-24s %-10s %llu of %lld rows wrong%s\n", kinds[kind], names[mode], b, (long long)rows_out,
                   b ? "  MISMATCH" : "");
@@ -766,17 +784,18 @@ int main(int argc, char** argv) {
   std::printf("%-34s %9.1f us  %5.2f TB/s  1.000\n", "cudaMemcpy of the same bytes", memcpy_us, roof);
   std::vector<unsigned long long> st(sms * kStamps);
   for (int turn = 0; turn < 3; ++turn)
-    for (int mode : {kTable, kClusterPaired, kClusterStaged, kLocal}) {
+    for (int mode : {kTable, kClusterStaged, kStagedEarly6, kStagedEarly13}) {
       const float us = time_us([&] { launch(mode); }, reps);
       std::printf("%-34s %9.1f us  %5.2f TB/s  %5.3f\n", names[mode], us, bytes / us / 1e6, bytes / us / 1e6 / roof);
       if (turn) continue;
       CK(cudaMemcpy(st.data(), stamps, st.size() * 8, cudaMemcpyDeviceToHost));
       unsigned long long t0 = ~0ull;
-      const int nb = mode == kTableCgrid || mode == kCluster || mode == kClusterStaged || mode == kClusterPaired ? cgrid : sms;
+      const bool staged = mode == kClusterStaged || mode == kClusterPaired || mode == kStagedEarly6 || mode == kStagedEarly13;
+      const int nb = mode == kTableCgrid || mode == kCluster || staged ? cgrid : sms;
       for (int b = 0; b < nb; ++b) t0 = std::min(t0, st[b * kStamps]);
       std::printf("   stamps, µs from the first block's start, median / max over blocks:");
       const char* what[kStamps] = {"start", "positions", "round 0 landed", "round 0 issued", "end", "ids in", "counted"};
-      for (int s = 0; s < (mode == kClusterStaged || mode == kClusterPaired ? kStamps : 5); ++s) {
+      for (int s = 0; s < (staged ? kStamps : 5); ++s) {
         std::vector<double> v;
         for (int b = 0; b < nb; ++b) v.push_back((st[b * kStamps + s] - t0) / 1e3);
         std::sort(v.begin(), v.end());
