@@ -28,6 +28,9 @@
 //              chunk, one packed shared atomic an id
 //   staged, warps 0-5 / 0-12 load first: the staged form with those warps' round 0 loads issued
 //              before the ids are read
+//   staged, clusters of 4, three levels: half the ids a block, on the 120 blocks that clusters of 4
+//              fill (a third level of groups, its base counted from global after round 0's stores);
+//              "table, that form's grid" is the table on those 120 blocks
 // Every form's outputs (rows, ids, source tokens) are checked against the host's routing. The arrivals
 // need every block resident at once (one a SM, 132 on an H200, no MPS).
 // Per-block stamps (globaltimer, from the earliest block's start): positions known, round 0's
@@ -66,7 +69,9 @@ enum Mode {
   kClusterStaged = 10,
   kClusterPaired = 11,
   kStagedEarly6 = 12,  // host choices: the staged form with warps 0-5 / 0-12 loading before the ids
-  kStagedEarly13 = 13
+  kStagedEarly13 = 13,
+  kClusterStaged3 = 14,  // the staged form on clusters of 4, with a third group where the chunk needs it
+  kTableC3 = 15          // host choice: the table form on that form's grid
 };
 constexpr int kStamps = 7;  // start, positions known, round 0 landed, round 0 stores issued, end, (staged) ids in, counted
 constexpr int kFieldBits = 16;  // two counts in a 32-bit shared atomic: T < 65536
@@ -172,7 +177,10 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   // so one packed atomic an id (the chunk's count | the count before round 0's group << 16) serves
   // both: the second group's pairs before it are the first group's base plus what lies in between
   constexpr bool kPaired = kMode == kClusterPaired;
-  constexpr bool kStaged = kMode == kClusterStaged || kPaired;  // the ids first, into the last warps' tiles
+  // three: clusters of 4 hold fewer blocks than the SMs (30 of 33 on an H200), so a chunk's groups
+  // need a third level (2 ncl + c), whose base is counted from global once round 0 is stored
+  constexpr bool kL3 = kMode == kClusterStaged3;
+  constexpr bool kStaged = kMode == kClusterStaged || kPaired || kL3;  // the ids first, into the last warps' tiles
   constexpr bool kClu = kMode == kCluster || kStaged;
   constexpr bool kOwn = kMode == kLocal || kMode == kGroups || kCol || kClu;  // positions of its own (and a second group)
   constexpr bool kCounts = kMode == kGroups || kCol;  // two groups' counts published
@@ -197,6 +205,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   const int64_t g2 = !kClu      ? int64_t(blockIdx.x) + G
                      : kPaired ? (2 * cidx + 1 < gpc ? crank * gpc + 2 * cidx + 1 : groups)
                      : ncl + cidx < gpc ? crank * gpc + ncl + cidx : groups;
+  const int64_t g3 = kL3 && 2 * ncl + cidx < gpc ? crank * gpc + 2 * ncl + cidx : groups;
   // the groups handed out after round 0, and the v-th of them
   const int64_t remaining = kPaired ? CS * (gpc / 2)
                             : kClu  ? CS * max(gpc - ncl, int64_t(0))
@@ -299,6 +308,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   __syncwarp();
   int off = 0, pre = 0;  // groups, thread e: expert e's offset and its pairs before round 0's group
   int b1_reg = 0;        // cluster, thread e: the second group's base until H may be overwritten
+  int b2_reg = 0;        // three, thread e: expert e's offset and pairs of the chunks before this one
   if (kClu) {
     __syncthreads();  // H, P zeroed
     auto add = [&](int64_t p, int lo32, int hi32) {
@@ -359,6 +369,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     off = block_exscan(tot, wsum, warp, lane);
     if (e < a.E) Pp[e] = unsigned(off + pre0 + int(pp & 0xffffu));  // round 0's bases, in place
     b1_reg = off + pre0 + int(pp >> 16);
+    b2_reg = off + pre0;
     __syncthreads();
   }
   // Thread 0: this block's arrival at *w, then a bounded wait for every block of the `gen`-th launch.
@@ -559,11 +570,30 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
         if (lane < a.K) a.pub[t2 * a.K + lane] = e < 0 ? -1 : kPaired ? b0[e] + c : b1[bs * e] + c;
       }
     }
+    if (kL3 && r == 0 && g3 < groups) {  // the third group: its chunk's pairs before it, from global
+      int32_t* b2 = reinterpret_cast<int32_t*>(Pp);  // round 0's bases are read: P is free
+      for (int e = threadIdx.x; e < a.E; e += blockDim.x) Pp[e] = 0u;
+      __syncthreads();
+      for (int64_t q = c0 * 2 + threadIdx.x; q < g3 * a.rows * a.K; q += step) {
+        const int64_t e = __ldg(a.idx + q);
+        if (e >= 0 && e < a.E) atomicAdd(Pp + e, 1u);
+      }
+      __syncthreads();
+      if (threadIdx.x < a.E) b2[threadIdx.x] = b2_reg + int(Pp[threadIdx.x]);
+      __syncthreads();
+      const int64_t t3 = g3 * a.rows + warp;
+      if (t3 < a.T) {
+        int e;
+        const int c = group_count(a, t3, g3 * a.rows, lane, e);
+        if (lane < a.K) a.pub[t3 * a.K + lane] = e < 0 ? -1 : b2[e] + c;
+      }
+    }
     if (mine && lane == 0) bulk_wait_read_all();
     __syncthreads();
     if (kOwn && r == 0 && threadIdx.x == 0 && g2 < groups) {
       __threadfence();
       st_release_gpu(a.marks + g2, a.epoch);
+      if (g3 < groups) st_release_gpu(a.marks + g3, a.epoch);
     }
     g = given;
   }
@@ -659,11 +689,12 @@ int main(int argc, char** argv) {
   CK(cudaMemset(marks, 0, groups * 8));
   fill<<<1024, 256>>>(reinterpret_cast<uint16_t*>(x), T * R / 2, 1u);
   for (auto k : {fan<kTable>, fan<kTableIds>, fan<kLocal>, fan<kTableLoads>, fan<kGroups>, fan<kColumns>, fan<kColumnsFirst>,
-                 fan<kColumnsHalf>, fan<kCluster>, fan<kClusterStaged>, fan<kClusterPaired>})
+                 fan<kColumnsHalf>, fan<kCluster>, fan<kClusterStaged>, fan<kClusterPaired>, fan<kClusterStaged3>})
     CK(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
   CK(cudaFuncSetAttribute(fan<kCluster>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   CK(cudaFuncSetAttribute(fan<kClusterStaged>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   CK(cudaFuncSetAttribute(fan<kClusterPaired>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  CK(cudaFuncSetAttribute(fan<kClusterStaged3>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
 
   Args a{x, out, idx, table, pub, marks, 0, ctr, o_idx, o_src, stamps, rowcnt, totals, arrived, readers, 0,
          prefix, arrived2, 0, 0, int(T), K, E, rows, R};
@@ -722,6 +753,16 @@ int main(int argc, char** argv) {
     std::printf("no cluster size fits this shape\n");
     return 1;
   }
+  int grid3 = 0;  // the three-level form: clusters of 4, every chunk's groups in three levels
+  {
+    cudaLaunchConfig_t cfg = launch_clustered(fan<kClusterStaged3>, sms / 4 * 4, 4);
+    int n = 0;
+    CK(cudaOccupancyMaxActiveClusters(&n, fan<kClusterStaged3>, &cfg));
+    const int ncl = std::min(n, sms / 4);
+    if (T % (4 * rows) == 0 && T / 4 / rows <= 3 * int64_t(ncl) && int64_t(ncl) * 4 * rows * 3 >= T && ncl > 0)
+      grid3 = ncl * 4;
+    std::printf("three levels on clusters of 4: %d blocks%s\n", grid3, grid3 ? "" : " (does not fit: not run)");
+  }
   auto launch = [&](int mode) {
     ++a.epoch;
     if (mode == kTable) fan<kTable><<<sms, rows * 32, smem>>>(a);
@@ -736,6 +777,11 @@ int main(int argc, char** argv) {
       CK(cudaLaunchKernelEx(&cfg, fan<kClusterStaged>, a));
       a.early = 0;
     }
+    if (mode == kClusterStaged3 && grid3) {
+      cudaLaunchConfig_t cfg = launch_clustered(fan<kClusterStaged3>, grid3, 4);
+      CK(cudaLaunchKernelEx(&cfg, fan<kClusterStaged3>, a));
+    }
+    if (mode == kTableC3 && grid3) fan<kTable><<<grid3, rows * 32, smem>>>(a);
     if (mode == kClusterPaired) {
       cudaLaunchConfig_t cfg = launch_clustered(fan<kClusterPaired>, cgrid, cs);
       CK(cudaLaunchKernelEx(&cfg, fan<kClusterPaired>, a));
@@ -750,10 +796,11 @@ int main(int argc, char** argv) {
     if (mode == kColumnsFirst) fan<kColumnsFirst><<<sms, rows * 32, smem>>>(a);
     if (mode == kColumnsHalf) fan<kColumnsHalf><<<sms, rows * 32, smem>>>(a);
   };
-  const char* names[14] = {"table", "table+ids", "local", "table+id loads", "groups", "columns", "columns, rows after",
+  const char* names[16] = {"table", "table+ids", "local", "table+id loads", "groups", "columns", "columns, rows after",
                            "columns, half the rows after", "cluster", "table, cluster grid",
                            "cluster, ids staged first", "cluster, staged, paired groups",
-                           "staged, warps 0-5 load first", "staged, warps 0-12 load first"};
+                           "staged, warps 0-5 load first", "staged, warps 0-12 load first",
+                           "staged, clusters of 4, three levels", "table, that form's grid"};
   auto verify = [&](int mode) {
     CK(cudaMemset(out, 0xab, T * K * R));
     CK(cudaMemset(o_idx, 0xff, T * K * 4));
@@ -769,7 +816,8 @@ int main(int argc, char** argv) {
   bool all_ok = true;
   for (int kind = 2; kind >= 0; --kind) {  // ends loaded with the uniform routing, which is timed
     load(kind, 11u + kind);
-    for (int mode = 0; mode < 14; ++mode) {
+    for (int mode = 0; mode < 16; ++mode) {
+      if ((mode == kClusterStaged3 || mode == kTableC3) && !grid3) continue;
       const unsigned long long b = verify(mode);
       std::printf("check %-24s %-10s %llu of %lld rows wrong%s\n", kinds[kind], names[mode], b, (long long)rows_out,
                   b ? "  MISMATCH" : "");
@@ -784,14 +832,18 @@ int main(int argc, char** argv) {
   std::printf("%-34s %9.1f us  %5.2f TB/s  1.000\n", "cudaMemcpy of the same bytes", memcpy_us, roof);
   std::vector<unsigned long long> st(sms * kStamps);
   for (int turn = 0; turn < 3; ++turn)
-    for (int mode : {kTable, kClusterStaged, kStagedEarly6, kStagedEarly13}) {
+    for (int mode : {kTable, kTableC3, kClusterStaged3, kClusterStaged}) {
+      if ((mode == kClusterStaged3 || mode == kTableC3) && !grid3) continue;
       const float us = time_us([&] { launch(mode); }, reps);
       std::printf("%-34s %9.1f us  %5.2f TB/s  %5.3f\n", names[mode], us, bytes / us / 1e6, bytes / us / 1e6 / roof);
       if (turn) continue;
       CK(cudaMemcpy(st.data(), stamps, st.size() * 8, cudaMemcpyDeviceToHost));
       unsigned long long t0 = ~0ull;
-      const bool staged = mode == kClusterStaged || mode == kClusterPaired || mode == kStagedEarly6 || mode == kStagedEarly13;
-      const int nb = mode == kTableCgrid || mode == kCluster || staged ? cgrid : sms;
+      const bool staged = mode == kClusterStaged || mode == kClusterPaired || mode == kStagedEarly6 ||
+                          mode == kStagedEarly13 || mode == kClusterStaged3;
+      const int nb = mode == kClusterStaged3 || mode == kTableC3            ? grid3
+                     : mode == kTableCgrid || mode == kCluster || staged ? cgrid
+                                                                         : sms;
       for (int b = 0; b < nb; ++b) t0 = std::min(t0, st[b * kStamps]);
       std::printf("   stamps, µs from the first block's start, median / max over blocks:");
       const char* what[kStamps] = {"start", "positions", "round 0 landed", "round 0 issued", "end", "ids in", "counted"};
