@@ -121,6 +121,11 @@ __device__ __forceinline__ int group_count(const Args& a, int64_t t, int64_t g0,
   return c;
 }
 
+// An expert id read as an int4's two 32-bit halves.
+__device__ __forceinline__ int64_t pair_id(int lo32, int hi32) {
+  return int64_t((uint64_t(uint32_t(hi32)) << 32) | uint32_t(lo32));
+}
+
 // Whole block: the exclusive sum of v over the threads before this one.
 __device__ __forceinline__ int block_exscan(int v, int32_t* wsum, int warp, int lane) {
   int inc = v;
@@ -247,6 +252,18 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   const int64_t c0 = kClu ? min(int64_t(a.T), crank * gpc * a.rows) * a.K / 2 : 0;
   const int64_t nclu = kClu ? min(int64_t(a.T), (crank + 1) * gpc * a.rows) * a.K / 2 - c0 : 0;
   int4 cv[4];
+  // Lane 0: this warp's mbarrier, and its round 0 row's load (the three places that issue it).
+  auto init_bar = [&] {
+    fence_proxy_async_shared();
+    mbar_init(bar, 1);
+    mbar_init_fence();
+  };
+  auto load_row0 = [&] {
+    if (lo + warp < a.T) {
+      mbar_arrive_expect_tx(bar, uint32_t(a.R));
+      bulk_load(tile, a.x + (lo + warp) * a.R, uint32_t(a.R), bar);
+    }
+  };
   // staged: the chunk's ids as uint16 (0xffff: none) over the tiles of the last `ns` warps, whose
   // round 0 loads wait for the routing; every other warp's load goes out once the ids are in
   uint16_t* stage = nullptr;
@@ -255,18 +272,13 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     stage = reinterpret_cast<uint16_t*>(smem + (a.rows - ns) * a.R);
     late = warp >= a.rows - ns;
     if (lane == 0 && warp < a.early && !late) {  // these rows' loads beside the ids' reads
-      fence_proxy_async_shared();
-      mbar_init(bar, 1);
-      mbar_init_fence();
-      if (lo + warp < a.T) {
-        mbar_arrive_expect_tx(bar, uint32_t(a.R));
-        bulk_load(tile, a.x + (lo + warp) * a.R, uint32_t(a.R), bar);
-      }
+      init_bar();
+      load_row0();
     }
     __syncwarp();
     for (int e = threadIdx.x; e < 2 * a.E; e += blockDim.x) hist[e] = 0u;
     auto id16 = [&](int lo32, int hi32) -> uint16_t {
-      const int64_t e = int64_t((uint64_t(uint32_t(hi32)) << 32) | uint32_t(lo32));
+      const int64_t e = pair_id(lo32, hi32);
       return e >= 0 && e < a.E ? uint16_t(e) : uint16_t(0xffff);
     };
     for (int64_t j0 = threadIdx.x; j0 < nclu; j0 += 8 * step) {
@@ -297,13 +309,8 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     }
   }
   if (lane == 0 && !(kStaged && warp < a.early && !late)) {  // round 0's row behind the ids' loads
-    fence_proxy_async_shared();
-    mbar_init(bar, 1);
-    mbar_init_fence();
-    if (!late && lo + warp < a.T) {
-      mbar_arrive_expect_tx(bar, uint32_t(a.R));
-      bulk_load(tile, a.x + (lo + warp) * a.R, uint32_t(a.R), bar);
-    }
+    init_bar();
+    if (!late) load_row0();
   }
   __syncwarp();
   int off = 0, pre = 0;  // groups, thread e: expert e's offset and its pairs before round 0's group
@@ -312,7 +319,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
   if (kClu) {
     __syncthreads();  // H, P zeroed
     auto add = [&](int64_t p, int lo32, int hi32) {
-      const int64_t e = int64_t((uint64_t(uint32_t(hi32)) << 32) | uint32_t(lo32));
+      const int64_t e = pair_id(lo32, hi32);
       if (e < 0 || e >= a.E) return;
       const int64_t t = int64_t(uint32_t(p) / uint32_t(a.K));  // 32-bit: T x K < 2^31 (host check)
       atomicAdd(H + e, 1u);
@@ -445,7 +452,7 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     __syncthreads();  // hist zeroed
     unsigned sink = 0;
     auto add = [&](int64_t p, int lo32, int hi32) {
-      const int64_t e = int64_t((uint64_t(uint32_t(hi32)) << 32) | uint32_t(lo32));
+      const int64_t e = pair_id(lo32, hi32);
       if (e < 0 || e >= a.E) return;
       const int64_t t = int64_t(uint32_t(p) / uint32_t(a.K));  // 32-bit: T x K < 2^31 (host check)
       if (kMode == kTableLoads) {  // the loads alone: a sum nobody reads but the compiler keeps
@@ -485,10 +492,9 @@ __global__ void __launch_bounds__(512, 1) fan(Args a) {
     __syncthreads();
   }
   if (threadIdx.x == 0) a.stamps[blockIdx.x * kStamps + 1] = global_timer_ns();
-  if (late && lane == 0 && lo + warp < a.T) {
+  if (late && lane == 0) {
     fence_proxy_async_shared();  // staged: the ids' generic writes to this tile before the bulk load's
-    mbar_arrive_expect_tx(bar, uint32_t(a.R));
-    bulk_load(tile, a.x + (lo + warp) * a.R, uint32_t(a.R), bar);
+    load_row0();
   }
   // Round 0's and the second group's bases: interleaved in `base`, or (cluster) P and then H.
   const int32_t* b0 = kClu ? reinterpret_cast<const int32_t*>(Pp) : base;
@@ -653,7 +659,10 @@ int main(int argc, char** argv) {
   const int64_t groups = (T + rows - 1) / rows;
   if (groups > 2 * int64_t(sms) || E > rows * 32 || T >= (1 << kFieldBits) || T * K >= (int64_t(1) << 31) ||
       (E + sms - 1) / sms * groups > rows * 32) {
-    std::printf("shape out of this microbenchmark's range (groups <= 2 x SMs, E and a block's columns x groups <= threads)\n");
+    std::printf("shape out of this microbenchmark's range: %lld tokens (%lld groups of %d; at most 2 x %d SMs, "
+                "T < %d, T x K < 2^31), E = %d (at most %d threads a block, and %lld columns x groups)\n",
+                (long long)T, (long long)groups, rows, sms, 1 << kFieldBits, E, rows * 32,
+                (long long)((E + sms - 1) / sms * groups));
     return 1;
   }
   const size_t smem = size_t(rows) * R + 8 * rows + 8 * E;  // rows, mbarriers, 2 x [E] counts
@@ -737,6 +746,10 @@ int main(int argc, char** argv) {
     cfg.numAttrs = 1;
     return cfg;
   };
+  auto run_clustered = [&](auto kernel, int grid, int cs) {
+    cudaLaunchConfig_t cfg = launch_clustered(kernel, grid, cs);
+    CK(cudaLaunchKernelEx(&cfg, kernel, a));
+  };
   int cs = 0, cgrid = 0;
   for (int c : {16, 8, 4, 2}) {
     cudaLaunchConfig_t cfg = launch_clustered(fan<kCluster>, sms / c * c, c);
@@ -750,7 +763,8 @@ int main(int argc, char** argv) {
     if (ok && cs == 0) cs = c, cgrid = ncl * c;
   }
   if (cs == 0) {
-    std::printf("no cluster size fits this shape\n");
+    std::printf("no cluster size fits %lld tokens: a cluster form needs whole chunks of %d-token groups and "
+                "at most two groups a block (the sizes above)\n", (long long)T, rows);
     return 1;
   }
   int grid3 = 0;  // the three-level form: clusters of 4, every chunk's groups in three levels
@@ -767,25 +781,15 @@ int main(int argc, char** argv) {
     ++a.epoch;
     if (mode == kTable) fan<kTable><<<sms, rows * 32, smem>>>(a);
     if (mode == kTableCgrid) fan<kTable><<<cgrid, rows * 32, smem>>>(a);
-    if (mode == kCluster) {
-      cudaLaunchConfig_t cfg = launch_clustered(fan<kCluster>, cgrid, cs);
-      CK(cudaLaunchKernelEx(&cfg, fan<kCluster>, a));
-    }
+    if (mode == kCluster) run_clustered(fan<kCluster>, cgrid, cs);
     if (mode == kClusterStaged || mode == kStagedEarly6 || mode == kStagedEarly13) {
       a.early = mode == kStagedEarly6 ? 6 : mode == kStagedEarly13 ? 13 : 0;
-      cudaLaunchConfig_t cfg = launch_clustered(fan<kClusterStaged>, cgrid, cs);
-      CK(cudaLaunchKernelEx(&cfg, fan<kClusterStaged>, a));
+      run_clustered(fan<kClusterStaged>, cgrid, cs);
       a.early = 0;
     }
-    if (mode == kClusterStaged3 && grid3) {
-      cudaLaunchConfig_t cfg = launch_clustered(fan<kClusterStaged3>, grid3, 4);
-      CK(cudaLaunchKernelEx(&cfg, fan<kClusterStaged3>, a));
-    }
+    if (mode == kClusterStaged3 && grid3) run_clustered(fan<kClusterStaged3>, grid3, 4);
     if (mode == kTableC3 && grid3) fan<kTable><<<grid3, rows * 32, smem>>>(a);
-    if (mode == kClusterPaired) {
-      cudaLaunchConfig_t cfg = launch_clustered(fan<kClusterPaired>, cgrid, cs);
-      CK(cudaLaunchKernelEx(&cfg, fan<kClusterPaired>, a));
-    }
+    if (mode == kClusterPaired) run_clustered(fan<kClusterPaired>, cgrid, cs);
     if (mode == kTableIds) fan<kTableIds><<<sms, rows * 32, smem>>>(a);
     if (mode == kLocal) fan<kLocal><<<sms, rows * 32, smem>>>(a);
     if (mode == kTableLoads) fan<kTableLoads><<<sms, rows * 32, smem>>>(a);
