@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The source tree of another commit under trees/<commit>/ (ignored by git; results/ left out),
+# The source tree of another commit under trees/<commit>/ (ignored by git),
 # so that one call on the GPU machine measures a change and its baseline on the same lease:
 #
 #   scripts/baseline_tree.sh main            # prints the folder, e.g. trees/1a7e89e
@@ -19,5 +19,5 @@ rev=$(git rev-parse --short "$1^{commit}") || { echo "baseline_tree.sh: '$1' is 
 dir=${2:-trees}/$rev
 rm -rf "$dir"
 mkdir -p "$dir"
-git archive "$rev" -- . ':!results' | tar -x -C "$dir"
+git archive "$rev" | tar -x -C "$dir"
 echo "$dir"

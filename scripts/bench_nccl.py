@@ -6,7 +6,7 @@ DeepSeek-V3 shape (4096 tokens x 7168 bf16, top-8 of 256 experts), both output l
 Added here: set-up/teardown time of the NCCL communicator + window, the host barrier's
 round trip, and whether NCCL can set up GIN on this machine.
 
-Usage: python3 scripts/bench_nccl.py --out results/nccl_bench.json
+Usage: python3 scripts/bench_nccl.py --out nccl_bench.json
 """
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=30)
     ap.add_argument("--num-sms", type=int, default=0, help="0: every SM of the device")
-    ap.add_argument("--out", default="results/nccl_bench.json")
+    ap.add_argument("--out", default="nccl_bench.json")
     ap.add_argument("--no-gin-probe", action="store_true")
     a = ap.parse_args()
 

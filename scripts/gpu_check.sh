@@ -3,13 +3,12 @@
 # the kernels, run the GPU tests, benchmarks and A/B runs; a short table is printed last.
 #
 #   scripts/gpu_check.sh [section ...]      default: build test bench
-#   sections: build | test | test-quick | bench | bench-quick | nccl | nvshmem | ab | micro | host | timeline
-#   (setup and MPS always run; micro: scripts/microbench/row_copy.cu, copy and reduce strategies;
-#   host: scripts/host_profile.py, cProfile of each call's host time; timeline: scripts/timeline_probe.py)
+#   sections: build | test | test-quick | bench | bench-quick | nccl | nvshmem | ab | timeline
+#   (setup and MPS always run; timeline: scripts/timeline_probe.py, each warp's phases in the kernels)
 # Every log and JSON goes to $LOG (default /tmp/symmoe-gpu, emptied first); at the end $OUT receives at
-# most 9 files: summary.txt, logs.tar.gz and the JSONs of the sections that ran. The device tool
+# most 7 files: summary.txt, logs.tar.gz and the JSONs of the sections that ran. The device tool
 # brings back 8 files over all of its $OUT, folders included: a call with several runs points
-# OUT at /tmp and copies into the tool's $OUT only what it needs (session 24 lost a run's files).
+# OUT at /tmp and copies into the tool's $OUT only what it needs (files past the 8th are lost).
 # One call stays inside the 10-minute limit with e.g. "build test nccl", then "nvshmem bench ab".
 #   PYTEST_ARGS='-k pull' scripts/gpu_check.sh test      extra pytest arguments
 #   A test still running after $FAULT_S seconds (default 240) dumps every thread's stack
@@ -88,12 +87,7 @@ for s in "${SECTIONS[@]}"; do
         2>&1 | tee "$LOG/bench.log"
       rc=${PIPESTATUS[0]}
       note "bench exit $rc"
-      [ "$rc" -ne 0 ] && status=1
-      # The issues' one-GPU targets, judged from the same JSON (symmoe.targets_one_gpu).
-      if [ -f "$LOG/bench.json" ] && python3 -m symmoe.targets_one_gpu --bench "$LOG/bench.json" \
-           --md "$LOG/targets_one_gpu.md" >"$LOG/targets_one_gpu.log" 2>&1; then
-        note "$(tail -1 "$LOG/targets_one_gpu.md")"
-      fi ;;
+      [ "$rc" -ne 0 ] && status=1 ;;
     nccl)  # nccl backend (world size 1): its build, GPU tests and benchmark (scripts/gpu_check_nccl.sh)
       bash scripts/gpu_check_nccl.sh "$LOG"
       rc=$?
@@ -118,13 +112,6 @@ for s in "${SECTIONS[@]}"; do
       rc=${PIPESTATUS[0]}; note "ab v1_v2_mega (W=1, timing device): exit $rc"; [ "$rc" -ne 0 ] && status=1
       symmoe ab configs/ab/push_vs_pull.yaml --world-size 4 --repeats 20 --out "$LOG/ab_pushpull" --no-fallback 2>&1 | tee "$LOG/ab_pushpull.log"
       rc=${PIPESTATUS[0]}; note "ab push_vs_pull (W=4, MPS): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
-    micro)  # the data kernels' copy and reduce strategies against cudaMemcpy (no MPS clients)
-      if nvcc -std=c++17 -O3 -arch=sm_90a -o "$LOG/row_copy" scripts/microbench/row_copy.cu >"$LOG/micro_build.log" 2>&1; then
-        "$LOG/row_copy" 2>&1 | tee "$LOG/micro.txt"; rc=${PIPESTATUS[0]}
-        note "microbench exit $rc"; [ "$rc" -ne 0 ] && status=1
-        python3 scripts/microbench/to_json.py "$LOG/micro.txt" --commit "${SYMMOE_COMMIT:-unknown}" \
-          --command "scripts/gpu_check.sh micro" || status=1
-      else note "microbench build FAILED"; tail -20 "$LOG/micro_build.log"; status=1; fi ;;
     timeline)  # W=1 cached dispatch, warp by warp: launch skew, prologue, copy loop, drain
       # TIMELINE_BACKENDS, TIMELINE_LAYOUTS; TIMELINE_VARIANTS="kernel.copy_depth=3 kernel.copy_bytes=7168": each again
       # TIMELINE_ROUTED=1: the W=1 dispatch that routes instead (its routed kernel's marks); TIMELINE_EXACT=1 with it: exact sizes
@@ -134,13 +121,9 @@ for s in "${SECTIONS[@]}"; do
       python3 scripts/timeline_probe.py --backends "${TIMELINE_BACKENDS:-torch,nccl}" --protocols "${BENCH_PROTOCOLS:-push,pull}" \
         --layouts "${TIMELINE_LAYOUTS:-rank,expert}" "${vargs[@]}" --json "$LOG/timeline.json" 2>&1 | tee "$LOG/timeline.txt"
       rc=${PIPESTATUS[0]}; note "timeline probe exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
-    host)  # where each call's host time goes (cProfile, world size 1; BENCH_BACKENDS / BENCH_PROTOCOLS)
-      python3 scripts/host_profile.py --backends "${BENCH_BACKENDS:-torch,nccl}" --protocols "${BENCH_PROTOCOLS:-push}" \
-        2>&1 | tee "$LOG/host_profile.txt"
-      rc=${PIPESTATUS[0]}; note "host profile exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     *) echo "unknown section '$s'"; status=2 ;;
   esac
 done
 
-finish_run bench.json targets_one_gpu.md nccl_bench.json ab_mega/results.json ab_pushpull/results.json micro.json host_profile.txt timeline.json
+finish_run bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
 exit $status

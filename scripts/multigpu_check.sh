@@ -11,9 +11,9 @@
 #              bus bandwidth (the NVLink ceiling), all_to_all_single dispatch/combine (what
 #              a user without symmoe writes), torch.ops.symm_mem.all_to_all_vdev_2d
 #   bench      python -m symmoe.bench: every backend at world size N with per-kernel times
-# then, when bench.json and baselines.json exist, python -m symmoe.targets (the issue-7 target
-# table: ratio to the NVLink all-to-all ceiling, speedup vs all_to_all_single) and prints
-# that table last. On one GPU it runs the same steps at world size 1.
+# then, when bench.json and baselines.json exist, python -m symmoe.targets (the goal table:
+# ratio to the NVLink all-to-all ceiling, speedup vs all_to_all_single) and prints that
+# table last. On one GPU it runs the same steps at world size 1.
 #   scripts/multigpu_check.sh [step ...]      default: check ab baselines bench
 #   SYMMOE_COMMIT=<hash>                      the commit recorded in the JSON files: write the hash into the command (on the device, git rev-parse reads a stale .git)
 #   STEP_LIMIT_S=1200                         each torchrun step is interrupted after this
@@ -43,8 +43,8 @@ read -r -a CHECK_CONFIGS <<< "${CHECK_CONFIGS:-configs/torch.yaml configs/nvshme
 
 status=0
 # Every extension compiled once, before any step: on a fresh machine the ranks of the first
-# step would otherwise compile inside its time limit (session 8: the check step ran out of its
-# 150 s that way).
+# step would otherwise compile inside its time limit (every rank compiling at once can take
+# longer than a step's limit).
 build_kernels || status=1
 for s in "${STEPS[@]}"; do
   case "$s" in
@@ -81,7 +81,7 @@ if [ -f "$LOG/bench.json" ] && [ -f "$LOG/baselines.json" ]; then
   rm -f "$LOG/targets.md" "$LOG/targets.json"  # a failed run must not leave an older table behind
   python3 -m symmoe.targets --bench "$LOG/bench.json" --baselines "$LOG/baselines.json" ${AB_ARG[@]+"${AB_ARG[@]}"} \
     --md "$LOG/targets.md" --json "$LOG/targets.json" >"$LOG/targets.log" 2>&1
-  rc=$?; note "targets (issue 7): exit $rc"; [ "$rc" -ne 0 ] && { cat "$LOG/targets.log"; status=1; }
+  rc=$?; note "goal table: exit $rc"; [ "$rc" -ne 0 ] && { cat "$LOG/targets.log"; status=1; }
 fi
 
 [ -f "$LOG/ab/table.md" ] && sed -n '/^| variant | backend/,/^$/p' "$LOG/ab/table.md"

@@ -140,19 +140,3 @@ def test_compile_error_is_a_build_error_with_compiler_output(tmp_path, monkeypat
                         build.ExtensionSpec(name="_broken_for_test", sources=("bindings/_broken_for_test.cu",)))
     with pytest.raises(build.BuildError, match="compiling bindings/_broken_for_test.cu"):
         build.build("_broken_for_test")
-
-
-@pytest.mark.build
-@pytest.mark.parametrize("name", ["row_copy", "local_route"])
-def test_the_microbenchmarks_compile(tmp_path, name):
-    """scripts/microbench/row_copy.cu (gpu_check.sh micro) times the kernels' own copy and
-    reduce pieces from csrc/common, local_route.cu the W=1 expert-major routing's forms on its
-    PTX wrappers: a header change that breaks either fails here, not on the GPU."""
-    nvcc = build.nvcc_path()
-    if nvcc is None:
-        pytest.skip("nvcc not found")
-    src = ROOT / "scripts" / "microbench" / f"{name}.cu"
-    out = subprocess.run([str(nvcc), "-std=c++17", "-O3", "-arch=sm_90a", "-o", str(tmp_path / name), str(src)],
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr[-2000:]
-    assert (tmp_path / name).stat().st_size > 0

@@ -1,4 +1,4 @@
-"""symmoe.targets: the issue-7 target table of the first 2x H200 run, recomputed by hand from
+"""symmoe.targets: the goal table of a 2x H200 run (tests/fixtures/targets_W2), recomputed by hand from
 the same JSON fields; a slower run fails its target; a missing or wrong file is named. CPU only."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from symmoe import targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RUN = os.path.join(ROOT, "results", "multigpu_W2_2026-11-29")
+RUN = os.path.join(ROOT, "tests", "fixtures", "targets_W2")
 BENCH, BASELINES, AB = (os.path.join(RUN, f) for f in ("bench.json", "baselines.json", "ab_results.json"))
 
 
@@ -182,7 +182,7 @@ def test_data_kernel_ratio_leaves_the_routing_kernels_out(docs, res):
 
 
 def test_a_cached_dispatch_is_judged_like_dispatch_in_rows_of_its_own(docs):
-    """Bench files since session 7 time dispatch(x, handle=...): the same rank-major bytes
+    """A bench file that times dispatch(x, handle=...) gets rows of the same rank-major bytes
     and the same a2a dispatch baseline as dispatch, labelled as cached in the Markdown."""
     bench, base, ab = copy.deepcopy(docs)
     e = bench_entry(bench, "torch", "push")
