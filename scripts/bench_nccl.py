@@ -1,7 +1,7 @@
 """Benchmark of the nccl backend (push over NCCL LSA windows) at world size 1 on one GPU.
 
-Dispatch and combine are timed by ``symmoe.bench.run_gpu_bench`` -- the same methodology,
-byte accounting and copy roofline as the other backends (see symmoe/bench.py), at the
+Dispatch and combine are timed by ``symmoe.bench.gpu.run_gpu_bench`` -- the same methodology,
+byte accounting and copy roofline as the other backends (see symmoe/bench/gpu.py), at the
 DeepSeek-V3 shape (4096 tokens x 7168 bf16, top-8 of 256 experts), both output layouts.
 Added here: set-up/teardown time of the NCCL communicator + window, the host barrier's
 round trip, and whether NCCL can set up GIN on this machine.
@@ -78,7 +78,7 @@ def main() -> None:
 
     from symmoe.backends import probe
     from symmoe.backends.nccl import NcclMemory, describe
-    from symmoe.bench import bench_config, provenance, run_gpu_bench, table
+    from symmoe.bench.gpu import bench_config, provenance, run_gpu_bench, table
 
     torch.cuda.init()
     sms = a.num_sms or torch.cuda.get_device_properties(0).multi_processor_count

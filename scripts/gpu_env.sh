@@ -50,7 +50,7 @@ finish_run() {
   for line in "${SUMMARY[@]}"; do echo "$line"; done
   [ -f "$LOG/bench.json" ] && python3 -c "
 import json
-from symmoe.bench import table
+from symmoe.bench.gpu import table
 print(table(json.load(open('$LOG/bench.json'))['results']))"
   for line in "${SUMMARY[@]}"; do echo "$line"; done > "$OUT/summary.txt"
   tar czf "$OUT/logs.tar.gz" -C "$LOG" . 2>/dev/null

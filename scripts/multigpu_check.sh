@@ -7,11 +7,11 @@
 #              Buffer.input_view (--x-in-buffer, without --cached)
 #   ab         symmoe ab configs/ab/v1_v2_mega.yaml: V1 vs V2 vs Mega, DeepSeek-V3 shape
 #              (AB_SPEC=configs/ab/push_modes.yaml: another spec, e.g. push unpack vs stream)
-#   baselines  python -m symmoe.baselines: P2P copy GB/s of every GPU pair, NCCL all-to-all
+#   baselines  python -m symmoe.bench.baselines: P2P copy GB/s of every GPU pair, NCCL all-to-all
 #              bus bandwidth (the NVLink ceiling), all_to_all_single dispatch/combine (what
 #              a user without symmoe writes), torch.ops.symm_mem.all_to_all_vdev_2d
 #   bench      python -m symmoe.bench: every backend at world size N with per-kernel times
-# then, when bench.json and baselines.json exist, python -m symmoe.targets (the goal table:
+# then, when bench.json and baselines.json exist, python -m symmoe.bench.targets (the goal table:
 # ratio to the NVLink all-to-all ceiling, speedup vs all_to_all_single) and prints that
 # table last. On one GPU it runs the same steps at world size 1.
 #   scripts/multigpu_check.sh [step ...]      default: check ab baselines bench
@@ -63,7 +63,7 @@ for s in "${STEPS[@]}"; do
       run -m symmoe.ab "$spec" --out "$LOG/ab" --no-fallback 2>&1 | tee "$LOG/ab.log"
       rc=${PIPESTATUS[0]}; note "ab $(basename "$spec" .yaml) (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     baselines)
-      run -m symmoe.baselines --json "$LOG/baselines.json" 2>&1 | tee "$LOG/baselines.log"
+      run -m symmoe.bench.baselines --json "$LOG/baselines.json" 2>&1 | tee "$LOG/baselines.log"
       rc=${PIPESTATUS[0]}; note "baselines (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     bench)
       export SYMMOE_BENCH_COMMAND="$(bench_command scripts/multigpu_check.sh bench)"
@@ -79,7 +79,7 @@ done
 if [ -f "$LOG/bench.json" ] && [ -f "$LOG/baselines.json" ]; then
   AB_ARG=(); [ -f "$LOG/ab/results.json" ] && AB_ARG=(--ab "$LOG/ab/results.json")
   rm -f "$LOG/targets.md" "$LOG/targets.json"  # a failed run must not leave an older table behind
-  python3 -m symmoe.targets --bench "$LOG/bench.json" --baselines "$LOG/baselines.json" ${AB_ARG[@]+"${AB_ARG[@]}"} \
+  python3 -m symmoe.bench.targets --bench "$LOG/bench.json" --baselines "$LOG/baselines.json" ${AB_ARG[@]+"${AB_ARG[@]}"} \
     --md "$LOG/targets.md" --json "$LOG/targets.json" >"$LOG/targets.log" 2>&1
   rc=$?; note "goal table: exit $rc"; [ "$rc" -ne 0 ] && { cat "$LOG/targets.log"; status=1; }
 fi

@@ -1,4 +1,4 @@
-"""Where a W=1 cached dispatch's kernel time goes, warp by warp (symmoe/timeline.py): the
+"""Where a W=1 cached dispatch's kernel time goes, warp by warp (symmoe/bench/timeline.py): the
 launch skew, the prologue, the copy loop and the drain of the pull and push kernels, next to
 the call's event time and a same-size copy's. The bench's shape (DeepSeek-V3, 4096 tokens).
     python scripts/timeline_probe.py --backends torch,nccl --protocols push,pull --json out.json
@@ -23,10 +23,10 @@ from datetime import datetime, timezone
 
 import torch
 
-from symmoe import timeline
-from symmoe.bench import _time, bench_config, probe_inputs
+from symmoe.bench import timeline
+from symmoe.bench.gpu import _time, bench_config, probe_inputs
 from symmoe.config import PROTOCOLS, parse_key_value
-from symmoe.timing import sleep_cycles_for
+from symmoe.bench.timing import sleep_cycles_for
 
 
 def main() -> None:

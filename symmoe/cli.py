@@ -82,7 +82,7 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
     from .config import from_dict
     from .layout import DTYPES
     from .progress import Progress
-    from .timing import repeat
+    from .bench.timing import repeat
     from .workload import Routing, make_inputs
 
     cfg = from_dict(config)
@@ -145,7 +145,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         print(f"{r['rank']:>4} {r['recv_rows']:>8} {r['bytes'] / 1e6:>9.2f} {dm * 1e6:>12.1f} "
               f"{r['bytes'] / dm / 1e9:>8.2f} {cm * 1e6:>11.1f} {r['bytes'] / cm / 1e9:>8.2f}")
     if args.json:
-        from .bench import provenance
+        from .bench.gpu import provenance
         with open(args.json, "w") as f:
             json.dump({**provenance(_command()), "config": cfg.to_dict(), "options": opts, "ranks": results}, f,
                       indent=1)
@@ -214,10 +214,10 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 
 def _bench_gpu(cfg: Any, args: argparse.Namespace) -> int:
-    """GPU backends: ``symmoe.bench`` (CUDA events, copy roofline and plain torch in the same run)."""
+    """GPU backends: ``symmoe.bench.gpu`` (CUDA events, copy roofline and plain torch in the same run)."""
     import torch
 
-    from . import bench
+    from .bench import gpu as bench
     if not torch.cuda.is_available():
         print(f"symmoe: error: backend '{cfg.backend}' needs a CUDA GPU and none is visible here; "
               "use a host config (configs/host.yaml)", file=sys.stderr)

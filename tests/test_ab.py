@@ -14,8 +14,8 @@ import torch
 from symmoe.ab import cli
 from symmoe.ab.report import bootstrap_ratio
 from symmoe.ab.runner import account_bytes, compare_outputs, corrupt_outputs
-from symmoe.compare import first_bit_difference
 from symmoe.ab.spec import TEST_HOOKS_ENV, SpecError, load_spec
+from symmoe.testing.compare import first_bit_difference
 from symmoe.workload import Routing, make_inputs, make_topk_idxs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

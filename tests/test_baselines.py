@@ -1,4 +1,4 @@
-"""symmoe.baselines: the all_to_all_single dispatch/combine agrees bitwise with
+"""symmoe.bench.baselines: the all_to_all_single dispatch/combine agrees bitwise with
 symmoe.reference on every routing the backends are checked on, and the baselines run
 end to end on the CPU (gloo). CPU only; no assertion on times."""
 from __future__ import annotations
@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from symmoe import baselines, reference
+from symmoe import reference
+from symmoe.bench import baselines
 from symmoe.launch import spawn
 from symmoe.testing import CHECK_ROUTINGS, assert_bitwise
 from symmoe.workload import Routing, make_inputs

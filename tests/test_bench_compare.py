@@ -1,4 +1,4 @@
-"""symmoe.bench_compare: bench JSONs of a change and its baseline, side by side. CPU only (the
+"""symmoe.bench.compare: bench JSONs of a change and its baseline, side by side. CPU only (the
 timings are made up here, summarised as symmoe.bench summarises real ones)."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from symmoe import bench, bench_compare, ops
+from symmoe.bench import compare as bench_compare, gpu as bench, ops
 
 ROW_BYTES = 7168 * 2
 

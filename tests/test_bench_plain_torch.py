@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from symmoe import bench, reference
+from symmoe import reference
+from symmoe.bench import gpu as bench
 from symmoe.testing import CHECK_ROUTINGS, assert_bitwise
 from symmoe.workload import make_inputs
 

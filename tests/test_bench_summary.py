@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from symmoe import bench, launch
+from symmoe import launch
+from symmoe.bench import gpu as bench
 
 ROW_BYTES = 7168 * 2
 

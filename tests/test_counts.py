@@ -14,7 +14,7 @@ from symmoe.config import Config
 from symmoe.errors import CapacityError, InputError
 from symmoe.protocol.counts import (SUMMARY_HEAD, Guess, bad_input_error, cached_rows, check_summary_head, deferred_error,
                                     dispatch_result, received_rows, summarized_result, summary_of)
-from symmoe.testing import CHECK_ROUTINGS, _tokens_per_rank
+from symmoe.testing.checks import CHECK_ROUTINGS, _tokens_per_rank
 from symmoe.workload import make_inputs
 
 

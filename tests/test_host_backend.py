@@ -36,7 +36,7 @@ def test_a_receive_pool_as_small_as_the_rows_received_is_enough(layout, protocol
     """buffer.recv_capacity set to exactly the most rows any rank receives: the pool shrinks
     with it (below W * T) and the results stay bitwise equal to the reference."""
     from symmoe import reference
-    from symmoe.testing import _case_inputs
+    from symmoe.testing.checks import _case_inputs
 
     W, routing = 4, CHECK_ROUTINGS[4]
     cfg = small_config(protocol=protocol)

@@ -1,4 +1,4 @@
-"""symmoe.targets: the goal table of a 2x H200 run (tests/fixtures/targets_W2), recomputed by hand from
+"""symmoe.bench.targets: the goal table of a 2x H200 run (tests/fixtures/targets_W2), recomputed by hand from
 the same JSON fields; a slower run fails its target; a missing or wrong file is named. CPU only."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from symmoe import targets
+from symmoe.bench import targets
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RUN = os.path.join(ROOT, "tests", "fixtures", "targets_W2")

@@ -1,8 +1,8 @@
-"""symmoe.timeline reads the data kernels' stamps (csrc/common/stamps.cuh) into phases."""
+"""symmoe.bench.timeline reads the data kernels' stamps (csrc/common/stamps.cuh) into phases."""
 import pytest
 import torch
 
-from symmoe.timeline import MARKS, ROUTED_MARKS, ROUTED_PHASES, phases, rows_at, rows_table, table
+from symmoe.bench.timeline import MARKS, ROUTED_MARKS, ROUTED_PHASES, phases, rows_at, rows_table, table
 
 SLOTS = 4  # warp slots per block in these synthetic timelines
 
@@ -115,7 +115,7 @@ def test_rows_at_gives_each_block_row_its_last_warp_s_mark_and_leaves_rows_that_
 
 
 def test_probe_inputs_are_the_bench_s_world_size_one_inputs_and_a_copy_of_their_bytes():
-    from symmoe.bench import DEEPSEEK_V3, _inputs, probe_inputs
+    from symmoe.bench.gpu import DEEPSEEK_V3, _inputs, probe_inputs
 
     x, idx, w, src, dst = probe_inputs(torch.device("cpu"))
     T, H = DEEPSEEK_V3["buffer.max_tokens_per_rank"], DEEPSEEK_V3["buffer.hidden"]
@@ -129,7 +129,7 @@ def test_marks_mirror_the_kernels_stamp_enum():
     import re
     from pathlib import Path
 
-    from symmoe.timeline import words
+    from symmoe.bench.timeline import words
 
     text = (Path(__file__).resolve().parent.parent / "csrc" / "common" / "stamps.cuh").read_text()
     enum = text[text.index("enum StampMark"):text.index("};", text.index("enum StampMark"))]

@@ -8,7 +8,7 @@ import torch
 import symmoe
 from conftest import small_config
 from symmoe.launch import RankFailed, spawn
-from symmoe.testing_faults import absent_rank, mismatched_configs, overflow, raise_after_alloc
+from symmoe.testing.faults import absent_rank, mismatched_configs, overflow, raise_after_alloc
 
 
 @pytest.fixture(scope="module")
@@ -154,7 +154,7 @@ def test_shared_memory_is_released_when_a_rank_raises():
 
 def test_a_rank_that_aborts_at_interpreter_exit_fails_the_run():
     """A library whose finalisation aborts after the rank's work returned is a failure, not a pass."""
-    from symmoe.testing_faults import abort_at_exit
+    from symmoe.testing.faults import abort_at_exit
 
     with pytest.raises(RankFailed, match=r"rank 1: returned its result, then exited with code 3"):
         spawn(abort_at_exit, 2, args=(1,))

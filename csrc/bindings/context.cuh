@@ -339,11 +339,11 @@ struct Ctx {
     summary = CountsSummary{P<int32_t>(summary_host), rank, alignment};
   }
 
-  // Device memory of `words` int64 words, symmoe.timeline.words(STAMP_WARPS) per block of
+  // Device memory of `words` int64 words, symmoe.bench.timeline.words(STAMP_WARPS) per block of
   // `grid`: the next pull/push launches are the kernels built with stamps and leave their
   // timeline there (scripts/timeline_probe.py); 0: the normal kernels again. `routed`: instead
   // the next W=1 dispatches that route run the routed kernels' stamped builds (what their
-  // marks mean: symmoe.timeline.ROUTED_PHASES); the others run as with no timeline.
+  // marks mean: symmoe.bench.timeline.ROUTED_PHASES); the others run as with no timeline.
   void set_stamps(uintptr_t s, int64_t words, bool routed) {
     const int64_t need = int64_t(grid) * kStampWarps * kStampMarks * 2;
     if (s != 0 && words < need)
@@ -534,7 +534,7 @@ void bind_context(py::module_& m, Init init) {
   using C = Ctx<Transport>;
   m.attr("LAYOUT_ARGS") = kLayoutArgs;
   m.attr("SUMMARY_HEAD") = kSummaryHead;
-  m.attr("STAMP_WARPS") = kStampWarps;  // per block of a timeline; its marks: symmoe.timeline.MARKS
+  m.attr("STAMP_WARPS") = kStampWarps;  // per block of a timeline; its marks: symmoe.bench.timeline.MARKS
   m.attr("STAGES") = py::dict(py::arg("dispatch.counts") = int(kStageDispatchCounts),
                               py::arg("dispatch.data") = int(kStageDispatchData),
                               py::arg("dispatch.done") = int(kStageDispatchDone),

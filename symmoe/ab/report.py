@@ -28,8 +28,8 @@ import subprocess
 import sys
 from typing import Any
 
-from ..ops import LABEL, ops_of
-from ..timing import Samples
+from ..bench.ops import LABEL, ops_of
+from ..bench.timing import Samples
 BOOTSTRAP_RESAMPLES = 2000
 
 

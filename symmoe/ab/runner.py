@@ -26,12 +26,12 @@ import torch
 import torch.distributed as dist
 
 from .. import launch, reference
-from ..compare import bits as _bits, first_bit_difference
+from ..bench.ops import OPS
+from ..bench.timing import flush_l2, sleep_cycles_for
 from ..buffer import Buffer
 from ..layout import DTYPES
-from ..ops import OPS
 from ..progress import Progress
-from ..timing import flush_l2, sleep_cycles_for
+from ..testing.compare import bits as _bits, first_bit_difference
 from ..workload import make_inputs, make_topk_idxs
 from .spec import TENSORS, Spec
 

@@ -176,7 +176,7 @@ def test_one_pe_dispatch_routes_inside_its_data_kernel(seed):
 def test_bad_expert_id_raises_on_every_rank_and_the_buffer_stays_usable(kind):
     """Expert ids are checked inside the routing kernel: the bad rank names the id and token,
     the other names the bad rank, nothing moved, and the next dispatch is bitwise exact."""
-    from symmoe.testing_faults import bad_expert_id, expect_bad_expert_id_errors
+    from symmoe.testing.faults import bad_expert_id, expect_bad_expert_id_errors
     _usable()
     cfg = _config()
     out = spawn(bad_expert_id, 2, args=(cfg, kind, 12), env=_env(2), timeout_s=180.0)
@@ -186,7 +186,7 @@ def test_bad_expert_id_raises_on_every_rank_and_the_buffer_stays_usable(kind):
 def test_bad_expert_id_with_num_worst_tokens_raises_by_synchronize_on_every_rank():
     """num_worst_tokens: no host wait, so the routing kernel's verdict comes back by
     synchronize() (or the next call) on every rank, and the buffer stays usable."""
-    from symmoe.testing_faults import bad_expert_id, expect_bad_expert_id_errors
+    from symmoe.testing.faults import bad_expert_id, expect_bad_expert_id_errors
     _usable()
     cfg = _config()
     out = spawn(bad_expert_id, 2, args=(cfg, "range", 13, 64), env=_env(2), timeout_s=180.0)
@@ -197,7 +197,7 @@ def test_bad_expert_id_with_num_worst_tokens_raises_by_synchronize_on_every_rank
 def test_receiver_over_capacity_raises_on_every_rank():
     """Every token to expert 0 with buffer.recv_capacity 40: the kernels move nothing and every rank
     raises CapacityError (decided from the same counts matrix everywhere)."""
-    from symmoe.testing_faults import overflow
+    from symmoe.testing.faults import overflow
     _usable()
     out = spawn(overflow, 2, args=(_config(**{"buffer.recv_capacity": 40}),), env=_env(2), timeout_s=180.0)
     assert all("recv_capacity" in m for m in out), out
@@ -207,7 +207,7 @@ def test_one_pe_bad_expert_id_and_over_capacity_move_nothing_and_raise():
     """Alone (the alone kernels): an out-of-range id raises InputError naming it, and the next
     dispatch is bitwise exact; every token to one expert past buffer.recv_capacity raises
     CapacityError."""
-    from symmoe.testing_faults import bad_expert_id, overflow
+    from symmoe.testing.faults import bad_expert_id, overflow
     _usable()
     cfg = _config()
     (msg,) = spawn(bad_expert_id, 1, args=(cfg, "range", 14), env=_env(1), timeout_s=180.0)

@@ -282,7 +282,7 @@ def test_single_process_world_size_one_without_process_group(seed):
 
 
 def test_a_timeline_buffer_smaller_than_the_grid_needs_is_refused():
-    from symmoe import timeline
+    from symmoe.bench import timeline
     from symmoe.buffer import Buffer
 
     with mock.patch.dict(os.environ, ENV), Buffer(None, from_dict(gpu_config())) as buf:
@@ -298,7 +298,7 @@ def test_the_routed_kernel_s_timeline_build_stamps_every_warp_and_moves_the_same
     """set_stamps(..., routed=True): the W=1 dispatch that routes runs the routed kernel's
     stamped build. Every warp of every block stamps every mark, in order (no phase is negative),
     and the rows, ids and weights are the unstamped run's, bitwise."""
-    from symmoe import timeline
+    from symmoe.bench import timeline
     from symmoe.buffer import Buffer
 
     cfg = gpu_config(**{"buffer.hidden": 7168, "buffer.max_tokens_per_rank": 2048, "buffer.expert_alignment": 1})
@@ -387,7 +387,7 @@ def test_bad_expert_id_raises_on_every_rank_and_the_buffer_stays_usable(kind):
     """Expert ids are checked inside the routing kernel (no host sync): the bad rank's error
     names the id and token, the others name the bad rank, nothing moved, and the next dispatch
     on the same buffers is bitwise equal to the reference."""
-    from symmoe.testing_faults import bad_expert_id, expect_bad_expert_id_errors
+    from symmoe.testing.faults import bad_expert_id, expect_bad_expert_id_errors
 
     cfg = gpu_config()
     out = spawn(bad_expert_id, 2, args=(cfg, kind, 11), env=ENV, timeout_s=180.0)
@@ -397,7 +397,7 @@ def test_bad_expert_id_raises_on_every_rank_and_the_buffer_stays_usable(kind):
 def test_bad_expert_id_with_num_worst_tokens_raises_by_synchronize_on_every_rank():
     """A num_worst_tokens dispatch does not wait for the routing kernel's checks: the same
     errors come back by synchronize() (or the next call), and the buffer stays usable."""
-    from symmoe.testing_faults import bad_expert_id, expect_bad_expert_id_errors
+    from symmoe.testing.faults import bad_expert_id, expect_bad_expert_id_errors
 
     cfg = gpu_config()
     out = spawn(bad_expert_id, 2, args=(cfg, "range", 12, 64), env=ENV, timeout_s=180.0)
@@ -410,7 +410,7 @@ def test_receiver_over_capacity_raises_on_every_rank(protocol):
     """Every token to expert 0 with buffer.recv_capacity 40 (rank 0 would receive 2 x 96): every
     rank raises CapacityError naming rank 0's rows and buffer.recv_capacity, decided from the
     same counts matrix everywhere."""
-    from symmoe.testing_faults import overflow
+    from symmoe.testing.faults import overflow
 
     cfg = gpu_config(protocol=protocol, **{"buffer.recv_capacity": 40})
     out = spawn(overflow, 2, args=(cfg,), env=ENV, timeout_s=180.0)
@@ -426,7 +426,7 @@ def test_alone_bad_expert_id_and_over_capacity_raise_and_the_buffer_stays_usable
     that): an out-of-range id raises InputError naming it, at exact sizes and with
     num_worst_tokens, and the next dispatch on the Buffer is bitwise exact; every token to one
     expert past buffer.recv_capacity raises CapacityError."""
-    from symmoe.testing_faults import bad_expert_id, overflow
+    from symmoe.testing.faults import bad_expert_id, overflow
 
     cfg = gpu_config(**{"buffer.output_layout": layout})
     (msg,) = _on_ranks(bad_expert_id, 1, (cfg, "range", 14 + worst, worst))

@@ -11,12 +11,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import reference
+from .. import reference
+from ..buffer import Buffer
+from ..config import Config, from_dict
+from ..layout import DTYPES
+from ..workload import Routing, make_inputs
 from .compare import first_bit_difference
-from .buffer import Buffer
-from .config import Config, from_dict
-from .layout import DTYPES
-from .workload import Routing, make_inputs
 
 # The routings every backend is checked on: masked slots, ranks that receive nothing,
 # heavy skew, and every token on one expert.
@@ -195,7 +195,7 @@ def check_counts_summary(rank: int, world_size: int, config: dict[str, Any], see
     """After every exact-size dispatch of a GPU protocol, the words its routing kernel left for
     the host (``host_counts()``) equal ``counts.summary_of`` of the matrix it left beside them:
     every check routing, both layouts, alignment 1 and 4. Returns the number of dispatches."""
-    from .protocol.counts import summary_of
+    from ..protocol.counts import summary_of
 
     cfg: Config = from_dict(config)
     b = cfg.buffer
@@ -228,7 +228,7 @@ def check_num_worst_tokens(rank: int, world_size: int, config: dict[str, Any], s
     CapacityError on every rank (by ``synchronize()`` at the latest: a dispatch may return
     before the device has counted), and the buffer stays usable. Returns the number of
     cases checked."""
-    from .errors import CapacityError
+    from ..errors import CapacityError
 
     cfg: Config = from_dict(config)
     b = cfg.buffer

@@ -55,9 +55,9 @@ from typing import Any, Callable
 
 import torch
 
-from . import launch
-from .config import PROTOCOLS, Config, from_dict, parse_key_value
-from .layout import MAX_CHANNELS
+from .. import launch
+from ..config import PROTOCOLS, Config, from_dict, parse_key_value
+from ..layout import MAX_CHANNELS
 from .ops import BASE_OP, BUSY, LABEL, kernels_total, ops_of, union_length
 from .timing import sleep_cycles_for
 
@@ -188,9 +188,9 @@ def same_size_copy(sleep_cycles: int, repeats: int = 20) -> Callable[[int], floa
 
 
 def _inputs(T: int, H: int, K: int, E: int, W: int, rank: int, seed: int, device: torch.device):
-    """This rank's uniform routing, drawn exactly as ``python -m symmoe.baselines`` draws it
+    """This rank's uniform routing, drawn exactly as ``python -m symmoe.bench.baselines`` draws it
     (same seed, same generator): a multi-GPU run's baselines move the same rows."""
-    from .workload import Routing, make_inputs
+    from ..workload import Routing, make_inputs
 
     mine = make_inputs(Routing("uniform"), num_tokens=T, hidden=H, topk=K, num_experts=E, world_size=W,
                        dtype=torch.bfloat16, seed=seed, device=device, ranks=[rank])[rank]
@@ -251,7 +251,7 @@ def _torch_baselines(x, idx, w, y_rank, y_expert, warmup, repeats, sleep) -> dic
 def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[str, Any]) -> dict[str, Any]:
     import torch.distributed as dist
 
-    from .buffer import Buffer
+    from ..buffer import Buffer
 
     device = launch.local_gpu(rank)
     cfg = from_dict(config)

@@ -11,7 +11,7 @@
 * ``all_to_all_vdev_2d_probe``: torch's NVSHMEM 2-D all-to-all (``torch.ops.symm_mem``),
   timed when it runs here, else the precise reason it does not.
 
-``torchrun --nproc-per-node 8 -m symmoe.baselines --tokens 4096 --hidden 7168 --topk 8
+``torchrun --nproc-per-node 8 -m symmoe.bench.baselines --tokens 4096 --hidden 7168 --topk 8
 --experts 256 --repeats 20 --json out.json`` runs all of them at the DeepSeek-V3 shape. On a
 machine without CUDA it runs on the CPU over gloo (host-clock timings).
 """
@@ -28,10 +28,11 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from . import launch, reference, timing
-from .bench import _stats, _time, provenance
-from .reference import RecvResult
-from .workload import ROUTINGS, Routing, make_inputs
+from .. import launch, reference
+from ..reference import RecvResult
+from ..workload import ROUTINGS, Routing, make_inputs
+from . import timing
+from .gpu import _stats, _time, provenance
 
 Group = Any  # a torch.distributed ProcessGroup, or None for the default group
 
@@ -130,7 +131,7 @@ def _barrier(group: Group) -> None:
 
 def _seconds(fn: Callable[[], Any], device: torch.device, warmup: int, repeats: int,
              sync: Callable[[], None]) -> list[float]:
-    """CUDA events on a GPU (bench._time), the host clock on the CPU (symmoe.timing)."""
+    """CUDA events on a GPU (gpu._time), the host clock on the CPU (timing)."""
     if device.type == "cuda":
         return _time(fn, warmup, repeats, 0, sync)
     samples = timing.Samples()
@@ -370,7 +371,7 @@ def check_against_reference(x: torch.Tensor, topk_idx: torch.Tensor, topk_weight
                             group: Group, seed: int = 0) -> dict[str, Any]:
     """Gather every rank's inputs, run ``symmoe.reference`` and compare ``a2a_dispatch`` and
     ``a2a_combine`` bitwise; {"bitwise_equal": bool, "detail": str}."""
-    from .testing import first_difference
+    from ..testing.checks import first_difference
 
     W, me = dist.get_world_size(group), dist.get_rank(group)
 
@@ -484,7 +485,7 @@ def _document(a: argparse.Namespace, argv: list[str], dev: torch.device, W: int,
     checks = [r["check"] for r in per_rank]
     bad = [c for c in checks if not c["bitwise_equal"]]
     doc = {
-        **provenance(" ".join(["python -m symmoe.baselines", *argv])), "world_size": W,
+        **provenance(" ".join(["python -m symmoe.bench.baselines", *argv])), "world_size": W,
         "timing": "CUDA events" if dev.type == "cuda" else "host clock (no CUDA)",
         "shape": {"tokens": a.tokens, "hidden": a.hidden, "topk": a.topk, "experts": a.experts, "dtype": a.dtype,
                   "routing": a.routing, "seed": a.seed, "warmup": a.warmup, "repeats": a.repeats},
@@ -504,7 +505,7 @@ def _document(a: argparse.Namespace, argv: list[str], dev: torch.device, W: int,
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m symmoe.baselines", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m symmoe.bench.baselines", description=__doc__.split("\n")[0])
     p.add_argument("--tokens", type=int, default=4096, help="tokens per rank")
     p.add_argument("--hidden", type=int, default=7168)
     p.add_argument("--topk", type=int, default=8)

@@ -5,9 +5,9 @@ last): every backend moves its bytes at >= 0.80 of the NVLink all-to-all ceiling
 in the same run, and the best backend of each op is >= 1.5x faster than the same op written
 with ``torch.distributed.all_to_all_single`` (what a user without symmoe writes).
 
-``python -m symmoe.targets --bench bench.json --baselines baselines.json [--ab ab/results.json]
+``python -m symmoe.bench.targets --bench bench.json --baselines baselines.json [--ab ab/results.json]
 --md targets.md --json targets.json`` reads ``python -m symmoe.bench``, ``python -m
-symmoe.baselines`` and (optionally) ``symmoe ab`` output of the same run and writes a
+symmoe.bench.baselines`` and (optionally) ``symmoe ab`` output of the same run and writes a
 Markdown table and a JSON with the same numbers; the Markdown also goes to stdout. Every
 number comes from the inputs; only the two goals are constants here.
 
@@ -42,7 +42,7 @@ import shlex
 import sys
 from typing import Any
 
-from .errors import SymmoeError
+from ..errors import SymmoeError
 from .ops import BASE_OP, BASE_OPS, BUSY, LABEL, OPS, kernels_total, ops_of
 
 TARGET_RATIO = 0.80  # goal: every backend at least 80 % of the NVLink all-to-all ceiling
@@ -435,10 +435,10 @@ def markdown(res: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """The command line: the input files, then ``--md`` and ``--json``; the Markdown is written
     where asked and printed. Exit 2 with the message of a TargetsError."""
-    prog = "python -m symmoe.targets"
+    prog = "python -m symmoe.bench.targets"
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--bench", required=True, help="python -m symmoe.bench --json output")
-    p.add_argument("--baselines", required=True, help="python -m symmoe.baselines --json output")
+    p.add_argument("--baselines", required=True, help="python -m symmoe.bench.baselines --json output")
     p.add_argument("--ab", default=None, help="symmoe ab results.json (optional)")
     p.add_argument("--md", default=None, help="write the Markdown here")
     p.add_argument("--json", default=None, help="write the JSON here")

@@ -1,6 +1,6 @@
 """Bench JSONs of one shape side by side: a change against its baseline, run in the same call.
 
-``python -m symmoe.bench_compare BASE.json OTHER.json [...]`` prints one line per (backend,
+``python -m symmoe.bench.compare BASE.json OTHER.json [...]`` prints one line per (backend,
 protocol, world size, x placement, layout, op) found in the first file: each run's median µs,
 its ratio to the first run's and, where the bench measured them, its ratio to a same-size copy
 and its speed-up over plain torch; then the kernels' device µs per call of rank 0 (the
@@ -121,7 +121,7 @@ def _aligned(rows: list[list[str]]) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m symmoe.bench_compare", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m symmoe.bench.compare", description=__doc__.split("\n")[0])
     p.add_argument("files", nargs="+", help="bench JSONs; the first is the baseline")
     p.add_argument("--labels", default=None, help="comma-separated names of the runs (default: each JSON's commit)")
     a = p.parse_args(argv)

@@ -6,12 +6,12 @@ from typing import Any
 
 import torch
 
-from .buffer import Buffer
-from .config import from_dict
-from .errors import CapacityError, ConfigMismatch, InputError, StallError
-from .layout import DTYPES
-from .testing import _check_one
-from .workload import Routing, make_inputs
+from ..buffer import Buffer
+from ..config import from_dict
+from ..errors import CapacityError, ConfigMismatch, InputError, StallError
+from ..layout import DTYPES
+from ..workload import Routing, make_inputs
+from .checks import _check_one
 
 
 def mismatched_configs(rank: int, world_size: int, config: dict[str, Any]) -> str:
