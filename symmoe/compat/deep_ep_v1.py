@@ -33,11 +33,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import reference, validate
+from .. import validate
 from ..buffer import Buffer as SymmoeBuffer
 from ..config import Config as SymmoeConfig
 from ..errors import InputError
 from ..handle import DispatchHandle
+from ..results import get_dispatch_layout
 from ._common import (EventHandle, EventOverlap, UnsupportedArgument, UnsupportedCall, Unavailable, align_up,
                       capture, check_int, check_not_fp8, describe, hidden_from_bytes, reject, resolve,
                       rows_for_combine, set_default_config, topk_idx_t, unsupported, wait)
@@ -234,7 +235,7 @@ class Buffer:
         if self._layout_is_fresh(topk_idx, (num_tokens_per_rank, num_tokens_per_expert, is_token_in_rank)):
             return
         validate.check_topk_idx(topk_idx, self.symmoe.layout, self.symmoe.device)
-        want = reference.get_dispatch_layout(topk_idx, self.symmoe.num_experts, self.group_size)
+        want = get_dispatch_layout(topk_idx, self.symmoe.num_experts, self.group_size)
         wanted = {"num_tokens_per_rank": want.num_tokens_per_rank, "is_token_in_rank": want.is_token_in_rank,
                   "num_tokens_per_expert": want.num_tokens_per_expert}
         checks = []

@@ -45,11 +45,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import reference
 from ..buffer import Buffer as SymmoeBuffer
 from ..config import Config as SymmoeConfig
 from ..errors import CapacityError, InputError
 from ..handle import DispatchHandle
+from ..results import padded_group_offsets
 from ._common import (EventHandle, EventOverlap, UnsupportedCall, Unavailable, align_up, unsupported,
                       check_int, check_not_fp8, describe, pad_rows, reject, resolve, rows_for_combine,
                       set_default_config, topk_idx_t, wait)
@@ -335,7 +335,7 @@ class ElasticBuffer:
         per_src = sh.counts[:, 1 + self.rank_idx].long()  # tokens each rank sent here
         aligned = (unaligned + alignment - 1) // alignment * alignment
         if do_expand:
-            offsets = reference.padded_group_offsets(unaligned, alignment)
+            offsets = padded_group_offsets(unaligned, alignment)
             psum_expert = offsets[:-1] + unaligned
             meta = self._expanded_metadata(sh, int(per_src.sum()), K, nmax)
         else:

@@ -18,7 +18,7 @@ from ..errors import ConfigError, InputError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
-from ..reference import DispatchLayout, RecvResult
+from ..results import DispatchLayout, RecvResult
 from .counts import NO_GUESS, Guess
 
 
@@ -136,7 +136,7 @@ class Protocol(ABC):
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                  output_layout: str, alignment: int, worst: int = 0) -> tuple[RecvResult, DispatchHandle]:
         """Collective. Returns this rank's received rows (as ``symmoe.reference`` defines them);
-        ``worst`` > 0: outputs of that many rows (``reference.pad_recv``), CapacityError on
+        ``worst`` > 0: outputs of that many rows (``results.pad_recv``), CapacityError on
         every rank when some rank receives more."""
 
     def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle, worst: int = 0) -> RecvResult:

@@ -15,7 +15,7 @@ from .. import validate
 from ..errors import CapacityError, InputError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
-from ..reference import RecvResult, fill_tail
+from ..results import RecvResult, fill_tail
 
 
 def received_rows(lay: BufferLayout, counts: np.ndarray, rank: int, output_layout: str,
@@ -177,7 +177,7 @@ def head(t: torch.Tensor, n: int) -> torch.Tensor:
 
 def recv_views(out: dict[str, torch.Tensor | None], rows: int, per_expert: torch.Tensor, worst: int = 0) -> RecvResult:
     """The first ``rows`` rows of the data kernels' outputs, or ``worst`` rows when that is
-    more (the rows past ``rows`` filled as ``reference.pad_recv`` defines, on the stream);
+    more (the rows past ``rows`` filled as ``results.pad_recv`` defines, on the stream);
     ``per_expert`` a host tensor (reading it costs no sync)."""
     n = max(rows, worst)
     recv = RecvResult(

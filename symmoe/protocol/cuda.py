@@ -71,7 +71,7 @@ from ..errors import InputError, StallError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
-from ..reference import DispatchLayout, RecvResult
+from ..results import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots, fan_phases_mode, stall_detail, stream_handle, usable_sms
 from .counts import (SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
                      recv_views, summarized_result)

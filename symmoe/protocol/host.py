@@ -23,15 +23,14 @@ from __future__ import annotations
 
 import torch
 
-from .. import reference
 from ..handle import DispatchHandle
-from ..reference import DispatchLayout, RecvResult, pad_recv
+from ..results import DispatchLayout, RecvResult, get_dispatch_layout, pad_recv
 from .base import Protocol
 
 
 class _HostProtocol(Protocol):
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:
-        return reference.get_dispatch_layout(topk_idx, self.layout.num_experts, self.layout.world_size)
+        return get_dispatch_layout(topk_idx, self.layout.num_experts, self.layout.world_size)
 
     # -- shared steps ----------------------------------------------------------------------
     def _region(self, name: str, dtype: torch.dtype, shape: tuple[int, ...], rank: int | None = None) -> torch.Tensor:

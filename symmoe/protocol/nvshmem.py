@@ -73,7 +73,7 @@ import torch
 
 from .. import build
 from ..errors import ConfigError, InputError, StallError
-from ..reference import DispatchLayout, RecvResult
+from ..results import DispatchLayout, RecvResult
 from .base import Protocol, check_combine_slots, fan_phases_mode, stream_handle, usable_sms
 from .counts import (SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
                      recv_views, summarized_result)
