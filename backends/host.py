@@ -18,6 +18,10 @@ import torch.distributed as dist
 from ..config import Config
 from ..errors import BackendUnavailable, StallError
 from ..memory import SymmetricMemory
+from . import BackendSpec
+
+BACKEND = BackendSpec("host", "HostMemory", protocols=("push", "pull"), modelled_on="none (CPU processes, POSIX shared memory)",
+                      pull_in_place=False)  # host pull copies the rows into its pool too
 
 SHM_DIR = "/dev/shm"
 

@@ -36,6 +36,9 @@ from .. import build
 from ..config import Config
 from ..errors import BackendUnavailable, NcclError, StallError, SymmoeError
 from ..memory import SymmetricMemory
+from . import BackendSpec
+
+BACKEND = BackendSpec("nccl", "NcclMemory", protocols=("push",), modelled_on="DeepEP V2 ElasticBuffer")
 
 NCCL_WIN_COLL_SYMMETRIC = 1
 MIN_VERSION = 22800  # device API (LSA pointers, device communicator) from NCCL 2.28

@@ -24,6 +24,10 @@ import torch.distributed as dist
 from ..config import Config
 from ..errors import BackendUnavailable, StallError
 from ..memory import SymmetricMemory
+from . import BackendSpec
+
+# Push only, on the NVSHMEM device API; its receive pool is one ring per (source, channel).
+BACKEND = BackendSpec("nvshmem", "NvshmemMemory", protocols=("push",), modelled_on="DeepEP V1 Buffer", channel_rings=True)
 
 
 def _import_nvshmem() -> Any:

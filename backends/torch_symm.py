@@ -20,6 +20,9 @@ import torch.distributed as dist
 from ..config import Config
 from ..errors import BackendUnavailable, StallError
 from ..memory import SymmetricMemory
+from . import BackendSpec
+
+BACKEND = BackendSpec("torch", "TorchSymmMemory", protocols=("pull", "push"), modelled_on="DeepGEMM Mega MoE SymmBuffer")
 
 _PRIVATE = 4096  # bytes of backend-private flags after the segment (one int64 per rank)
 MIN_TORCH = (2, 9)

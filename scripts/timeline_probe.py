@@ -23,10 +23,11 @@ from datetime import datetime, timezone
 
 import torch
 
+from symmoe.backends import BACKENDS
 from symmoe.bench import timeline
 from symmoe.bench.gpu import _time, bench_config, probe_inputs
-from symmoe.config import PROTOCOLS, parse_key_value
 from symmoe.bench.timing import sleep_cycles_for
+from symmoe.config import parse_key_value
 
 
 def main() -> None:
@@ -59,7 +60,7 @@ def main() -> None:
     lines = [f"copy of the rank-major bytes (dst.copy_): {copy_us:.1f} us (event)"]
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     cases = [(b, p, lay, v) for v in ["", *a.variant] for b in a.backends.split(",") for p in a.protocols.split(",")
-             for lay in a.layouts.split(",") if p in PROTOCOLS[b] and b != "nvshmem"]
+             for lay in a.layouts.split(",") if p in BACKENDS[b].protocols and b != "nvshmem"]
     for backend, proto, layout, variant in cases:
         over = dict(parse_key_value(kv) for kv in variant.split(",")) if variant else {}
         with Buffer(None, bench_config(proto, sms, backend=backend, **over)) as buf:

@@ -15,17 +15,13 @@ from typing import Any, Mapping
 
 import yaml
 
+from .backends import MODULES as BACKEND_NAMES, declared as backend_spec
 from .errors import ConfigError
 from .layout import DTYPES, MAX_CHANNELS, STREAM_CHANNELS, BufferLayout
 
-# Each backend's protocols, native one first. Kept here (not in the backend modules) so a
-# config can be checked on a machine where the backend's library is missing.
-PROTOCOLS: dict[str, tuple[str, ...]] = {
-    "host": ("push", "pull"),
-    "torch": ("pull", "push"),
-    "nvshmem": ("push",),
-    "nccl": ("push",),
-}
+# What each backend runs and needs (its protocols, its receive pool and channels) is its own
+# declaration (``BACKEND`` in backends/<module>.py), read through ``backend_spec``; every
+# declaration can be read where the backend's library is missing.
 OUTPUT_LAYOUTS = ("rank", "expert")
 PUSH_MODES = ("auto", "stream", "unpack")
 FAN_PHASES = ("off", "block", "grid", "steal")
@@ -108,13 +104,11 @@ class Config:
     # -- derived -------------------------------------------------------------------------
     @property
     def effective_protocol(self) -> str:
-        return self.protocol or PROTOCOLS[self.backend][0]
+        return self.protocol or backend_spec(self.backend).protocols[0]
 
     def layout(self, world_size: int) -> BufferLayout:
         b = self.buffer
-        # nvshmem's channels are the config's; the streamed push (torch, nccl) sizes its
-        # senders from the SMs, so it keeps tail words for the most it can have.
-        channels = self.kernel.num_channels if self.backend == "nvshmem" else STREAM_CHANNELS
+        channels = backend_spec(self.backend).layout_channels(self.kernel.num_channels)
         return BufferLayout(
             world_size=world_size, max_tokens=b.max_tokens_per_rank, hidden=b.hidden, topk=b.topk,
             num_experts=b.num_experts, elem_size=DTYPES[b.dtype].itemsize, alignment=b.expert_alignment,
@@ -122,15 +116,10 @@ class Config:
         )
 
     def pool_limit(self, world_size: int) -> int:
-        """Rows the receive pool needs at most (``BufferLayout.pool_limit``): the push protocols
-        hold one row per (source, token), W * T, whatever the output layout (a receiver fans them
-        out into its outputs); the CUDA pull reads the sources' input regions and needs none.
-        nvshmem's W * C rings get one more row per channel: split evenly, a ring then holds
-        ceil(T / C) rows, a channel's longest share of a source's rows, and never wraps."""
-        if self.backend != "host" and self.effective_protocol == "pull":
-            return 0
-        slack = self.kernel.num_channels if self.backend == "nvshmem" else 0
-        return world_size * (self.buffer.max_tokens_per_rank + slack)
+        """Rows the receive pool needs at most (``BufferLayout.pool_limit``), as the backend
+        declares (``BackendSpec.pool_limit``)."""
+        return backend_spec(self.backend).pool_limit(self.effective_protocol, world_size,
+                                                     self.buffer.max_tokens_per_rank, self.kernel.num_channels)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -174,7 +163,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "host.poll_interval_us": (0, 1_000_000),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
-    "backend": tuple(PROTOCOLS),
+    "backend": tuple(BACKEND_NAMES),
     "buffer.dtype": tuple(DTYPES),
     "buffer.output_layout": OUTPUT_LAYOUTS,
     "kernel.push_mode": PUSH_MODES,
@@ -225,9 +214,9 @@ def _check_scalar(kp: str, value: Any, t: Any, source: str | None) -> Any:
 
 def _check_combinations(cfg: Config) -> None:
     src, b = cfg.source, cfg.buffer
-    if cfg.protocol and cfg.protocol not in PROTOCOLS[cfg.backend]:
-        raise ConfigError("protocol", cfg.protocol,
-                          f"backend '{cfg.backend}' runs: {', '.join(PROTOCOLS[cfg.backend])}", src)
+    runs = backend_spec(cfg.backend).protocols
+    if cfg.protocol and cfg.protocol not in runs:
+        raise ConfigError("protocol", cfg.protocol, f"backend '{cfg.backend}' runs: {', '.join(runs)}", src)
     if b.hidden % 8:
         raise ConfigError("buffer.hidden", b.hidden, "must be a multiple of 8 (16-byte rows for bulk copies)", src)
     if b.topk > b.num_experts:

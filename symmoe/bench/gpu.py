@@ -56,7 +56,8 @@ from typing import Any, Callable
 import torch
 
 from .. import launch
-from ..config import PROTOCOLS, Config, from_dict, parse_key_value
+from ..backends import BACKENDS
+from ..config import Config, from_dict, parse_key_value
 from ..layout import MAX_CHANNELS
 from .ops import BASE_OP, BUSY, LABEL, kernels_total, ops_of, union_length
 from .timing import sleep_cycles_for
@@ -497,7 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for backend in a.backends.split(","):
         for proto in a.protocols.split(","):
-            if proto not in PROTOCOLS[backend]:
+            if proto not in BACKENDS[backend].protocols:
                 continue
             for ws in [int(v) for v in a.world_sizes.split(",")]:
                 if backend == "nccl" and ws > torch.cuda.device_count():
