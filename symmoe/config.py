@@ -47,13 +47,11 @@ class KernelConfig:
     copy_bytes: int = 0  # bulk-copy piece (multiple of 128); 0 = whole rows up to 16 KB, 3584 B expert-major
     copy_depth: int = 0  # bulk-copy slots per warp (torch/nccl), depth - 1 loads in flight; 0 = 4 rank-major, 3 expert-major
     # world-size-1 expert-major dispatch (every backend): "block" = each block loads whole rows
-    # into shared memory, then stores each to its rows (at the DeepSeek shape push 153 -> 146 us,
-    # session 27, pull 152 -> 145, session 28; nvshmem 159 -> 143, session 29); "grid" = the same
-    # with every block meeting the others between loads and stores (all resident at once);
-    # "steal" (default) = block, but after the first round each block takes the next group of
-    # rows from a grid counter (a block whose rounds run slow takes fewer; the rank-major
-    # dispatch that routes at the DeepSeek shape 45.1 -> 43.5 us torch, 46.0 -> 43.7 nvshmem,
-    # session 37 call C, results/session37/C);
+    # into shared memory, then stores each to its rows (faster than the bulk-copy mover at the
+    # DeepSeek shape on every backend); "grid" = the same with every block meeting the others
+    # between loads and stores (all resident at once); "steal" (default) = block, but after the
+    # first round each block takes the next group of rows from a grid counter (a block whose
+    # rounds run slow takes fewer; the rank-major dispatch that routes gains too);
     # "off" = the bulk-copy mover (nvshmem: its dispatch kernel)
     fan_phases: str = "steal"
     # push with peers (torch/nccl): "unpack" = push kernel, barrier, then a kernel copies the

@@ -96,8 +96,8 @@ def spawn(fn: Callable[..., Any], world_size: int, args: tuple = (), env: dict[s
     or hung until killed has failed too."""
     ctx = mp.get_context("spawn")
     # The parent listens for the ranks' rendezvous on a port the OS picks while binding it: a
-    # port found free and then bound by rank 0 could be taken in between (EADDRINUSE on the
-    # GPU machine, session 24: rank 0 failed and rank 1 waited out the whole timeout).
+    # port found free and then bound by rank 0 could be taken in between (EADDRINUSE: rank 0
+    # fails and rank 1 waits out the whole timeout).
     store = dist.TCPStore("127.0.0.1", 0, None, True, timeout=timedelta(seconds=timeout_s), wait_for_workers=False)
     with ctx.Manager() as manager:
         results = manager.dict()

@@ -104,9 +104,9 @@ def test_a_file_without_results_is_refused_naming_it(tmp_path, capsys):
 
 
 def test_a_call_s_kernels_read_as_the_time_some_kernel_ran_where_the_file_has_it():
-    """A kernel launched to follow another waits inside its own time for that one: files since
-    session 45 hold the kernels' union (ops.BUSY), which the tables read instead of the sum;
-    older files are summed."""
+    """A kernel launched to follow another waits inside its own time for that one: a file that
+    holds the kernels' union (ops.BUSY) is read by it instead of the sum; older files are
+    summed."""
     docs = [_doc("base", 40.0, 34.0), _doc("change", 40.0, 34.0)]
     kernels = docs[1]["results"][0]["ranks"][0]["rank"]["kernels_us"]["dispatch"]
     kernels.update({"repair_kernel": 27.0, ops.BUSY: 35.5})  # the repair waited 26 µs of its 27

@@ -92,7 +92,7 @@ def test_every_registered_module_compiles(tmp_path, monkeypatch):
 def _imports_exit(so: Path) -> bool:
     """Whether a built module's host code calls exit / _exit. Ours never does; nvcc compiles a
     __device__ function that host code calls, without a word, into a host stub that calls
-    exit(1): session 34's dispatch ended its process with code 1 and printed nothing. (Built as
+    exit(1), so a dispatch ends its process with code 1 and prints nothing. (Built as
     relocatable device code, every non-inline __device__ function has such a stub: NVSHMEM's.)"""
     nm = shutil.which("nm")
     assert nm, "binutils' nm is missing (the linker's package, which nvcc's host compiler needs)"

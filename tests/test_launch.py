@@ -1,6 +1,6 @@
 """symmoe.launch: local ranks for the tests and single-node runs, and the group of a process
 alone. No port is ever found free first and bound later: another socket can take it in
-between (EADDRINUSE on the GPU machine, session 24)."""
+between (EADDRINUSE)."""
 from __future__ import annotations
 
 import torch

@@ -38,7 +38,7 @@ inline cudaStream_t S(uintptr_t v) { return reinterpret_cast<cudaStream_t>(v); }
 
 // Default piece of the expert-major fan-out (one load, up to top-k bulk stores): smaller pieces
 // let 16 warps per block keep stores in flight. Row-copy microbenchmark, 4096 rows of 14336 B
-// to 8 rows each: 147 µs at 3584-byte pieces against 155 µs at whole rows (session 11).
+// to 8 rows each: 147 µs at 3584-byte pieces against 155 µs at whole rows.
 constexpr uint32_t kFanSlotBytes = 3584;
 
 template <class Transport>
@@ -109,9 +109,9 @@ struct Ctx {
     move_fan.slot_bytes = piece_bytes(L.row_bytes(), max_piece ? max_piece : kFanSlotBytes);
   }
   // Slots per warp of the data kernels' mover: depth - 1 loads in flight per warp. 0: 4 for
-  // whole rows (session 12: cached rank dispatch 37.1 -> 36.4 µs push, 38.7 -> 37.4 pull) and 3
-  // for the expert-major fan-out (session 24: 156.6-157.3 -> 153.6-155.0 µs against 2; session
-  // 12: 4 slowed it from 154 to 175 µs, fewer warps per block).
+  // whole rows (cached rank dispatch 37.1 -> 36.4 µs push, 38.7 -> 37.4 pull) and 3
+  // for the expert-major fan-out (156.6-157.3 -> 153.6-155.0 µs against 2; 4 slowed it from 154
+  // to 175 µs, fewer warps per block).
   void set_copy_depth(int depth) {
     if (depth != 0 && (depth < 2 || depth > kMaxDepth))
       throw std::invalid_argument("copy_depth=" + std::to_string(depth) + ": must be 0 (automatic) or 2.." +
@@ -404,8 +404,8 @@ struct Ctx {
 
   // World size 1: this dispatch's rows by kernels/alone.cuh's kernels in place of pull /
   // push, from the routing the routing kernel published and this dispatch's counts (the
-  // counts matrix, [1][2 + E]); nvshmem has run them alone since session 29, 1-2 µs of kernel
-  // faster than push. They take the data kernels' grid counter (they run in their place).
+  // counts matrix, [1][2 + E]); nvshmem runs them alone too, 1-2 µs of kernel faster than its
+  // own dispatch kernel. They take the data kernels' grid counter (they run in their place).
   // False, launching nothing, when they do not apply: peers, a timeline recording (its stamps
   // are pull's and push's), the expert-major dispatch with kernel.fan_phases off (the mover's
   // fan-out is pull's and push's) or not one row fitting in shared memory.

@@ -34,8 +34,8 @@ inline bool spin_mapped(uintptr_t word, int64_t value, uintptr_t err_host, doubl
 
 // An exact-size dispatch's wait and what it reads once the counts are in, where the host built
 // the result beforehand (protocol/counts.py's Guess): the checks and the two copies of its
-// fast path, here because the GPU machine's host took 10-17 µs for them in Python (session 53
-// C) while only the data kernel's last ~21 µs hide the host's work.
+// fast path, here because a GPU machine's host took 10-17 µs for them in Python while only
+// the data kernel's last ~21 µs hide the host's work.
 class CountsWait {
  public:
   enum : int { kTimedOut = 0, kReady = 1, kFilled = 2 };

@@ -30,7 +30,7 @@ __device__ __forceinline__ int group_of(const T* goff, int L, int64_t o) {
 // lane. Lane m < n holds destination m (the other lanes' `dst` is ignored); bytes % 16 == 0.
 // The source is read with ld.global.cg (L2, not L1): rows that peers stored may still sit stale
 // in L1 otherwise. Row-copy microbenchmark's warp-row fan-out (non-coherent loads there), each
-// of 4096 rows of 14336 B to 8 rows: 146 µs with U = 7, 174 µs with U = 4 (session 11). Whole
+// of 4096 rows of 14336 B to 8 rows: 146 µs with U = 7, 174 µs with U = 4. Whole
 // warp calls.
 template <int U = 7>
 __device__ __forceinline__ void warp_fanout_row(uint8_t* dst, int n, const uint8_t* src, int64_t bytes, int lane) {

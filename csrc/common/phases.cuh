@@ -127,9 +127,9 @@ __device__ __forceinline__ void fan_abandon(int64_t T, const MoveCfg& mc, uint8_
 // one token's row, one bulk load), then each row bulk-stored to the rows dests(t) names (it
 // writes their metadata too, while the load is in flight). With phase_grid every block meets the
 // others after its loads and after its stores, so HBM serves the round's reads, then its
-// writes: the session 26 microbenchmark moved the fan-out's traffic in 137.7 µs that way against
+// writes: a microbenchmark moved the fan-out's traffic in 137.7 µs that way against
 // 142.5-146.8 interleaved. Block phases gain only with two rounds (16 rows a block at the
-// DeepSeek shape on 132 SMs: session 27, 137.0 µs against 141.9 at 15 rows). With phase_steal
+// DeepSeek shape on 132 SMs: 137.0 µs against 141.9 at 15 rows). With phase_steal
 // (block phases) the rounds after the first are groups of phase_rows tokens handed to whichever
 // block asks first: a block whose rounds run slow takes fewer. The rows' smem starts at
 // mc.phase_base; sy.done is the phases' counter, or the steal's (zero between launches; at world

@@ -17,10 +17,9 @@ namespace symmoe {
 constexpr int kReduceThreads = 128;
 // A block's item is one part of a token's row (ReduceLaunch: 1 or 2 parts a row). Alone, halves
 // over the resident blocks: 4096 whole tokens over the 1188 blocks of a whole H200 (9 a SM) left
-// the last round 45 % full and halves made it 90 % (session 20: expert combine kernel 135.5 ->
-// 132.5 µs). With peers, whole tokens over 16 blocks a SM, as before session 20: under MPS at
-// W=4 the halves cost 698 -> 767 µs a combine and whole tokens over a persistent grid of the
-// rank's share 889 (session 22).
+// the last round 45 % full and halves made it 90 % (expert combine kernel 135.5 -> 132.5 µs).
+// With peers, whole tokens over 16 blocks a SM: under MPS at W=4 the halves cost 698 -> 767 µs
+// a combine and whole tokens over a persistent grid of the rank's share 889.
 constexpr int kReduceBlocksPerSm = 16;
 
 // Where the contributions of this rank's tokens lie once the combine's data has arrived.

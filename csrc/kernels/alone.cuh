@@ -3,7 +3,7 @@
 // its dispatch_kernel (alone_fan_routed_kernel also of its plan kernel). They need no
 // transport, so they are built into symmoe_cuda, compiled whole as the CUDA protocols' data
 // kernels are: built into the NVSHMEM module (relocatable device code), the fan-out ran 205 µs
-// against 142 here (sessions 28-29), and that module's dispatch_kernel spills registers.
+// against 142 here, and that module's dispatch_kernel spills registers.
 //   alone_fan_kernel   expert-major: the phased fan-out (common/phases.cuh, kernel.fan_phases),
 //                      whole rows loaded into shared memory, then bulk-stored to every slot's row;
 //   alone_rows_kernel  rank-major: each routed token's row to its output row by the bulk-copy
@@ -313,8 +313,8 @@ __device__ __forceinline__ bool routed_end(const AloneArgs& a, const OwnRouting<
 // round 0's row loads after it; the other blocks issue theirs at once (but for the rows where a
 // routing block's tables lie, after its routing would be done), and the last ticket (never a
 // routing one) does the routing's end (routed_end). A routing chunk's global round trips queue
-// behind the loads in flight, and its own add to them (session 36: kernel 147 -> 145 µs, the
-// ticket before any load 7 -> 0.4 µs). Then every block builds its plan on the column totals
+// behind the loads in flight, and its own add to them (so the ticket comes before any load:
+// 0.4 µs rather than 7, the kernel 2 µs faster). Then every block builds its plan on the column totals
 // the chunks add as they are counted (RouteScratch::sums), each row waits for its own chunk's
 // placed mark, and fans out. Launched after the stream's earlier work ended (x, topk_idx and
 // topk_weights are read at once).
@@ -375,11 +375,10 @@ __device__ __forceinline__ bool token_in_rank(const RoutingArgs<Idx>& ra, int64_
 // stale one). Blocks take tickets as alone_fan_routed_kernel's: in a block of a ticket <
 // f.a.chunks the warps past the mover's route that chunk (a WarpTeam on a named barrier: the
 // mover's few warps alone would walk its pairs slowly) while its mover warps move rows from the
-// start (session 47: with the whole block routing first, 64 of 132 SMs moved nothing for ~9 µs;
-// beside the movers the routing now ends late, near 29 µs of a 33 µs kernel, so it must stay
+// start (with the whole block routing first, 64 of 132 SMs would move nothing for ~9 µs;
+// beside the movers the routing ends late, near 29 µs of a 33 µs kernel, so it must stay
 // short). Where the host waits for the counts (exact-size outputs: f.route_first) the whole
-// block routes first after all, as before session 47: the counts then come early (session 52:
-// at 12 µs, not 29), and the host's work after its wait runs under the rows' copy instead of
+// block routes first after all: the counts then come early (at 12 µs, not 29), and the host's work after its wait runs under the rows' copy instead of
 // after the kernel. The last ticket does the routing's end, and every mover warp takes tokens
 // one at a time from a grid counter (a.routed.summed; a.routed.readers counts the blocks done,
 // and the last zeroes both). Rows past the outputs' capacity are left to the repair (the

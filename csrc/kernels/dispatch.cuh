@@ -48,13 +48,10 @@ __device__ __forceinline__ void grid_barrier(const Transport& tp, const Layout& 
 // route_ticketed: one walk over its ids, then its positions after the earlier chunks'); the
 // last block to finish stores this rank's counts row into every peer and runs
 // "dispatch.counts", so peers pull only once every position is written.
-// Session 30 stamped the two-pass kernel (22.7 µs at W=1) phase by phase: ticket 1, count
-// 3.5, chunk wait 2, base 2, place 5, totals 3.3, barrier 2.5, hand-over 3. With the count
-// pass and the place pass's first walk made one, the totals summed once and no barrier alone,
-// it takes 16.5 µs (14.2 without the host's copy of the counts). Session 31 stamped that one
-// (last block, µs): ticket 0.8, walk 3.7, is_token_in_rank 1.0, scan 0.9, wait 1.5-2, base 2,
-// place 0.6, last-block ticket 1, counts row 1.1, hand-over 2.8; shortening base, hand-over
-// and is_token_in_rank (0c0876b) gained only 0.6 µs (16.2).
+// One walk over the ids (count and first place pass in one), the totals summed once and no
+// barrier alone: about 16 µs at W=1, DeepSeek shape (a two-pass form took 22.7). Its phases,
+// stamped (last block, µs): ticket 0.8, walk 3.7, is_token_in_rank 1.0, scan 0.9, wait 1.5-2,
+// base 2, place 0.6, last-block ticket 1, counts row 1.1, hand-over 2.8.
 template <class Transport, typename Idx>
 __global__ void __launch_bounds__(kRouteMaxThreads) route_kernel(Transport tp, Layout L, RoutingArgs<Idx> a,
                                                              RouteScratch sc, int32_t* out_per_rank,

@@ -139,7 +139,7 @@ static std::string launch_recv_tail(const Layout& L, const int32_t* counts, Tail
     return "num_worst_tokens: the receivers' tables (" + std::to_string(smem) +
            " bytes) exceed shared memory (fewer experts per rank needed)";
   // The attribute once per module, and only past the default 48 KiB: set on every call it cost
-  // 2-5 µs of host time in each worst-case dispatch (host profile, session 13).
+  // 2-5 µs of host time in each worst-case dispatch.
   static int allowed = 48 * 1024;
   cudaError_t e = cudaSuccess;
   if (smem > allowed) {

@@ -186,7 +186,7 @@ __device__ __forceinline__ void deliver_row(const DispatchArgs& a, const Geometr
   int n;
   o = compact_lanes(o >= 0, o, lane, n);
   // 4 in flight: this kernel has 80 registers at 768 threads, and 7 raised its spill from 104
-  // to 144 bytes for no gain (expert-major W=1 cached dispatch 160.7 µs vs 159.4, session 11).
+  // to 144 bytes for no gain (expert-major W=1 cached dispatch 160.7 µs vs 159.4).
   warp_fanout_row<4>(a.out_x + max(o, int64_t(0)) * rb, n, src, rb, lane);
 }
 
@@ -220,7 +220,7 @@ __global__ void __launch_bounds__(kThreads, 1) dispatch_kernel(DispatchArgs a) {
   // receiver block copies them while the first puts are in flight, so senders start putting at
   // once; alone, both blocks split them. Expert-major with peers each kept row is written once
   // per local slot, and the receiver blocks alone had every fan-out to do (W=2 cached dispatch
-  // 269 µs against 199 rank-major, session 15): the sender block gives kWarps / W warps to the
+  // 269 µs against 199 rank-major): the sender block gives kWarps / W warps to the
   // kept rows from the start, W / (W + 1) of them, so both shares take about as long as the
   // receiver's (W - 1 sources' rows and the rest of its own) on its kWarps. Past 8 ranks the
   // kept rows are a small share and every warp puts.

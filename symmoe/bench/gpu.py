@@ -20,7 +20,7 @@ enqueues, so the events measure GPU time, not Python launch overhead (dispatch s
 includes its mid-call host wait for the counts: the data kernel is already queued then).
 With several ranks a device barrier follows the sleep (``Protocol.barrier_on_stream``): the
 hosts leave the gloo barrier before each call tens of µs apart, and without it each call's
-first cross-rank wait would carry that skew (session 10, W=2: route_place 24-175 µs).
+first cross-rank wait would carry that skew (at W=2 a routing kernel's time spread over 24-175 µs).
 ``cached_dispatch``: ``dispatch(x, handle=...)`` along the last dispatch's routing (DeepEP's
 cached dispatch, what its intranode benchmark times); the same bytes as ``dispatch``.
 ``worst_dispatch`` (rank-major): ``dispatch(..., num_worst_tokens=W * T)``, outputs of DeepEP's
@@ -31,9 +31,9 @@ worst-case size; the same bytes, and the CUDA protocols skip the host wait.
 ``dispatch_host_phases_timed``: the same split of the timed dispatches (their wait spans the sleep).
 Every timed call's result (a dispatch's: the one it replaces) is released after the end event,
 plain torch's too: a training step keeps its results (a dispatch's handle until the backward),
-and freeing the previous result's tensors took the host 7.6 µs on a CPU-only machine (session
-54, a W=1 rank-major result over CPU tensors), which an exact-size dispatch would otherwise pay
-between its counts wait and its end event.
+and freeing the previous result's tensors took the host 7.6 µs on a CPU-only machine (a W=1
+rank-major result over CPU tensors), which an exact-size dispatch would otherwise pay between
+its counts wait and its end event.
 
 Several ranks on one GPU (MPS) all get the same active thread percentage, whatever the
 backend (``launch.mps_share``); the roofline is measured by the launching process on the whole
@@ -396,7 +396,7 @@ def summarize(config: Config, world_size: int, ranks: list[dict[str, Any]], roof
             row[f"api_{op}_us"] = max(r[layout]["api_dispatch"]["median_us"] for r in ranks) if op == "dispatch" else None
             if "torch" in ranks[0]:
                 # Like for like: a cached dispatch against plain torch along a routing computed
-                # once (files before session 33 hold only its whole dispatch), the rest against
+                # once (older files hold only its whole dispatch), the rest against
                 # plain torch's op that routes as well.
                 base = ranks[0]["torch"][layout]
                 tt = base[op if op in base else BASE_OP[op]]["median_us"]

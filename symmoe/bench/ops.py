@@ -1,14 +1,13 @@
 """The ops a benchmark times, in table order, and how the tables name them.
 
 ``cached_dispatch`` is ``dispatch(x, handle=...)`` along the routing of the op's last
-dispatch (bench files since session 7 hold it); it moves the same rows as ``dispatch``, so
-the same bytes apply to it; its plain-torch baseline gathers along a routing computed once
-(since session 33; earlier files hold only plain torch's whole dispatch, which routes too).
-``worst_dispatch`` (rank-major, bench files since session 12) is ``dispatch(...,
+dispatch; it moves the same rows as ``dispatch``, so the same bytes apply to it; its
+plain-torch baseline gathers along a routing computed once (older files hold only plain
+torch's whole dispatch, which routes too). ``worst_dispatch`` (rank-major) is ``dispatch(...,
 num_worst_tokens=W * T)``, DeepEP's worst-case sizes: the same rows again, and no host wait
-on the CUDA protocols.
+on the CUDA protocols. Older files may lack either.
 
-A rank's ``kernels_us[op]`` holds each kernel's device µs per call and, since session 45,
+A rank's ``kernels_us[op]`` holds each kernel's device µs per call and (except in older files)
 ``BUSY``: the time some kernel of the call ran (the union of their intervals). A kernel
 launched to follow another (programmatic dependent launch) starts early and waits for it, so
 the per-kernel times overlap and their sum overstates the call; ``kernels_total`` reads BUSY

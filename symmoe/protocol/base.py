@@ -33,16 +33,16 @@ except ImportError:  # a CPU-only torch, where no GPU protocol runs
 def stream_handle(device: torch.device) -> int:
     """The cudaStream_t of ``device``'s current stream, for a launch. Where only the handle is
     needed this skips building a torch.cuda.Stream: ``torch.cuda.current_stream(device).cuda_stream``
-    cost 5 µs a call on the GPU machine's host (session 40's launch costs), once per call or more."""
+    costs about 5 µs a call on a GPU machine's host, once per call or more."""
     return _raw_stream(device.index)
 
 
 def int32_pieces(device: torch.device, sizes: "tuple[int, ...]") -> list[torch.Tensor]:
     """int32 tensors of ``sizes`` elements from one allocation, each starting 128-byte aligned.
-    On the GPU machine's host a CUDA torch.empty costs about 6 µs, mostly the caching allocator,
-    and an exact dispatch made 11 (torch) to 14 (nvshmem) before its launch (session 40's host
-    probe: 72-136 µs before the launch, which no earlier GPU work hides in a step's first
-    dispatch); one split allocates once."""
+    On a GPU machine's host a CUDA torch.empty costs about 6 µs, mostly the caching allocator,
+    and an exact dispatch made 11 (torch) to 14 (nvshmem) before its launch (72-136 µs before
+    the launch, which no earlier GPU work hides in a step's first dispatch); one split
+    allocates once."""
     parts = []
     for n in sizes:
         parts += [n, -n % 32]

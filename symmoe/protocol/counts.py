@@ -66,8 +66,8 @@ class Guess:
     """An exact-size dispatch's result built before its counts wait, for the rows it is likely
     to receive. At world size 1 those rows are known up to masked pairs (rank-major: the
     tokens; expert-major with alignment 1: the pairs), and the host's work after the wait, not
-    the kernel, bounded the call: 21-58 µs of views and handle on the GPU machine's host
-    (session 53 A, GPU idle) against the ~21 µs the kernel has left once its counts are out.
+    the kernel, bounded the call: 21-58 µs of views and handle on a GPU machine's host (GPU
+    idle) against the ~21 µs the kernel has left once its counts are out.
     The wait itself (host_wait.h's CountsWait, given ``target``) checks the summary and, where
     the received rows are the guessed ones, copies the counts and the per-expert counts into
     this result's tensors. Where the guess is wrong (masked pairs) it cost only host time

@@ -111,7 +111,7 @@ def stream_blocks(mode: str, share: int, sms: int, num_sms: int) -> int:
 def stream_split(blocks: int, max_senders: int, receivers: int) -> tuple[int, int]:
     """(senders, receivers) of a streamed push over at most ``blocks`` blocks; ``receivers``
     = ``kernel.stream_receivers`` (0: half the blocks; at W=2 every smaller share measured
-    was slower, in both layouts: results/NOTES.md, session 14). Senders are the channels, at
+    was slower, in both layouts). Senders are the channels, at
     most ``max_senders`` (the layout's tail words); receivers never outnumber them."""
     r = max(1, min(receivers or blocks // 2, blocks // 2))
     s = min(max_senders, blocks - r)
