@@ -27,70 +27,97 @@ PUSH_MODES = ("auto", "stream", "unpack")
 FAN_PHASES = ("off", "block", "grid", "steal")
 
 
+def _doc(default: Any, text: str) -> Any:
+    """A config field with its description, which ``reference_markdown`` prints (docs/config.md)."""
+    return field(default=default, metadata={"doc": text})
+
+
 @dataclass(frozen=True)
 class BufferConfig:
-    max_tokens_per_rank: int = 4096
-    hidden: int = 7168
-    topk: int = 8
-    num_experts: int = 256
-    dtype: str = "bfloat16"
-    output_layout: str = "rank"
-    expert_alignment: int = 1
-    recv_capacity: int = 0  # most rows one rank receives (its outputs; the pool follows); 0 = worst case
+    """What one dispatch carries. These sizes cut the symmetric buffer into its regions
+    (``symmoe size FILE`` prints them)."""
+
+    max_tokens_per_rank: int = _doc(4096, "Most tokens one rank dispatches in a call.")
+    hidden: int = _doc(7168, "Elements of a token's row; a multiple of 8 (16-byte rows for bulk copies).")
+    topk: int = _doc(8, "Experts per token: the columns of `topk_idx`; at most `num_experts`.")
+    num_experts: int = _doc(256, "Experts over all ranks; divisible by the world size (rank r holds experts "
+                                 "r * L .. r * L + L - 1, L = num_experts / world size).")
+    dtype: str = _doc("bfloat16", "Element type of the rows.")
+    output_layout: str = _doc("rank", "`rank`: one row per (token, destination rank), ordered by (source rank, "
+                                      "token); `expert`: one row per (token, local expert), grouped by expert, each "
+                                      "group padded to `expert_alignment` rows.")
+    expert_alignment: int = _doc(1, "Expert-major group padding (what grouped GEMMs consume): each expert's rows "
+                                    "start at a multiple of it.")
+    recv_capacity: int = _doc(0, "Most rows one rank receives: bounds its outputs and the receive pool; 0 = the "
+                                 "worst case. A dispatch over it raises CapacityError on every rank.")
 
 
 @dataclass(frozen=True)
 class KernelConfig:
-    num_sms: int = 24
-    num_channels: int = 8  # nvshmem: a sender and a receiver block each
-    timeout_s: float = 30.0
-    copy_bytes: int = 0  # bulk-copy piece (multiple of 128); 0 = whole rows up to 16 KB, 3584 B expert-major
-    copy_depth: int = 0  # bulk-copy slots per warp (torch/nccl), depth - 1 loads in flight; 0 = 4 rank-major, 3 expert-major
-    # world-size-1 expert-major dispatch (every backend): "block" = each block loads whole rows
-    # into shared memory, then stores each to its rows (faster than the bulk-copy mover at the
-    # DeepSeek shape on every backend); "grid" = the same with every block meeting the others
-    # between loads and stores (all resident at once); "steal" (default) = block, but after the
-    # first round each block takes the next group of rows from a grid counter (a block whose
-    # rounds run slow takes fewer; the rank-major dispatch that routes gains too);
-    # "off" = the bulk-copy mover (nvshmem: its dispatch kernel)
-    fan_phases: str = "steal"
-    # push with peers (torch/nccl): "unpack" = push kernel, barrier, then a kernel copies the
-    # pool out; "stream" = one kernel of sender and receiver channels, the pool copied out as
-    # rows land (DeepEP V1's shape); "auto" = stream when every rank has a GPU of its own
-    push_mode: str = "auto"
-    # receiver blocks of the streamed push (its senders are the rest of its blocks); 0 = half
-    stream_receivers: int = 0
-    # nvshmem: rows of each (source, channel) ring of the receive pool; a sender reuses a slot
-    # once the receiver's head counter passed it. 0 = the pool split evenly (never wraps unless
-    # buffer.recv_capacity shrinks the pool)
-    ring_rows: int = 0
+    """How the GPU kernels run: the one place that decides SMs and launch shapes. The host
+    backend reads only `timeout_s`."""
+
+    num_sms: int = _doc(24, "SMs the kernels of a call may use (capped by what the GPU, or the rank's MPS "
+                            "share, holds).")
+    num_channels: int = _doc(8, "nvshmem: channels of its push, a sender and a receiver block each (capped by "
+                                "the SMs it holds).")
+    timeout_s: float = _doc(30.0, "Every wait, on the device or the host, raises StallError naming the rank "
+                                  "and the stage after this many seconds.")
+    copy_bytes: int = _doc(0, "Bulk-copy piece in bytes (torch, nccl), a multiple of 128; 0 = whole rows up to "
+                              "16 KB (3584 B for the expert-major fan-out).")
+    copy_depth: int = _doc(0, "Bulk-copy slots per warp (torch, nccl), 2..16: depth - 1 loads in flight; "
+                              "0 = 4 for rank-major rows, 3 for the expert-major fan-out.")
+    fan_phases: str = _doc("steal", "Expert-major dispatch at world size 1 (every backend). `block`: each block "
+                                    "loads whole rows into shared memory, then stores each to its rows; `grid`: "
+                                    "the same, every block meeting the others between loads and stores (all "
+                                    "must be resident at once); `steal`: block, but after the first round each "
+                                    "block takes the next group of rows from a grid counter (a block whose "
+                                    "rounds run slow takes fewer); `off`: the bulk-copy mover (nvshmem: its "
+                                    "dispatch kernel).")
+    push_mode: str = _doc("auto", "Push with peers (torch, nccl). `unpack`: the push kernel, a barrier, then a "
+                                  "kernel copies the pool out; `stream`: one kernel of sender and receiver "
+                                  "channels, rows copied out as they land (DeepEP V1's shape); `auto`: stream "
+                                  "when every rank has a GPU of its own.")
+    stream_receivers: int = _doc(0, "Receiver blocks of the streamed push; its senders are the rest of "
+                                    "`num_sms`. 0 = half.")
+    ring_rows: int = _doc(0, "nvshmem: rows of each (source, channel) ring of the receive pool; a sender reuses "
+                             "a slot once the receiver's head passed it. 0 = the pool split evenly, which never "
+                             "wraps unless `buffer.recv_capacity` shrinks the pool.")
 
 
 @dataclass(frozen=True)
 class HostConfig:
-    poll_interval_us: int = 50
+    """Options of the `host` backend."""
+
+    poll_interval_us: int = _doc(50, "How long a host-side wait sleeps between polls of shared memory.")
 
 
 @dataclass(frozen=True)
 class TorchConfig:
-    # Several ranks on one GPU (tests under MPS): sets TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES.
-    allow_overlapping_devices: bool = False
+    """Options of the `torch` backend."""
+
+    allow_overlapping_devices: bool = _doc(False, "Several ranks on one GPU (tests under MPS): sets "
+                                                  "TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES.")
 
 
 @dataclass(frozen=True)
 class NvshmemConfig:
-    pass
+    """Options of the `nvshmem` backend (none yet)."""
 
 
 @dataclass(frozen=True)
 class NcclConfig:
-    pass
+    """Options of the `nccl` backend (none yet)."""
 
 
 @dataclass(frozen=True)
 class Config:
-    backend: str = "host"
-    protocol: str = ""  # "" = the backend's native protocol
+    """The whole config: the backend, the protocol, and one section each for the buffer, the
+    kernels and every backend's own options. Every key is optional."""
+
+    backend: str = _doc("host", "Where the symmetric memory comes from (see docs/backends.md).")
+    protocol: str = _doc("", "`push` or `pull`, among those the backend runs; empty = the backend's native "
+                             "one (the first it runs, in the table below).")
     buffer: BufferConfig = field(default_factory=BufferConfig)
     kernel: KernelConfig = field(default_factory=KernelConfig)
     host: HostConfig = field(default_factory=HostConfig)
@@ -276,3 +303,58 @@ def diff(a: Mapping[str, Any], b: Mapping[str, Any], prefix: str = "") -> list[s
         elif va != vb:
             keys.append(f"{prefix}{k}")
     return keys
+
+
+REFERENCE_COMMAND = "symmoe config docs > docs/config.md"
+
+
+def reference_markdown() -> str:
+    """docs/config.md: every key of the config with its type, default, what is allowed and its
+    description, from the dataclasses above and the backends' declarations
+    (``REFERENCE_COMMAND`` writes it)."""
+    from .backends import BACKENDS
+
+    def value(v: Any) -> str:
+        return "`" + ({True: "true", False: "false"}.get(v, str(v)) if not isinstance(v, str) else v or '""') + "`"
+
+    def allowed(kp: str, t: Any) -> str:
+        if kp in _CHOICES:
+            return ", ".join(f"`{c}`" for c in _CHOICES[kp])
+        if kp in _RANGES:
+            lo, hi = _RANGES[kp]
+            return f"{lo:g} .. {hi:g}" if t is float else f"{int(lo)} .. {int(hi)}"
+        return "true, false" if t is bool else ""
+
+    def table(cls: type, path: str) -> list[str]:
+        hints = typing.get_type_hints(cls)
+        rows = []
+        for f in dataclasses.fields(cls):
+            t = hints[f.name]
+            if f.name == "source" or dataclasses.is_dataclass(t):
+                continue
+            kp = f"{path}{f.name}"
+            kind = {int: "integer", float: "number", bool: "boolean", str: "string"}[t]
+            rows.append(f"| `{kp}` | {kind} | {value(f.default)} | "
+                        f"{allowed(kp, t)} | {f.metadata.get('doc', '')} |")
+        if not rows:
+            return ["No keys."]
+        return ["| key | type | default | allowed | description |", "|---|---|---|---|---|", *rows]
+
+    def about(cls: type) -> str:
+        return " ".join(line.strip() for line in (cls.__doc__ or "").split("\n")).strip().replace("``", "`")
+
+    lines = ["# Config reference", "",
+             f"<!-- Generated from the dataclasses in symmoe/config.py by `{REFERENCE_COMMAND}`; do not edit. -->", "",
+             "A config is one YAML file. Every key is optional and checked when the file loads: an unknown key, a "
+             "wrong type, a value out of range or an impossible combination fails with the file, the key, the value "
+             "and what is allowed. `symmoe config check FILE` prints the effective config (defaults filled in, "
+             "the protocol resolved); `--set KEY=VALUE` on `symmoe check`, `symmoe ab` and the benchmarks changes one "
+             "key for a run.", "", "## Top level", "", about(Config), "", *table(Config, ""), "",
+             "The backends and the protocols each declares (`BACKEND` in `backends/<module>.py`), native first:", "",
+             "| backend | protocols | modelled on |", "|---|---|---|"]
+    lines += [f"| `{name}` | {', '.join(spec.protocols)} | {spec.modelled_on} |" for name, spec in BACKENDS.items()]
+    for f in dataclasses.fields(Config):
+        cls = typing.get_type_hints(Config)[f.name]
+        if dataclasses.is_dataclass(cls):
+            lines += ["", f"## `{f.name}`", "", about(cls), "", *table(cls, f"{f.name}.")]
+    return "\n".join(lines) + "\n"
