@@ -49,6 +49,13 @@ def cmd_config_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_config_docs(args: argparse.Namespace) -> int:
+    """The config reference in Markdown (docs/config.md), from the config's dataclasses."""
+    from .config import reference_markdown
+    print(reference_markdown(), end="")
+    return 0
+
+
 def cmd_size(args: argparse.Namespace) -> int:
     from .buffer import Buffer
     cfg = load(args.file)
@@ -244,6 +251,7 @@ def _parser() -> argparse.ArgumentParser:
     chk = cfg.add_parser("check", help="validate a config and print the effective config")
     chk.add_argument("file")
     chk.set_defaults(fn=cmd_config_check)
+    cfg.add_parser("docs", help="print the config reference (docs/config.md) in Markdown").set_defaults(fn=cmd_config_docs)
 
     size = sub.add_parser("size", help="bytes per region of the symmetric buffer for a config")
     size.add_argument("file")
