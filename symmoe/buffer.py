@@ -32,6 +32,7 @@ class Buffer:
     def __init__(self, group: dist.ProcessGroup | None = None, config: Config | str | os.PathLike | None = None):
         self.config = cfg = _resolve(config)
         self.group = group
+        self._closed = False
         self.rank = dist.get_rank(group) if dist.is_initialized() else 0
         self.world_size = dist.get_world_size(group) if dist.is_initialized() else 1
         check_world_size(cfg, self.world_size)
@@ -76,8 +77,14 @@ class Buffer:
         return self._protocol.name
 
     # -- API -------------------------------------------------------------------------------
+    def _check_open(self, call: str) -> None:
+        if self._closed:
+            raise InputError(f"{call}: this Buffer is closed (Buffer.close() or the end of its `with` block); "
+                             "create a new Buffer")
+
     def get_dispatch_layout(self, topk_idx: torch.Tensor, num_experts: int | None = None):
         """(num_tokens_per_rank, num_tokens_per_rdma_rank=None, num_tokens_per_expert, is_token_in_rank, event)."""
+        self._check_open("get_dispatch_layout")
         if num_experts is not None and num_experts != self.num_experts:
             raise InputError(f"num_experts={num_experts}; this Buffer was sized for {self.num_experts}")
         validate.check_topk_idx(topk_idx, self.layout, self.device)
@@ -109,6 +116,7 @@ class Buffer:
         the same handle comes back. Every rank passes its handle of that same dispatch. The
         GPU protocols skip the routing and never wait on the host (DeepEP's cached dispatch,
         e.g. the backward of combine)."""
+        self._check_open("dispatch")
         validate.check_num_worst_tokens(num_worst_tokens)
         if handle is not None:
             validate.check_cached_dispatch(x, handle, topk_idx, topk_weights, self.layout, self.dtype, self.device,
@@ -138,6 +146,7 @@ class Buffer:
         writes its output here), and no protocol copies it first. Its contents belong to the
         caller until the next dispatch, which may read them until its queued work ends: write
         the next x on the same stream (or after ``synchronize()``)."""
+        self._check_open("input_view")
         if not isinstance(num_tokens, int) or isinstance(num_tokens, bool):
             raise InputError(f"input_view({num_tokens!r}): num_tokens must be an int, got {type(num_tokens).__name__}")
         if not 0 <= num_tokens <= self.layout.max_tokens:
@@ -150,6 +159,7 @@ class Buffer:
         """Bring expert outputs back to the tokens' ranks and reduce them.
 
         Returns ``(combined_x, combined_topk_weights, event)``."""
+        self._check_open("combine")
         validate.check_combine(x, handle, topk_weights, self.layout, self.dtype, self.device, id(self))
         if previous_event is not None:
             previous_event.current_stream_wait()
@@ -160,10 +170,15 @@ class Buffer:
         """Wait for this rank's queued calls; raise StallError naming the stage if a device
         wait expired (combine returns before its waits finish, so a stall surfaces here or
         at the next call)."""
+        self._check_open("synchronize")
         self._protocol.check(synchronize=True)
 
     # -- lifetime ----------------------------------------------------------------------------
     def close(self) -> None:
+        """Free the symmetric memory; later calls raise InputError. Closing again does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self._protocol.close()
         self.memory.close()
 

@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Any, Sequence
 
-from .config import load, parse_key_value
-from .errors import SymmoeError
+from .config import load, parse_key_value, parse_world_size
+from .errors import BackendUnavailable, SymmoeError
 
 
 def _versions() -> dict[str, str]:
@@ -43,10 +43,18 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_config_check(args: argparse.Namespace) -> int:
-    cfg = load(args.file)
-    print(f"# {args.file}: valid; effective config (digest {cfg.digest()})")
-    print(cfg.to_yaml(), end="")
-    return 0
+    """Each file: valid, with its effective config, or its error; 1 when any is invalid."""
+    status = 0
+    for path in args.files:
+        try:
+            cfg = load(path)
+        except SymmoeError as e:
+            print(f"symmoe: error: {e}", file=sys.stderr)
+            status = 1
+            continue
+        print(f"# {path}: valid; effective config (digest {cfg.digest()})")
+        print(cfg.to_yaml(), end="")
+    return status
 
 
 def cmd_config_docs(args: argparse.Namespace) -> int:
@@ -122,6 +130,15 @@ def _bench_rank(rank: int, world_size: int, config: dict[str, Any], opts: dict[s
             "dispatch": d.summary(), "combine": c.summary()}
 
 
+def require_gpu(cfg: Any) -> None:
+    """A GPU backend's config meets a machine without a CUDA GPU: BackendUnavailable naming it."""
+    import torch
+    if cfg.backend != "host" and not torch.cuda.is_available():
+        where = f"{cfg.source}: " if cfg.source else ""
+        raise BackendUnavailable(f"{where}backend '{cfg.backend}' needs a CUDA GPU and none is visible here; "
+                                 "use a host config (configs/host.yaml)")
+
+
 def _command() -> str:
     return " ".join(["symmoe", *sys.argv[1:]])
 
@@ -188,6 +205,8 @@ def cmd_check(args: argparse.Namespace) -> int:
     from .testing import CHECK_ROUTINGS
     sets = dict(args.set)
     cfgs = [load(path).replace(**sets) if sets else load(path) for path in args.configs]
+    for cfg in cfgs:
+        require_gpu(cfg)
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(1 << 30)
     if launch.under_torchrun():
         import torch.distributed as dist
@@ -222,13 +241,8 @@ def cmd_check(args: argparse.Namespace) -> int:
 
 def _bench_gpu(cfg: Any, args: argparse.Namespace) -> int:
     """GPU backends: ``symmoe.bench.gpu`` (CUDA events, copy roofline and plain torch in the same run)."""
-    import torch
-
     from .bench import gpu as bench
-    if not torch.cuda.is_available():
-        print(f"symmoe: error: backend '{cfg.backend}' needs a CUDA GPU and none is visible here; "
-              "use a host config (configs/host.yaml)", file=sys.stderr)
-        return 1
+    require_gpu(cfg)
     if args.routing != "uniform":
         print("symmoe: note: GPU benchmarks use uniform routing (the DeepSeek-V3 benchmark shape)", file=sys.stderr)
     layouts = (args.layout,) if args.layout else ("rank", "expert")
@@ -248,14 +262,14 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("info", help="which backends are usable here, and why not").set_defaults(fn=cmd_info)
 
     cfg = sub.add_parser("config", help="config files").add_subparsers(dest="config_cmd", required=True)
-    chk = cfg.add_parser("check", help="validate a config and print the effective config")
-    chk.add_argument("file")
+    chk = cfg.add_parser("check", help="validate configs and print each effective config")
+    chk.add_argument("files", nargs="+", metavar="file")
     chk.set_defaults(fn=cmd_config_check)
     cfg.add_parser("docs", help="print the config reference (docs/config.md) in Markdown").set_defaults(fn=cmd_config_docs)
 
     size = sub.add_parser("size", help="bytes per region of the symmetric buffer for a config")
     size.add_argument("file")
-    size.add_argument("--world-size", type=int, default=1)
+    size.add_argument("--world-size", type=parse_world_size, default=1)
     size.set_defaults(fn=cmd_size)
 
     build = sub.add_parser("build", help="compile the CUDA extensions now (otherwise built on first use)")
@@ -264,7 +278,8 @@ def _parser() -> argparse.ArgumentParser:
 
     check = sub.add_parser("check", help="dispatch + combine of each config, bitwise against symmoe.reference")
     check.add_argument("configs", nargs="+")
-    check.add_argument("--world-size", type=int, default=1, help="local ranks to spawn (ignored under torchrun)")
+    check.add_argument("--world-size", type=parse_world_size, default=1,
+                       help="local ranks to spawn (ignored under torchrun)")
     check.add_argument("--set", action="append", type=parse_key_value, default=[], metavar="KEY=VALUE",
                        help="config value for every config, e.g. --set buffer.max_tokens_per_rank=256 (repeatable)")
     check.add_argument("--seed", type=int, default=None, help="default: a fresh one, printed for replay")
@@ -277,7 +292,7 @@ def _parser() -> argparse.ArgumentParser:
 
     bench = sub.add_parser("bench", help="time dispatch and combine for a config")
     bench.add_argument("config")
-    bench.add_argument("--world-size", type=int, default=1,
+    bench.add_argument("--world-size", type=parse_world_size, default=1,
                        help="local ranks to spawn (host backend: ignored under torchrun)")
     bench.add_argument("--tokens", type=int, default=0, help="tokens per rank (default: buffer.max_tokens_per_rank)")
     bench.add_argument("--routing", default="uniform")

@@ -165,6 +165,8 @@ class Config:
             node = d
             *path, last = key.split(".")
             for p in path:
+                if not isinstance(node.get(p), dict):  # no such section: the sections there are allowed
+                    raise _unknown_key(key, value, [k for k, v in node.items() if isinstance(v, dict)], self.source)
                 node = node[p]
             node[last] = value
         return from_dict(d, source=self.source)
@@ -200,6 +202,11 @@ def _type_name(t: Any) -> str:
     return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(t, str(t))
 
 
+def _unknown_key(kp: str, value: Any, known: typing.Iterable[str], source: str | None) -> ConfigError:
+    """The error for a key the config does not have, with the keys allowed at that level."""
+    return ConfigError(kp, value, f"unknown key; allowed here: {', '.join(sorted(known)) or 'none'}", source)
+
+
 def _build(cls: type, data: Any, path: str, source: str | None) -> Any:
     if not isinstance(data, Mapping):
         raise ConfigError(path or "<top level>", data, "expected a mapping of keys", source)
@@ -209,7 +216,7 @@ def _build(cls: type, data: Any, path: str, source: str | None) -> Any:
     for key, value in data.items():
         kp = f"{path}.{key}" if path else str(key)
         if key not in known:
-            raise ConfigError(kp, value, f"unknown key; allowed here: {', '.join(sorted(known)) or 'none'}", source)
+            raise _unknown_key(kp, value, known, source)
         t = hints[key]
         if dataclasses.is_dataclass(t):
             kwargs[key] = _build(t, value if value is not None else {}, kp, source)
@@ -262,7 +269,20 @@ def parse_key_value(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise argparse.ArgumentTypeError(f"{text!r}: expected KEY=VALUE, e.g. kernel.num_sms=64")
     k, v = text.split("=", 1)
-    return k.strip(), yaml.safe_load(v)
+    return k.strip(), yaml.load(v, Loader=StrictLoader)
+
+
+def parse_world_size(text: str) -> int:
+    """The ``--world-size`` option of every command (an argparse ``type=``): an integer >= 1."""
+    import argparse
+
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: the world size (ranks) must be an integer >= 1")
+    return n
 
 
 def from_dict(data: Mapping[str, Any], source: str | None = None) -> Config:
@@ -274,20 +294,78 @@ def from_dict(data: Mapping[str, Any], source: str | None = None) -> Config:
     return cfg
 
 
+class DuplicateKey(yaml.constructor.ConstructorError):
+    """A mapping names the same key twice: ``key`` is its dotted path."""
+
+    def __init__(self, key: str, value: Any, first: yaml.Mark, again: yaml.Mark):
+        self.key, self.value, self.lines = key, value, (first.line + 1, again.line + 1)
+        super().__init__(None, None, f"found duplicate key {key!r} (lines {self.lines[0]} and {self.lines[1]})", again)
+
+
+class StrictLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping (plain PyYAML keeps the
+    last one silently: ``backend: host`` then ``backend: torch`` would run torch)."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        self._check_duplicates(node, "", set())
+        return super().construct_document(node)
+
+    def _check_duplicates(self, node: yaml.Node, path: str, seen: set[int]) -> None:
+        if id(node) in seen:  # an alias of a node already checked
+            return
+        seen.add(id(node))
+        if isinstance(node, yaml.MappingNode):
+            first: dict[Any, yaml.Mark] = {}
+            for k, v in node.value:
+                if k.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(k) if isinstance(k, yaml.ScalarNode) else None
+                kp = f"{path}.{key}" if path else str(key)
+                if key is not None and key in first:
+                    value = self.construct_object(v) if isinstance(v, yaml.ScalarNode) else f"<{v.id}>"
+                    raise DuplicateKey(kp, value, first[key], k.start_mark)
+                if key is not None:
+                    first[key] = k.start_mark
+                self._check_duplicates(v, kp, seen)
+        elif isinstance(node, yaml.SequenceNode):
+            for i, v in enumerate(node.value):
+                self._check_duplicates(v, f"{path}[{i}]", seen)
+
+
+def load_yaml(path: str, what: str = "config", error: type[ConfigError] = ConfigError) -> Any:
+    """The data of a YAML file (config or A/B spec), read with :class:`StrictLoader`. A missing
+    file, a directory, a file that is not UTF-8 text, invalid YAML or a duplicate key raise
+    ``error`` naming the path; an empty file returns None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            return yaml.load(f, Loader=StrictLoader)
+    except FileNotFoundError:
+        raise error("<file>", path, f"{what} file not found", path) from None
+    except IsADirectoryError:
+        raise error("<file>", path, f"is a directory; expected a {what} YAML file", path) from None
+    except UnicodeDecodeError as e:
+        raise error("<file>", path, f"not a text file (byte {e.start} is not UTF-8); expected a {what} YAML file",
+                    path) from None
+    except DuplicateKey as e:
+        raise error(e.key, e.value, f"duplicate key (lines {e.lines[0]} and {e.lines[1]}): a key may appear once "
+                    "per mapping", path) from None
+    except yaml.YAMLError as e:
+        raise error("<file>", path, f"not valid YAML: {e}", path) from None
+
+
 def load(path: str | os.PathLike) -> Config:
     path = os.fspath(path)
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise ConfigError("<file>", path, "file not found", path) from None
-    except yaml.YAMLError as e:
-        raise ConfigError("<file>", path, f"not valid YAML: {e}", path) from None
-    return from_dict(data if data is not None else {}, source=path)
+    data = load_yaml(path)
+    if data is None:
+        raise ConfigError("<file>", path, "empty config: the file holds no keys; write at least `backend:` "
+                          "(e.g. configs/host.yaml)", path)
+    return from_dict(data, source=path)
 
 
 def check_world_size(cfg: Config, world_size: int) -> None:
     """Checks that depend on the job's size; run when a Buffer is created."""
+    if world_size < 1:
+        raise ConfigError("world size", world_size, "must be an integer >= 1", cfg.source)
     if cfg.buffer.num_experts % world_size:
         raise ConfigError("buffer.num_experts", cfg.buffer.num_experts,
                           f"must be divisible by the world size ({world_size})", cfg.source)

@@ -48,8 +48,13 @@ def torchrun_group(timeout_s: float = 120.0) -> Iterator[tuple[int, int]]:
 
 def local_gpu(rank: int) -> torch.device:
     """This rank's GPU, made current: LOCAL_RANK (torchrun and spawn set it; else ``rank``)
-    modulo the visible GPUs, so several ranks may share one GPU (MPS)."""
-    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    modulo the visible GPUs, so several ranks may share one GPU (MPS). None visible:
+    BackendUnavailable."""
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if gpus == 0:
+        from .errors import BackendUnavailable
+        raise BackendUnavailable(f"rank {rank}: needs a CUDA GPU and none is visible here")
+    dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", rank)) % gpus)
     torch.cuda.set_device(dev)
     return dev
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from symmoe.ab import cli
+from symmoe.ab import report
 from symmoe.ab.report import bootstrap_ratio
 from symmoe.ab.runner import account_bytes, compare_outputs, corrupt_outputs
 from symmoe.ab.spec import TEST_HOOKS_ENV, SpecError, load_spec
@@ -68,6 +69,10 @@ def test_quickstart_without_a_gpu_falls_back_to_host_and_writes_table_and_json(t
         assert key in env
     ratio = res["stats"]["host-pull"]["dispatch"]["ratio_to_first"]
     assert ratio["ci_low"] <= ratio["value"] <= ratio["ci_high"]
+    labels = report.plot_labels(res)  # the plot's words: shared memory, no network bars, the fallback in the title
+    assert labels["intra_label"] == "shared memory (CPU processes)" and labels["network_label"] is None
+    assert "FALLBACK to the host backend (host-push, host-pull: CPU processes over shared memory; --no-gpu " \
+           "was given)" in labels["title"]
     if importlib.util.find_spec("matplotlib") is not None:
         assert (out / "plot.png").stat().st_size > 0 and res["plot"]
     else:
@@ -258,6 +263,36 @@ def test_duplicate_names_and_bad_inline_config(tmp_path):
     assert "variants[1].config" in msg and "protocl = 'pull': unknown key" in msg
 
 
+def test_a_key_given_twice_is_refused_naming_it_and_the_file(tmp_path):
+    """PyYAML keeps the last of two equal keys; a spec (or a config it names) must not."""
+    msg = _spec_error(tmp_path, f"workload: {SMALL}\nworkload: {SMALL}\n", two_host_variants())
+    assert "spec.yaml: workload = '<mapping>': duplicate key (lines 1 and 2): a key may appear once" in msg
+    msg = _spec_error(tmp_path, f"workload: {SMALL}\nvariants:\n  - {{name: a, name: b, config: {HOST}}}\n"
+                                f"  - {{name: c, config: {HOST}}}\n")
+    assert "spec.yaml: variants[0].name = 'b': duplicate key (lines 3 and 3)" in msg
+    cfg = tmp_path / "twice.yaml"
+    cfg.write_text("backend: host\nprotocol: push\nprotocol: pull\n")
+    msg = _spec_error(tmp_path, f"workload: {SMALL}\nvariants:\n  - {{name: a, config: {cfg}}}\n"
+                                f"  - {{name: b, config: {HOST}}}\n")
+    assert f"invalid backend config: {cfg}: protocol = 'pull': duplicate key (lines 2 and 3)" in msg
+
+
+def test_the_plot_labels_say_what_carried_the_bytes():
+    """NVLink within a node and network bars only where bytes crossed nodes; the host backend's
+    bytes are shared memory between CPU processes."""
+    def result(backends, network_bytes):
+        return {"spec": {"name": "s", "workload_text": "w", "variants": [{"name": b, "backend": b} for b in backends]},
+                "world_size": 4, "fallback": None, "ranks": [{"bytes": {"network_bytes": n}} for n in network_bytes]}
+
+    gpu = report.plot_labels(result(["torch", "nccl"], [0, 512, 512, 0]))
+    assert gpu == {"title": "symmoe ab s: w, world size 4", "intra_label": "intra-node (NVLink)",
+                   "network_label": "network"}
+    assert report.plot_labels(result(["torch", "nccl"], [0, 0, 0, 0]))["network_label"] is None
+    host = report.plot_labels(result(["host", "host"], [0, 0, 0, 0]))
+    assert host["intra_label"] == "shared memory (CPU processes)" and host["network_label"] is None
+    assert "FALLBACK" not in host["title"]  # a host spec is not a fallback
+
+
 def test_replay_file_is_checked_against_the_workload(tmp_path):
     idx = torch.stack(make_topk_idxs(Routing("uniform"), num_tokens=32, topk=8, num_experts=64, world_size=2, seed=1))
     torch.save(idx, tmp_path / "r.pt")
@@ -368,7 +403,6 @@ def test_timing_says_what_a_gpu_call_s_time_covers_and_a_bad_value_is_named(tmp_
 
 
 def test_the_table_says_whether_the_host_s_launch_work_is_in_a_gpu_call_s_time(tmp_path, capsys):
-    from symmoe.ab import report
     out = tmp_path / "out"
     rc = cli.main([os.path.join(AB, "quickstart.yaml"), "--no-gpu", "--out", str(out), "--warmup", "0",
                    "--repeats", "1", "--quiet", "--no-plot", "--timing", "device"])

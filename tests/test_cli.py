@@ -1,11 +1,17 @@
 """The symmoe command line."""
 import json
+import os
 import subprocess
 import sys
 
+import pytest
 
-def symmoe(*args):
-    return subprocess.run([sys.executable, "-m", "symmoe.cli", *args], capture_output=True, text=True, timeout=300)
+from symmoe.cli import main
+
+
+def symmoe(*args, env=None):
+    return subprocess.run([sys.executable, "-m", "symmoe.cli", *args], capture_output=True, text=True, timeout=300,
+                          env=env)
 
 
 def test_info_lists_every_backend_with_a_status():
@@ -76,3 +82,46 @@ def test_bench_and_ab_run_under_torchrun_and_exit_cleanly(tmp_path):
         assert out.returncode == 0, out.stderr[-2000:]
         assert "SIGABRT" not in out.stderr
     assert (tmp_path / "ab" / "results.json").exists()
+
+
+# -- bad input: one line naming the value and what is allowed, no traceback, exit status != 0 ------
+@pytest.mark.parametrize("command", [["size", "configs/torch.yaml"], ["check", "configs/host.yaml"],
+                                     ["bench", "configs/host.yaml"], ["ab", "configs/ab/quickstart.yaml"]],
+                         ids=lambda c: c[0])
+@pytest.mark.parametrize("bad", ["0", "-2", "two"])
+def test_every_command_taking_a_world_size_refuses_one_below_1(command, bad, capsys):
+    with pytest.raises(SystemExit) as e:
+        main([*command, "--world-size", bad])
+    assert e.value.code != 0
+    assert f"argument --world-size: '{bad}': the world size (ranks) must be an integer >= 1" in capsys.readouterr().err
+
+
+def test_check_and_bench_of_a_gpu_config_without_a_gpu_name_the_backend_that_needs_one():
+    no_gpu = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    for command in ("check", "bench"):
+        out = symmoe(command, "configs/torch.yaml", env=no_gpu)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        assert out.stderr == ("symmoe: error: configs/torch.yaml: backend 'torch' needs a CUDA GPU and none is "
+                              "visible here; use a host config (configs/host.yaml)\n")
+
+
+@pytest.mark.parametrize("command", [["config", "check"], ["size"], ["check"], ["bench"], ["ab"]], ids=" ".join)
+def test_a_directory_or_a_binary_file_given_as_config_or_spec_is_named(command, tmp_path, capsys):
+    binary = tmp_path / "weights.bin"
+    binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe" * 16)
+    what = "spec" if command == ["ab"] else "config"
+    for path, problem in ((str(tmp_path), f"is a directory; expected a {what} YAML file"),
+                          (str(binary), f"not a text file (byte 0 is not UTF-8); expected a {what} YAML file")):
+        assert main([*command, path]) != 0
+        err = capsys.readouterr().err
+        assert f"{path}: <file> = '{path}': {problem}" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_config_check_takes_several_files_and_reports_each(tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("buffer:\n  topk: x\n")
+    assert main(["config", "check", "configs/host.yaml", str(bad), "configs/torch.yaml"]) == 1
+    cap = capsys.readouterr()
+    assert "# configs/host.yaml: valid" in cap.out and "# configs/torch.yaml: valid" in cap.out
+    assert cap.err == f"symmoe: error: {bad}: buffer.topk = 'x': expected an integer\n"
+    assert main(["config", "check", "configs/host.yaml", "configs/torch.yaml"]) == 0

@@ -72,6 +72,12 @@ BAD = [
     ("nvshmem:\n  heap_size: 1\n", "nvshmem.heap_size", "unknown key"),
     ("- backend\n", "<top level>", "expected a mapping"),
     ("backend: [torch\n", "<file>", "not valid YAML"),
+    # PyYAML keeps the last of two equal keys: a file saying host would silently run torch
+    ("backend: host\nbackend: torch\n", "backend = 'torch'", "duplicate key (lines 1 and 2)"),
+    ("buffer:\n  hidden: 64\n  topk: 2\n  hidden: 128\n", "buffer.hidden = 128", "duplicate key (lines 2 and 4)"),
+    # no keys at all is a mistake (a wrong file, a truncated copy), not the host backend's defaults
+    ("", "<file>", "empty config"),
+    ("# backend: torch\n", "<file>", "empty config"),
 ]
 
 
@@ -90,6 +96,18 @@ def test_an_unquoted_off_is_the_choice_off_not_a_type_error(tmp_path):
     assert load(write(tmp_path, "kernel:\n  fan_phases: off\n")).kernel.fan_phases == "off"
     key, value = parse_key_value("kernel.fan_phases=off")
     assert Config().replace(**{key: value}).kernel.fan_phases == "off"
+
+
+def test_replace_names_an_unknown_key_as_loading_does():
+    """Config.replace takes dotted keys like --set and a spec's `set:`; a misspelt one is the
+    config error loading gives, with the sections or keys allowed where it went wrong."""
+    with pytest.raises(symmoe.ConfigError) as e:
+        Config().replace(**{"bufer.hidden": 3})
+    assert str(e.value) == "bufer.hidden = 3: unknown key; allowed here: buffer, host, kernel, nccl, nvshmem, torch"
+    with pytest.raises(symmoe.ConfigError, match=r"^backend\.kind = 3: unknown key; allowed here: buffer, host"):
+        Config().replace(**{"backend.kind": 3})  # backend is a value, not a section
+    with pytest.raises(symmoe.ConfigError, match=r"^buffer\.hiden = 3: unknown key; allowed here: dtype, "):
+        Config().replace(**{"buffer.hiden": 3})
 
 
 def test_missing_file(tmp_path):

@@ -98,6 +98,31 @@ def test_input_view_is_x_shaped_in_the_buffer_and_refuses_more_than_max_tokens()
             buf.input_view(2.5)
 
 
+def test_a_closed_buffer_refuses_every_call_before_touching_its_memory(seed):
+    import torch
+
+    from symmoe import Buffer
+    from symmoe.errors import InputError
+    from symmoe.workload import Routing, make_inputs
+
+    cfg = small_config()
+    b = cfg.buffer
+    x = make_inputs(Routing("uniform"), num_tokens=8, hidden=b.hidden, topk=b.topk, num_experts=b.num_experts,
+                    world_size=1, dtype=torch.bfloat16, seed=seed)[0]
+    with Buffer(None, cfg) as buf:
+        recv_x, _, _, _, handle, _ = buf.dispatch(x.x, x.topk_idx, x.topk_weights)
+    buf.close()  # a second close does nothing
+    calls = {"dispatch": lambda: buf.dispatch(x.x, x.topk_idx, x.topk_weights),
+             "combine": lambda: buf.combine(recv_x, handle),
+             "get_dispatch_layout": lambda: buf.get_dispatch_layout(x.topk_idx),
+             "input_view": lambda: buf.input_view(8),
+             "synchronize": buf.synchronize}
+    for name, call in calls.items():
+        with pytest.raises(InputError, match=rf"^{name}: this Buffer is closed \(Buffer.close\(\) or the end of its "
+                                             r"`with` block\); create a new Buffer$"):
+            call()
+
+
 @pytest.mark.parametrize("protocol", ["push", "pull"])
 @pytest.mark.parametrize("x_in_buffer", [False, True], ids=["x", "x_in_buffer"])
 def test_cached_dispatch_moves_new_rows_along_the_handles_routing(protocol, x_in_buffer, seed):

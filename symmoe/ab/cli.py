@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 
-from ..config import parse_key_value
+from ..config import parse_key_value, parse_world_size
 from ..errors import SymmoeError
 from ..launch import RankFailed
 from . import driver, report
@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                      "to host push vs host pull (said so in the output).")
     p.add_argument("spec", help="A/B spec YAML (see configs/ab/)")
     p.add_argument("--out", default=None, help="output folder (default: out/ab-<timestamp>)")
-    p.add_argument("--world-size", type=int, default=None,
+    p.add_argument("--world-size", type=parse_world_size, default=None,
                    help="ranks to spawn here (default: the spec's world_size); under torchrun: the job's")
     p.add_argument("--ranks-per-node", type=int, default=None,
                    help="ranks per node for intra-node vs network bytes (default: the spec's; 0 = all on one node)")

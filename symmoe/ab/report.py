@@ -271,6 +271,28 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 # -- plot -------------------------------------------------------------------------------------
+def plot_labels(result: dict[str, Any]) -> dict[str, Any]:
+    """What the plot says, apart from the numbers: ``title``, ``intra_label`` (what carried the
+    bytes within a node: NVLink between GPUs, or shared memory between the host backend's CPU
+    processes) and ``network_label`` (None when no byte went over the network: no network bars)."""
+    spec, ranks = result["spec"], result.get("ranks", [])
+    backends = {v["backend"] for v in spec["variants"]}
+    shm = "shared memory (CPU processes)"
+    if backends == {"host"}:
+        intra = shm
+    elif "host" in backends:
+        intra = f"intra-node (NVLink; host backend: {shm})"
+    else:
+        intra = "intra-node (NVLink)"
+    network = any(r["bytes"]["network_bytes"] for r in ranks)
+    title = f"symmoe ab {spec['name']}: {spec['workload_text']}, world size {result['world_size']}"
+    fb = result.get("fallback")
+    if fb:
+        title += (f"\nFALLBACK to the host backend ({', '.join(fb['with'])}: CPU processes over shared memory; "
+                  f"{fb['reason']}): CPU timings, nothing about the GPU backends")
+    return {"title": title, "intra_label": intra, "network_label": "network" if network else None}
+
+
 def plot(result: dict[str, Any], path: str) -> str | None:
     """Write the PNG; returns None, or why it was skipped."""
     try:
@@ -284,6 +306,7 @@ def plot(result: dict[str, Any], path: str) -> str | None:
     spec, stats, ranks = result["spec"], result["stats"], result["ranks"]
     names = [v["name"] for v in spec["variants"]]
     ops = list(stats[names[0]])
+    labels = plot_labels(result)
     fig, axes = plt.subplots(2, len(ops), figsize=(6 * len(ops), 8), squeeze=False)
     for col, op in enumerate(ops):
         ax = axes[0][col]
@@ -307,14 +330,15 @@ def plot(result: dict[str, Any], path: str) -> str | None:
         xs = list(range(1, len(names) + 1))
         intra = [stats[n][op]["intra_node_gbps"] or 0.0 for n in names]
         net = [stats[n][op]["network_gbps"] or 0.0 for n in names]
-        ax.bar(xs, intra, alpha=0.5, label="intra-node (NVLink)")
-        ax.bar(xs, net, bottom=intra, alpha=0.5, label="network")
+        ax.bar(xs, intra, alpha=0.5, label=labels["intra_label"])
+        if labels["network_label"]:
+            ax.bar(xs, net, bottom=intra, alpha=0.5, label=labels["network_label"])
         ax.legend(fontsize=7, loc="lower right")
         ax.boxplot(gb, whis=(10, 90), showfliers=False)
         ax.set_xticks(range(1, len(names) + 1), names, rotation=15)
         ax.set_ylabel("GB/s per rank (received-row bytes)")
         ax.set_title(f"{LABEL[op]} bandwidth")
-    fig.suptitle(f"symmoe ab {spec['name']}: {spec['workload_text']}, world size {result['world_size']}", fontsize=9)
+    fig.suptitle(labels["title"], fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -48,9 +48,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-import yaml
-
-from ..config import Config, check_world_size, from_dict, load
+from ..config import Config, check_world_size, from_dict, load, load_yaml
 from ..errors import ConfigError
 from ..layout import DTYPES
 from ..workload import ROUTINGS, Routing, load_replay
@@ -358,15 +356,7 @@ def load_spec(path: str | os.PathLike, *, overrides: Mapping[str, Any] | None = 
     tokens_per_rank, timing) from the command line; ``config_set``: dotted config keys changed in
     every variant; ``only``: run just these variants (by name, in the spec's order)."""
     src = os.fspath(path)
-    try:
-        with open(src) as f:
-            data = yaml.safe_load(f)
-    except FileNotFoundError:
-        raise SpecError("<file>", src, "spec file not found", src) from None
-    except IsADirectoryError:
-        raise SpecError("<file>", src, "is a directory; expected a spec YAML file", src) from None
-    except yaml.YAMLError as e:
-        raise SpecError("<file>", src, f"not valid YAML: {e}", src) from None
+    data = load_yaml(src, "spec", SpecError)
     data = _mapping(src, "<top level>", data if data is not None else {})
     hooks = os.environ.get(TEST_HOOKS_ENV) == "1"
     _known(src, "", data, TOP_KEYS)
