@@ -34,6 +34,8 @@ source scripts/gpu_env.sh
 # The GPU tests' routings come from one seed per run (tests/conftest.py); pytest -q hides its
 # header, so the summary names it: SYMMOE_TEST_SEED=N replays the run.
 export SYMMOE_TEST_SEED=${SYMMOE_TEST_SEED:-$(( (RANDOM << 15 | RANDOM) ))}
+# Here a GPU test that finds no GPU or an unusable backend fails instead of skipping (tests/conftest.py).
+export SYMMOE_REQUIRE_GPU=1
 note "test seed $SYMMOE_TEST_SEED (replay: SYMMOE_TEST_SEED=$SYMMOE_TEST_SEED)"
 
 # -- MPS: several ranks on the one GPU run concurrently -------------------------------------
@@ -70,7 +72,7 @@ for s in "${SECTIONS[@]}"; do
       sel=(tests/gpu/test_torch_backend.py)
       [ "$s" = test-quick ] && sel+=(-k "not 7168")
       eval "extra=(${PYTEST_ARGS:-})"  # keeps quoted -k expressions whole
-      timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} "${sel[@]}" "${extra[@]}" 2>&1 | tee "$LOG/pytest.log"
+      timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} "${sel[@]}" "${extra[@]}" 2>&1 | tee "$LOG/pytest.log"
       rc=${PIPESTATUS[0]}
       pytest_note "torch backend" "$LOG/pytest.log" "$rc"
       reap_ranks
@@ -98,7 +100,7 @@ for s in "${SECTIONS[@]}"; do
         note "nvshmem build FAILED"; tail -50 "$LOG/nvshmem_build.log"; status=1; continue
       fi
       eval "extra=(${PYTEST_ARGS:-})"
-      timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfE -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_nvshmem.py "${extra[@]}" 2>&1 | tee "$LOG/nvshmem_tests.log"
+      timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_nvshmem.py "${extra[@]}" 2>&1 | tee "$LOG/nvshmem_tests.log"
       rc=${PIPESTATUS[0]}
       pytest_note nvshmem "$LOG/nvshmem_tests.log" "$rc"
       reap_ranks

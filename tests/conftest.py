@@ -1,5 +1,7 @@
+import functools
 import os
 import secrets
+from typing import NoReturn
 
 import pytest
 import torch
@@ -26,17 +28,28 @@ def cuda_module():
     return build.load("symmoe_cuda")
 
 
+# On the GPU machine (scripts/gpu_check.sh sets it) a GPU test that cannot run is a failure,
+# not a skip: a missing GPU or an unusable backend there must not pass unnoticed.
+REQUIRE_GPU_ENV = "SYMMOE_REQUIRE_GPU"
+
+
+def gpu_unusable(reason: str) -> NoReturn:
+    """A GPU test cannot run here (no GPU, or its backend unusable): skip it saying why, or,
+    with SYMMOE_REQUIRE_GPU=1, fail it saying why. The report names the line that called it."""
+    __tracebackhide__ = True
+    if os.environ.get(REQUIRE_GPU_ENV) == "1":
+        pytest.fail(f"{reason} ({REQUIRE_GPU_ENV}=1: GPU tests must run here)", pytrace=False)
+    pytest.skip(reason)
+
+
+@functools.cache
 def _has_gpu() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() > 0
 
 
-def pytest_collection_modifyitems(config, items):
-    if _has_gpu():
-        return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (none here)")
-    for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+def pytest_runtest_setup(item):
+    if "gpu" in item.keywords and not _has_gpu():
+        gpu_unusable("needs a CUDA GPU (none here)")
 
 
 def small_config(**over):

@@ -8,6 +8,8 @@ import gc
 import pytest
 import torch
 
+from conftest import gpu_unusable
+
 pytestmark = pytest.mark.gpu
 
 MiB = 1 << 20
@@ -17,7 +19,7 @@ def _nccl():
     from symmoe.backends import nccl
     reason = nccl.NcclMemory.unavailable_reason()
     if reason:
-        pytest.skip(f"nccl backend unusable here: {reason}")
+        gpu_unusable(f"nccl backend unusable here: {reason}")
     return nccl
 
 

@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import torch
 
+from conftest import gpu_unusable
 from symmoe.config import Config
 from symmoe.launch import mps_share, spawn
 from symmoe.testing import (CHECK_ROUTINGS, check_cached_dispatch, check_counts_summary, check_dispatch_combine,
@@ -24,7 +25,7 @@ def _usable() -> None:
     from symmoe.backends.nvshmem import NvshmemMemory
     reason = NvshmemMemory.unavailable_reason()
     if reason:
-        pytest.skip(f"nvshmem backend unusable here: {reason}")
+        gpu_unusable(f"nvshmem backend unusable here: {reason}")
 
 
 def _config(**over: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from unittest import mock
 import pytest
 import torch
 
+from conftest import gpu_unusable
 from symmoe.config import Config, from_dict
 from symmoe.launch import spawn
 from symmoe.testing import (CHECK_ROUTINGS, check_cached_dispatch, check_counts_summary, check_dispatch_combine,
@@ -24,7 +25,7 @@ def _usable():
     from symmoe.backends.torch_symm import TorchSymmMemory
     reason = TorchSymmMemory.unavailable_reason()
     if reason:
-        pytest.skip(f"torch backend unusable here: {reason}")
+        gpu_unusable(f"torch backend unusable here: {reason}")
 
 # Keep NVLink multicast off in every process we start (machines with several GPUs).
 ENV = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
