@@ -97,8 +97,7 @@ __device__ __forceinline__ void collect_slots(const CombineSources& cs, int64_t 
 }
 
 // The block (NT threads): vectors [vb, ve) of out row t = sum of the slots in order; out_w row
-// t likewise when asked. U vectors per thread in flight (scripts/microbench/row_copy.cu times
-// the choices).
+// t likewise when asked. U vectors per thread in flight.
 template <typename T, int U = 2, int NT = kReduceThreads>
 __device__ __forceinline__ void reduce_slots(const CombineSources& cs, const SlotList& sl, int64_t t, T* out,
                                              float* out_w, int64_t vb, int64_t ve) {

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
         labels = a.labels.split(",") if a.labels else [str(d.get("commit", "?"))[:12] for d in docs]
         print(compare(docs, labels))
     except (OSError, json.JSONDecodeError, ValueError, KeyError) as e:
-        print(f"bench_compare: {e}", file=sys.stderr)
+        print(f"python -m symmoe.bench.compare: error: {e}", file=sys.stderr)
         return 2
     return 0
 

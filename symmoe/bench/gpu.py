@@ -199,9 +199,9 @@ def _inputs(T: int, H: int, K: int, E: int, W: int, rank: int, seed: int, device
 
 
 def probe_inputs(device: torch.device) -> tuple[torch.Tensor, ...]:
-    """World size 1, DeepSeek-V3 shape, for the W=1 probes (scripts/timing_probe.py,
-    scripts/timeline_probe.py): this rank's x, topk ids and weights as the bench draws them,
-    and a source and destination of the rank-major dispatch's bytes for a same-size copy."""
+    """World size 1, DeepSeek-V3 shape, for the W=1 probes (scripts/timeline_probe.py): this
+    rank's x, topk ids and weights as the bench draws them, and a source and destination of the
+    rank-major dispatch's bytes for a same-size copy."""
     T, H = DEEPSEEK_V3["buffer.max_tokens_per_rank"], DEEPSEEK_V3["buffer.hidden"]
     x, idx, w = _inputs(T, H, DEEPSEEK_V3["buffer.topk"], DEEPSEEK_V3["buffer.num_experts"], 1, 0, 0, device)
     src = torch.empty(T * H * x.element_size(), dtype=torch.uint8, device=device).random_(0, 255)
