@@ -140,6 +140,12 @@ class Buffer:
             per_expert = per_expert.tolist()
         return recv.x, recv.topk_idx, recv.topk_weights, per_expert, handle, EventOverlap.record(self.device)
 
+    def handle_keeps_routing(self, output_layout: str) -> bool:
+        """True when the handles of this Buffer's dispatches in ``output_layout`` keep their own
+        copy of the routing: the caller may then change ``topk_idx``/``topk_weights`` between
+        dispatch and its combine or cached dispatch. False: keep them unchanged until then."""
+        return self._protocol.handle_keeps_routing(output_layout)
+
     def input_view(self, num_tokens: int) -> torch.Tensor:
         """x [num_tokens, hidden] inside this rank's symmetric buffer. Dispatching it publishes
         nothing: pull's peers read the rows where they lie (the Mega MoE way: the layer before

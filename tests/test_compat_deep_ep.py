@@ -214,7 +214,9 @@ def v1_backward_passes_match_reference(rank, world_size, seed):
     inputs = _inputs(ROUTINGS[0], world_size, seed)
     mine, ref = inputs[rank], _ref(inputs)
     ctx = f"rank {rank}/{world_size}"
-    _, _, _, _, handle, _ = moe_layer(mine.x, mine.topk_idx, mine.topk_weights, B.num_experts)
+    idx, w = mine.topk_idx.clone(), mine.topk_weights.clone()
+    _, _, _, _, handle, _ = moe_layer(mine.x, idx, w, B.num_experts)
+    idx.fill_(-1), w.zero_()  # DeepEP's handle holds no routing: the caller may reuse these before backward
     # combine's backward is a cached dispatch: the gradient goes where the tokens went
     grads = _per_rank_randn([(i.x.shape[0], B.hidden) for i in inputs], seed)
     grad_x, event = combine_backward(grads[rank], handle)

@@ -83,21 +83,38 @@ class Handle(tuple):
     ``recv_src_idx`` ([rows] int32, the source token of each received row) and
     ``is_token_in_rank`` ([T, W] bool, this rank's tokens) hold DeepEP's values. The channel
     and ring-buffer entries describe DeepEP's own kernels; they are placeholders that raise
-    if used."""
+    if used. ``rank_prefix_matrix`` is computed when first read (indexing, unpacking or the
+    property): combine and the cached dispatch never read it, and computing it in every
+    dispatch cost launches that DeepEP's own dispatch does not pay."""
 
     symmoe: DispatchHandle
     num_worst_tokens: int
 
     def __new__(cls, items: tuple, symmoe_handle: DispatchHandle, num_worst_tokens: int, owner: "Buffer") -> "Handle":
-        self = super().__new__(cls, items)
+        self = super().__new__(cls, (_PENDING, *items))
         self.symmoe = symmoe_handle
         self.num_worst_tokens = num_worst_tokens
         self._owner = weakref.ref(owner)
+        self._prefix: torch.Tensor | None = None
         return self
+
+    def __getitem__(self, i):  # type: ignore[override]
+        if isinstance(i, slice):
+            return tuple(self[j] for j in range(len(self))[i])
+        v = tuple.__getitem__(self, i)
+        return self.rank_prefix_matrix if v is _PENDING else v
+
+    def __iter__(self):
+        return (self[i] for i in range(len(self)))
 
     @property
     def rank_prefix_matrix(self) -> torch.Tensor:
-        return self[0]
+        if self._prefix is None:
+            owner = self._owner()
+            device = owner.symmoe.device if owner is not None else self.symmoe.recv_src_token.device
+            W = self.symmoe.is_token_in_rank.shape[1]
+            self._prefix = torch.cumsum(self.symmoe.counts[:, 1:1 + W].to(device), 0, dtype=torch.int32)
+        return self._prefix
 
     @property
     def recv_src_idx(self) -> torch.Tensor:
@@ -111,6 +128,11 @@ class Handle(tuple):
 def _internal(name: str) -> Unavailable:
     return Unavailable(f"handle.{name}", "it describes DeepEP's channel/ring-buffer kernels, which symmoe does not "
                        "run; rank_prefix_matrix, recv_src_idx and is_token_in_rank are provided")
+
+
+_PENDING = object()  # Handle's rank_prefix_matrix before it is first read
+_CHANNEL_PREFIX, _RECV_CHANNEL_PREFIX, _SEND_HEAD = (
+    _internal(n) for n in ("channel_prefix_matrix", "recv_channel_prefix_matrix", "send_head"))
 
 
 class Buffer:
@@ -295,24 +317,22 @@ class Buffer:
             if not isinstance(t, torch.Tensor):
                 raise InputError(f"{api}: {name} must be a torch.Tensor, got {type(t).__name__}")
         self._check_layout(topk_idx, num_tokens_per_rank, is_token_in_rank, num_tokens_per_expert)
-        # The handle keeps its own copy of the routing (DeepEP's does too), so the caller may
-        # reuse its topk tensors before the backward pass runs.
+        # DeepEP's handle does not hold topk_idx/topk_weights, so the caller may change them
+        # before the backward pass runs: copies go to symmoe only where its handle would read
+        # them later (the GPU backends' rank-major handles keep their own routing).
+        if not self.symmoe.handle_keeps_routing("rank"):
+            topk_idx, topk_weights = topk_idx.clone(), topk_weights.clone()
         # num_worst_tokens: worst-case-sized outputs straight from symmoe (no copy); every rank
         # raises CapacityError when some rank receives more.
         recv_x, recv_idx, recv_w, per_expert, sh, event = self.symmoe.dispatch(
-            x, topk_idx.clone(), topk_weights.clone(), output_layout="rank", expert_alignment=1,
-            num_worst_tokens=num_worst_tokens)
+            x, topk_idx, topk_weights, output_layout="rank", expert_alignment=1, num_worst_tokens=num_worst_tokens)
         # DeepEP counts each local expert's tokens rounded up to expert_alignment (the rows
         # themselves are not padded: recv_x is rank-major); symmoe reports them unpadded.
         per_expert_list = [] if num_worst_tokens else [align_up(c, expert_alignment) for c in per_expert]
-        counts = sh.counts.to(self.symmoe.device)
-        rank_prefix_matrix = counts[:, 1:1 + self.group_size].cumsum(0).to(torch.int32)
         # With num_worst_tokens symmoe's handle covers the worst-case rows, sources -1 past the
         # received ones, as DeepEP's recv_src_idx (whose rows there it leaves uninitialised).
-        recv_src_idx = sh.recv_src_token
-        new_handle = Handle((rank_prefix_matrix, _internal("channel_prefix_matrix"),
-                             _internal("recv_channel_prefix_matrix"), recv_src_idx, sh.is_token_in_rank,
-                             _internal("send_head")), sh, num_worst_tokens, self)
+        new_handle = Handle((_CHANNEL_PREFIX, _RECV_CHANNEL_PREFIX, sh.recv_src_token, sh.is_token_in_rank, _SEND_HEAD),
+                            sh, num_worst_tokens, self)
         return recv_x, recv_idx, recv_w, per_expert_list, new_handle, EventOverlap(event)
 
     def combine(self, x: torch.Tensor, handle: Handle, topk_weights: torch.Tensor | None = None,

@@ -99,6 +99,13 @@ class Protocol(ABC):
     # True: dispatch checks the expert ids (range, duplicates) inside its routing kernel and
     # raises InputError on every rank, so Buffer skips its host-side check (a device sync).
     checks_topk_values: bool = False
+
+    def handle_keeps_routing(self, output_layout: str) -> bool:
+        """True when a handle of ``output_layout`` holds its own copy of every part of the
+        routing that later calls (cached dispatch, combine) read, so the caller may change
+        ``topk_idx``/``topk_weights`` after dispatch; False: the handle reads the caller's tensors
+        (the host protocols re-dispatch from them)."""
+        return False
     # Host clock (time.perf_counter) just before and after the last dispatch's wait for the
     # counts (GPU protocols; None before the first): the bench splits a dispatch's host time there.
     wait_marks: tuple[float, float] | None = None

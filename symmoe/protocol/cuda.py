@@ -138,6 +138,12 @@ class _RoutingState(NamedTuple):
 class _CudaProtocol(Protocol):
     checks_topk_values = True  # the routing kernel checks the expert ids (counts.bad_input_error)
 
+    def handle_keeps_routing(self, output_layout: str) -> bool:
+        # The cached dispatch reads the routing kernel's copy (handle.cache); the rank-major
+        # combine reads only the handle's is_token_in_rank, the expert-major one the caller's
+        # topk_idx and topk_weights.
+        return output_layout == "rank"
+
     def __init__(self, mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int):
         super().__init__(mem, layout, config, buffer_id)
         if not mem.load_store_peers and not mem.remote_put:

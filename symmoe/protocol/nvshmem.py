@@ -147,6 +147,12 @@ class NvshmemPush(Protocol):
     name = "push"
     checks_topk_values = True  # the routing kernel checks the expert ids (counts.bad_input_error)
 
+    def handle_keeps_routing(self, output_layout: str) -> bool:
+        # The cached dispatch reads the routing kernel's copy (handle.cache); the rank-major
+        # combine reads only the handle's is_token_in_rank, the expert-major one the caller's
+        # topk_idx and topk_weights.
+        return output_layout == "rank"
+
     def __init__(self, mem, layout, config, buffer_id):
         super().__init__(mem, layout, config, buffer_id)
         W, E = layout.world_size, layout.num_experts

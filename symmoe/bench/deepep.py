@@ -1,0 +1,469 @@
+"""symmoe's backends beside DeepEP V1 on one seeded workload, in one job.
+
+Every rank builds DeepEP's ``deep_ep.Buffer`` (when ``deep_ep`` imports; never required) and
+one ``symmoe.compat.deep_ep_v1.Buffer`` per symmoe config, and drives them all with the same
+DeepEP-shaped code: ``get_dispatch_layout`` once per batch size, then, for each repeat and
+each implementation in turn (interleaved, so they share the device's state):
+``dispatch`` (exact size: the host learns the counts), ``dispatch(num_worst_tokens=W*T)``,
+the cached ``dispatch(x, handle=...)`` and ``combine``.
+
+Timing is what a user of either library sees: the hosts meet at a (gloo) barrier, the device
+is idle, then CUDA events bracket the whole call (its host work, launches and any host wait).
+A cell's time is the median over repeats on each rank, then the slowest rank's median.
+``ratio`` = DeepEP's time / symmoe's time (above 1: symmoe is faster).
+
+Outputs are compared too: symmoe's ``recv_x`` and ``combined_x`` against DeepEP's, bitwise
+(rank-major rows ordered by source rank and token; combine summed in fp32 in rank order).
+
+``--profile`` adds, per implementation and op, the device time of the kernels of a few calls
+(torch.profiler) beside the call's time: a call much longer than its kernels is spending its
+time on the host or waiting for peers.
+
+``python -m symmoe.bench.deepep --world-sizes 2,4 --tokens 128,512,4096 --json out.json``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+
+from .. import launch
+from ..config import Config, from_dict, load, parse_key_value
+
+OPS = ("dispatch", "worst_dispatch", "cached_dispatch", "combine")
+MPS_SHARES = ("auto", "default", "split")
+SHAPE = {"hidden": 7168, "topk": 8, "num_experts": 256}  # DeepSeek-V3
+
+
+def rank_env(world_size: int, mps_share: str, *backends: str) -> dict[str, str]:
+    """Environment of ranks sharing the GPUs: torch's symmetric memory allowed on one device, and
+    the MPS share. ``default``: each rank at MPS's default (DeepEP V1 needs it: at 25 % its
+    combine timed out at W=4 on an H100); ``split``: 100/W percent each (NVSHMEM's full
+    multi-process mode needs the shares of one GPU to sum to <= 100); ``auto``: split when an
+    nvshmem backend runs, else default."""
+    env = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1"}
+    split = mps_share == "split" or (mps_share == "auto" and "nvshmem" in backends)
+    share = launch.mps_share(world_size)
+    if split and share:
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(share)
+    return env
+
+
+def _inputs(T: int, W: int, rank: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """x (bf16), topk_idx (int64) and topk_weights (fp32) of this rank: scores |randn| + 1,
+    top-k of them, as DeepEP's tests draw them."""
+    gen = torch.Generator().manual_seed(seed * 1000 + rank)
+    H, K, E = SHAPE["hidden"], SHAPE["topk"], SHAPE["num_experts"]
+    x = torch.randn(T, H, generator=gen).to(torch.bfloat16)
+    scores = torch.randn(T, E, generator=gen).abs() + 1
+    w, idx = torch.topk(scores, K, dim=-1, largest=True, sorted=False)
+    return x.to(device), idx.to(device), w.float().to(device)
+
+
+class Impl:
+    """One implementation under the DeepEP V1 API: its buffer and the four timed calls."""
+
+    def __init__(self, name: str, buffer: Any):
+        self.name, self.buf = name, buffer
+        self.state: dict[str, Any] = {}
+
+    def prepare(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, num_experts: int) -> None:
+        per_rank, _, per_expert, in_rank, _ = self.buf.get_dispatch_layout(idx, num_experts)
+        self.state = {"x": x, "idx": idx, "w": w, "layout": (per_rank, per_expert, in_rank)}
+        self.call("dispatch")  # a handle for the cached dispatch and combine
+
+    def call(self, op: str) -> Any:
+        s = self.state
+        per_rank, per_expert, in_rank = s["layout"]
+        if op in ("dispatch", "worst_dispatch"):
+            worst = s["x"].shape[0] * self.buf.group_size if op == "worst_dispatch" else 0
+            out = self.buf.dispatch(s["x"], topk_idx=s["idx"], topk_weights=s["w"], num_tokens_per_rank=per_rank,
+                                    is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
+                                    num_worst_tokens=worst)
+            if op == "dispatch":
+                s["recv"], s["handle"] = out, out[4]
+            return out
+        if op == "cached_dispatch":
+            return self.buf.dispatch(s["x"], handle=s["handle"])
+        recv_x, _, recv_w = s["recv"][:3]
+        return self.buf.combine(recv_x, s["handle"], topk_weights=recv_w)
+
+
+def _timed(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
+    """µs of one whole call, hosts aligned and the device idle before it."""
+    torch.cuda.synchronize()
+    sync()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    out = fn()
+    end.record()
+    end.synchronize()
+    del out
+    return start.elapsed_time(end) * 1e3
+
+
+def _kernel_us(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 5) -> dict[str, float]:
+    """Per call: the kernels' summed device time and the names of the kernels, from the profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    sync()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            sync()
+            fn()
+            torch.cuda.synchronize()
+    kernels: dict[str, float] = {}
+    for e in prof.events():
+        if e.device_type == torch.autograd.DeviceType.CUDA and "Memcpy" not in e.name and "Memset" not in e.name:
+            kernels[e.name[:60]] = kernels.get(e.name[:60], 0.0) + e.device_time / calls
+    return {"total": sum(kernels.values()), **kernels}
+
+
+def _host_profile(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 20, top: int = 30) -> str:
+    """cProfile of ``calls`` calls (each after the hosts meet and the device idles): where the
+    host's time goes, by cumulative and by own time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        sync()
+        prof.enable()
+        fn()
+        torch.cuda.synchronize()
+        prof.disable()
+    out = io.StringIO()
+    st = pstats.Stats(prof, stream=out)
+    st.sort_stats("cumulative").print_stats(top)
+    st.sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+class _Clock:
+    """Host seconds spent in wrapped callables, by name (``--trace-host``)."""
+
+    def __init__(self) -> None:
+        self.spent: dict[str, float] = {}
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def timed(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                self.spent[name] = self.spent.get(name, 0.0) + time.perf_counter() - t0
+        return timed
+
+
+class _CtxProxy:
+    """The kernel context with every method call timed on the host."""
+
+    def __init__(self, ctx: Any, clock: _Clock):
+        self._ctx, self._clock = ctx, clock
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._ctx, name)
+        return self._clock.wrap(f"ctx.{name}", attr) if callable(attr) else attr
+
+
+def _trace_host(im: Impl, op: str, sync: Callable[[], None], calls: int = 20) -> dict[str, float]:
+    """Host µs per call of the whole call and, for symmoe, of its layers and each kernel-context
+    method (launches): where a call's host time goes."""
+    clock = _Clock()
+    sym = getattr(im.buf, "symmoe", None)
+    saved: list[tuple[Any, str, Any]] = []
+    if sym is not None:
+        proto = sym._protocol
+        targets = [(sym, "dispatch", "Buffer.dispatch"), (sym, "combine", "Buffer.combine"),
+                   (proto, "dispatch", "protocol.dispatch"), (proto, "dispatch_cached", "protocol.dispatch_cached"),
+                   (proto, "combine", "protocol.combine"), (proto, "_wait_counts", "protocol._wait_counts")]
+        for obj, attr, label in targets:
+            if hasattr(obj, attr):
+                saved.append((obj, attr, obj.__dict__.get(attr)))
+                setattr(obj, attr, clock.wrap(label, getattr(obj, attr)))
+        from .. import buffer as buffer_mod
+        from ..protocol import base as base_mod, counts as counts_mod, cuda as cuda_mod
+
+        for obj, attr in ((buffer_mod.validate, "check_dispatch"), (buffer_mod.validate, "check_cached_dispatch"),
+                          (buffer_mod.validate, "check_combine"), (buffer_mod.EventOverlap, "record"),
+                          (base_mod.Protocol, "_outputs"), (cuda_mod, "make_handle"), (cuda_mod, "recv_views"),
+                          (cuda_mod, "summarized_result"), (counts_mod, "cached_rows"), (cuda_mod, "cached_rows")):
+            if hasattr(obj, attr):
+                saved.append((obj, attr, obj.__dict__.get(attr)))
+                setattr(obj, attr, clock.wrap(f"{getattr(obj, '__name__', obj)}.{attr}", getattr(obj, attr)))
+        if hasattr(proto, "ctx"):
+            saved.append((proto, "ctx", proto.ctx))
+            proto.ctx = _CtxProxy(proto.ctx, clock)
+    whole = clock.wrap("call", lambda: im.call(op))
+    try:
+        for _ in range(calls):
+            torch.cuda.synchronize()
+            sync()
+            whole()
+            torch.cuda.synchronize()
+    finally:
+        for obj, attr, old in saved:
+            if old is None:
+                delattr(obj, attr)
+            else:
+                setattr(obj, attr, old)
+    return {k: round(v / calls * 1e6, 1) for k, v in sorted(clock.spent.items(), key=lambda kv: -kv[1])}
+
+
+def _api_table(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 10, rows: int = 30) -> str:
+    """torch.profiler's host table of ``calls`` calls: each torch op and CUDA runtime call
+    (launches, copies, syncs) with its self CPU time, the longest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    sync()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            torch.cuda.synchronize()
+            sync()
+            fn()
+            torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=50)
+
+
+def _python_us(n: int = 100000) -> float:
+    """µs of a plain Python loop of ``n`` additions: how fast this host runs Python."""
+    t0 = time.perf_counter()
+    acc = 0
+    for i in range(n):
+        acc += i
+    return round((time.perf_counter() - t0) * 1e6, 1)
+
+
+def _launch_us(calls: int = 200) -> float:
+    """Host µs of one tiny torch kernel launch on this process: the floor every launch pays."""
+    t = torch.zeros(1, device="cuda")
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(calls):
+        t.add_(1)
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return round(dt / calls * 1e6, 2)
+
+
+def _bitwise(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.shape == b.shape and bool(torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
+                                                   b.view(torch.int16) if b.dtype == torch.bfloat16 else b))
+
+
+def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    from ..compat import deep_ep_v1
+
+    device = launch.local_gpu(rank)
+    group = dist.group.WORLD
+    sync = dist.barrier
+    maxT = max(spec["tokens"])
+    impls: list[Impl] = []
+    notes: dict[str, str] = {}
+    if spec["deepep"]:
+        try:
+            import deep_ep
+            hidden_bytes = SHAPE["hidden"] * 2
+            nvl = max(deep_ep.Buffer.get_dispatch_config(world_size).get_nvl_buffer_size_hint(hidden_bytes, world_size),
+                      deep_ep.Buffer.get_combine_config(world_size).get_nvl_buffer_size_hint(hidden_bytes, world_size))
+            impls.append(Impl("deepep", deep_ep.Buffer(group, nvl, 0)))
+        except Exception as e:  # reported beside symmoe's numbers, never fatal
+            notes["deepep"] = f"{type(e).__name__}: {e}"
+    for name, cfg in spec["configs"].items():
+        c = from_dict(cfg).replace(**{"buffer.max_tokens_per_rank": maxT})
+        impls.append(Impl(name, deep_ep_v1.Buffer(group, symmoe_config=c)))
+
+    cells: dict[str, Any] = {}
+    for T in spec["tokens"]:
+        x, idx, w = _inputs(T, world_size, rank, spec["seed"], device)
+        live = []
+        for im in impls:
+            try:
+                im.prepare(x, idx, w, SHAPE["num_experts"])
+                live.append(im)
+            except Exception as e:
+                notes[f"{im.name}@{T}"] = f"{type(e).__name__}: {e}"
+        times: dict[str, dict[str, list[float]]] = {im.name: {op: [] for op in OPS} for im in live}
+        for _ in range(spec["warmup"]):
+            for im in live:
+                for op in OPS:
+                    im.call(op)
+        torch.cuda.synchronize()
+        for _ in range(spec["repeats"]):
+            for im in live:
+                for op in OPS:
+                    times[im.name][op].append(_timed(lambda: im.call(op), sync))
+        cell: dict[str, Any] = {"median_us": {n: {op: statistics.median(v) for op, v in t.items()} for n, t in times.items()}}
+        ref = next((im for im in live if im.name == "deepep"), None)
+        if ref is not None:
+            want_x = ref.state["recv"][0]
+            want_c = ref.call("combine")[0]
+            cell["bitwise_vs_deepep"] = {
+                im.name: {"recv_x": _bitwise(im.state["recv"][0], want_x), "combined_x": _bitwise(im.call("combine")[0], want_c)}
+                for im in live if not im.name.startswith("deepep")}
+        if spec["profile"] and T in spec["profile"]:
+            cell["kernels_us"] = {im.name: {op: _kernel_us(lambda: im.call(op), sync) for op in OPS} for im in live}
+        if rank == 0 and T in spec["host_profile"]:
+            cell["host_profile"] = {im.name: {op: _host_profile(lambda: im.call(op), sync) for op in OPS} for im in live}
+        elif T in spec["host_profile"]:  # the peers run the same calls, so rank 0's waits stay short
+            for im in live:
+                for op in OPS:
+                    for _ in range(20):
+                        torch.cuda.synchronize()
+                        sync()
+                        im.call(op)
+                        torch.cuda.synchronize()
+        if T in spec["trace_api"]:
+            tables = {im.name: {op: _api_table(lambda: im.call(op), sync) for op in OPS} for im in live}
+            if rank == 0:
+                cell["api_tables"] = tables
+        if T in spec["trace_host"]:
+            cell["python_loop_us"] = _python_us()
+            cell["launch_us"] = _launch_us()
+            cell["host_us"] = {im.name: {op: _trace_host(im, op, sync) for op in OPS} for im in live}
+        cells[str(T)] = cell
+        torch.cuda.synchronize()
+    for im in impls:
+        if im.name != "deepep":  # DeepEP's buffer frees itself (explicitly_destroy=False)
+            im.buf.destroy()
+    return {"cells": cells, "notes": notes}
+
+
+def _slowest(ranks: list[dict[str, Any]], T: str, name: str, op: str) -> float | None:
+    vals = [r["cells"][T]["median_us"].get(name, {}).get(op) for r in ranks if T in r["cells"]]
+    return max(vals) if vals and None not in vals else None
+
+
+def summarize(world_size: int, ranks: list[dict[str, Any]], names: list[str], mps: str) -> dict[str, Any]:
+    """One row per (tokens, op): each implementation's slowest-rank median and its ratio to DeepEP."""
+    rows = []
+    for T in ranks[0]["cells"]:
+        for op in OPS:
+            row: dict[str, Any] = {"world_size": world_size, "tokens": int(T), "op": op, "us": {}, "ratio": {}}
+            for n in names:
+                v = _slowest(ranks, T, n, op)
+                if v is not None:
+                    row["us"][n] = round(v, 1)
+            base = row["us"].get("deepep")
+            for n, v in row["us"].items():
+                if base and not n.startswith("deepep"):
+                    row["ratio"][n] = round(base / v, 3)
+            rows.append(row)
+    same = {}
+    for T in ranks[0]["cells"]:
+        per = [r["cells"][T].get("bitwise_vs_deepep") for r in ranks]
+        if all(per):
+            same[T] = {n: all(all(p[n].values()) for p in per) for n in per[0]}
+    return {"world_size": world_size, "mps_share": mps, "rows": rows, "bitwise_vs_deepep": same,
+            "kernels_us": {T: [r["cells"][T].get("kernels_us") for r in ranks] for T in ranks[0]["cells"]
+                           if "kernels_us" in ranks[0]["cells"][T]},
+            "host_profile": {T: ranks[0]["cells"][T]["host_profile"] for T in ranks[0]["cells"]
+                             if "host_profile" in ranks[0]["cells"][T]},
+            "api_tables": {T: ranks[0]["cells"][T]["api_tables"] for T in ranks[0]["cells"]
+                           if "api_tables" in ranks[0]["cells"][T]},
+            "host_us": {T: [{"launch_us": r["cells"][T]["launch_us"], "python_loop_us": r["cells"][T]["python_loop_us"],
+                             **r["cells"][T]["host_us"]} for r in ranks]
+                        for T in ranks[0]["cells"] if "host_us" in ranks[0]["cells"][T]},
+            "notes": {r_i: r["notes"] for r_i, r in enumerate(ranks) if r["notes"]}}
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    names = sorted({n for res in results for row in res["rows"] for n in row["us"]}, key=lambda n: (n != "deepep", n))
+    head = "| W | tokens/rank | op | " + " | ".join(names) + " |"
+    lines = [head, "|" + "---|" * (3 + len(names))]
+    for res in results:
+        for row in res["rows"]:
+            cells = []
+            for n in names:
+                v = row["us"].get(n)
+                r = row["ratio"].get(n)
+                cells.append("—" if v is None else (f"{v:.0f} ({r:.2f})" if r else f"{v:.0f}"))
+            lines.append(f"| {res['world_size']} | {row['tokens']} | {row['op']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _config_arg(text: str) -> tuple[str, dict[str, Any]]:
+    """NAME=PATH[,key=value...]: a symmoe config file with overrides."""
+    name, _, rest = text.partition("=")
+    if not rest:
+        raise argparse.ArgumentTypeError(f"--config {text!r}: expected NAME=PATH[,key=value...]")
+    path, *sets = rest.split(",")
+    cfg = load(path).replace(**dict(parse_key_value(s) for s in sets))
+    return name, cfg.to_dict()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m symmoe.bench.deepep", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--world-sizes", default="2,4")
+    ap.add_argument("--tokens", default="128,512,1024,4096,8192")
+    ap.add_argument("--config", action="append", type=_config_arg, default=[],
+                    help="NAME=PATH[,key=value...] (repeatable); default: torch push and pull, nvshmem")
+    ap.add_argument("--no-deepep", action="store_true", help="symmoe alone, even where deep_ep imports")
+    ap.add_argument("--mps-share", choices=MPS_SHARES, default="auto",
+                    help="default: every rank at MPS's default share; split: 100/W percent each (nvshmem needs it); "
+                         "auto: split when an nvshmem config runs")
+    ap.add_argument("--repeats", type=int, default=30)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--profile", default="", help="token counts whose kernels to profile (comma list)")
+    ap.add_argument("--host-profile", default="", help="token counts whose calls rank 0 runs under cProfile (comma list)")
+    ap.add_argument("--trace-host", default="", help="token counts whose calls' host time is split by layer and launch")
+    ap.add_argument("--trace-api", default="", help="token counts whose calls' torch ops and CUDA API calls rank 0 tables")
+    ap.add_argument("--json", default="")
+    ap.add_argument("--md", default="")
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("symmoe.bench.deepep: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    configs = dict(args.config) or {
+        "torch-push": load("configs/torch.yaml").replace(protocol="push").to_dict(),
+        "torch-pull": load("configs/torch.yaml").to_dict(),
+    }
+    spec = {"tokens": [int(t) for t in args.tokens.split(",")], "configs": configs, "deepep": not args.no_deepep,
+            "repeats": args.repeats,
+            "warmup": args.warmup, "seed": args.seed, "profile": [int(t) for t in args.profile.split(",") if t],
+            "host_profile": [int(t) for t in args.host_profile.split(",") if t],
+            "trace_host": [int(t) for t in args.trace_host.split(",") if t],
+            "trace_api": [int(t) for t in args.trace_api.split(",") if t]}
+    names = (["deepep"] if spec["deepep"] else []) + list(configs)
+    results = []
+    for W in (int(w) for w in args.world_sizes.split(",")):
+        env = rank_env(W, args.mps_share, *(c["backend"] for c in configs.values()))
+        t0 = time.time()
+        try:
+            ranks = launch.spawn(_rank, W, (spec,), env=env, timeout_s=300)
+        except launch.RankFailed as e:
+            print(f"W={W}: {e}", file=sys.stderr)
+            results.append({"world_size": W, "mps_share": args.mps_share, "rows": [], "error": str(e)})
+            continue
+        res = summarize(W, ranks, names, env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "default"))
+        res["seconds"] = round(time.time() - t0, 1)
+        results.append(res)
+        print(markdown([res]), flush=True)
+    doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "device": torch.cuda.get_device_name(0), "command": "python -m symmoe.bench.deepep " + " ".join(argv or sys.argv[1:]),
+           "commit": os.environ.get("SYMMOE_COMMIT", ""), "configs": configs, "results": results}
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(doc, f, indent=1)
+    if args.md:
+        with open(args.md, "w") as f:
+            f.write(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The side-by-side benchmark against DeepEP V1 (symmoe.bench.deepep): how ranks' timings become
+a table. The timed runs need a GPU (and DeepEP, optional); what they produce is checked here."""
+import pytest
+
+from symmoe.bench import deepep
+from symmoe.errors import ConfigError
+
+
+def _rank(us: dict[str, float], same: bool = True, T: str = "512") -> dict:
+    return {"cells": {T: {"median_us": {n: {op: v for op in deepep.OPS} for n, v in us.items()},
+                          "bitwise_vs_deepep": {n: {"recv_x": same, "combined_x": True}
+                                                for n in us if n != "deepep"}}},
+            "notes": {}}
+
+
+def test_each_cell_takes_the_slowest_ranks_median_and_its_ratio_to_deepep():
+    ranks = [_rank({"deepep": 200.0, "torch-push": 100.0}), _rank({"deepep": 180.0, "torch-push": 125.0})]
+    res = deepep.summarize(2, ranks, ["deepep", "torch-push"], "default")
+    row = next(r for r in res["rows"] if r["op"] == "dispatch")
+    assert row["us"] == {"deepep": 200.0, "torch-push": 125.0}
+    assert row["ratio"] == {"torch-push": 1.6}  # DeepEP's time / symmoe's: above 1, symmoe is faster
+    assert [r["op"] for r in res["rows"]] == list(deepep.OPS)
+
+
+def test_outputs_count_as_equal_to_deepep_only_when_every_rank_matched():
+    ranks = [_rank({"deepep": 1.0, "a": 1.0}), _rank({"deepep": 1.0, "a": 1.0}, same=False)]
+    assert deepep.summarize(2, ranks, ["deepep", "a"], "default")["bitwise_vs_deepep"] == {"512": {"a": False}}
+    ranks[1] = _rank({"deepep": 1.0, "a": 1.0})
+    assert deepep.summarize(2, ranks, ["deepep", "a"], "default")["bitwise_vs_deepep"] == {"512": {"a": True}}
+
+
+def test_without_deepep_the_table_has_times_and_no_ratios():
+    res = deepep.summarize(4, [_rank({"a": 50.0})], ["a"], "split")
+    assert all(r["ratio"] == {} and r["us"] == {"a": 50.0} for r in res["rows"])
+    md = deepep.markdown([res])
+    assert md.splitlines()[0] == "| W | tokens/rank | op | a |"
+    assert "| 4 | 512 | combine | 50 |" in md
+
+
+def test_the_markdown_puts_deepep_first_and_each_ratio_beside_its_time():
+    res = deepep.summarize(2, [_rank({"torch-push": 100.0, "deepep": 150.0})], ["deepep", "torch-push"], "default")
+    lines = deepep.markdown([res]).splitlines()
+    assert lines[0] == "| W | tokens/rank | op | deepep | torch-push |"
+    assert "| 2 | 512 | dispatch | 150 | 100 (1.50) |" in lines
+
+
+def test_a_config_argument_is_a_named_file_with_overrides(tmp_path):
+    name, cfg = deepep._config_arg("push20=configs/torch.yaml,protocol=push,kernel.num_sms=20")
+    assert name == "push20" and cfg["protocol"] == "push" and cfg["kernel"]["num_sms"] == 20
+    with pytest.raises(Exception, match="NAME=PATH"):
+        deepep._config_arg("configs/torch.yaml")
+    with pytest.raises(ConfigError):
+        deepep._config_arg("x=configs/torch.yaml,kernel.num_sms=zero")
+
+
+def test_without_a_gpu_the_command_says_so_and_fails(capsys):
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: the command would run")
+    assert deepep.main(["--world-sizes", "2"]) == 2
+    assert "needs a CUDA GPU" in capsys.readouterr().err
