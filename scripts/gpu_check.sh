@@ -3,7 +3,10 @@
 # the kernels, run the GPU tests, benchmarks and A/B runs; a short table is printed last.
 #
 #   scripts/gpu_check.sh [section ...]      default: build test bench
-#   sections: build | test | test-quick | bench | bench-quick | nccl | nvshmem | ab | timeline
+#   sections: build | test | test-quick | bench | bench-quick | deepep | nccl | nvshmem | ab | timeline
+#   deepep: symmoe beside DeepEP V1 (symmoe.bench.deepep) at W = $DEEPEP_WORLD_SIZES (2,4) ranks under MPS,
+#   $DEEPEP_TOKENS (128,512,1024,4096,8192) tokens per rank; DeepEP is built by "build" from DEEPEP_SRC
+#   (a DeepEP source tree, scripts/build_deepep.sh), else the section runs symmoe alone and says so
 #   (setup and MPS always run; timeline: scripts/timeline_probe.py, each warp's phases in the kernels)
 # Every log and JSON goes to $LOG (default /tmp/symmoe-gpu, emptied first); at the end $OUT receives at
 # most 7 files: summary.txt, logs.tar.gz and the JSONs of the sections that ran. The device tool
@@ -67,7 +70,23 @@ status=0
 for s in "${SECTIONS[@]}"; do
   case "$s" in
     build)
-      build_kernels || status=1 ;;
+      if [ -n "${DEEPEP_SRC:-}" ]; then  # DeepEP V1 beside symmoe's build: both compile at once
+        ( scripts/build_deepep.sh "$DEEPEP_SRC" "$LOG/deep_ep" >"$LOG/deepep_build.log" 2>&1 ) & deepep_pid=$!
+      fi
+      build_kernels || status=1
+      if [ -n "${DEEPEP_SRC:-}" ]; then
+        if wait $deepep_pid; then note "DeepEP V1 built from $DEEPEP_SRC"; export PYTHONPATH=$LOG/deep_ep:$PYTHONPATH
+        else note "DeepEP V1 build FAILED ($LOG/deepep_build.log)"; tail -20 "$LOG/deepep_build.log"; fi
+      fi ;;
+    deepep)  # every ratio is DeepEP's whole-call time over symmoe's, measured in the same job
+      python3 -c "import deep_ep" 2>/dev/null || note "deep_ep not importable: symmoe runs alone (set DEEPEP_SRC and run build first)"
+      export SYMMOE_BENCH_COMMAND="$(bench_command scripts/gpu_check.sh deepep)"
+      timeout ${DEEPEP_LIMIT_S:-400} python3 -m symmoe.bench.deepep --world-sizes "${DEEPEP_WORLD_SIZES:-2,4}" \
+        --tokens "${DEEPEP_TOKENS:-128,512,1024,4096,8192}" --repeats "${BENCH_REPEATS:-30}" \
+        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml \
+        --config torch-push-20sms=configs/torch.yaml,protocol=push,kernel.num_sms=20 \
+        --json "$LOG/deepep.json" --md "$LOG/deepep.md" 2>&1 | grep -v -i "warn" | tee "$LOG/deepep.log"
+      rc=${PIPESTATUS[0]}; note "deepep side by side exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     test|test-quick)
       sel=(tests/gpu/test_torch_backend.py)
       [ "$s" = test-quick ] && sel+=(-k "not 7168")
@@ -127,5 +146,5 @@ for s in "${SECTIONS[@]}"; do
   esac
 done
 
-finish_run bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
+finish_run deepep.json deepep.md bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
 exit $status

@@ -1,10 +1,11 @@
-"""The ``symmoe`` command: info, config check, size, build, check, bench, ab."""
+"""The ``symmoe`` command: info, config check, size, build, check, bench, tune, ab."""
 from __future__ import annotations
 
 import argparse
 import importlib
 import json
 import sys
+from pathlib import Path
 from typing import Any, Sequence
 
 from .config import load, parse_key_value, parse_world_size
@@ -147,6 +148,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from . import launch
     from .config import check_world_size
     cfg = load(args.config)
+    if args.against == "deepep":
+        return _bench_against_deepep(cfg, args)
     check_world_size(cfg, args.world_size)
     if cfg.backend != "host":
         return _bench_gpu(cfg, args)
@@ -239,6 +242,31 @@ def cmd_check(args: argparse.Namespace) -> int:
     return 0
 
 
+def _bench_against_deepep(cfg: Any, args: argparse.Namespace) -> int:
+    """``symmoe bench CONFIG --against deepep``: ``symmoe.bench.deepep`` with this config."""
+    from .bench import deepep
+    require_gpu(cfg)
+    argv = ["--world-sizes", str(args.world_size) if args.world_size > 1 else "2,4",
+            "--tokens", str(args.tokens) if args.tokens else "128,512,1024,4096,8192",
+            "--config", f"{Path(args.config).stem}={args.config}", "--repeats", str(args.repeats),
+            "--seed", str(args.seed)]
+    argv += ["--json", args.json] if args.json else []
+    argv += ["--md", args.md] if args.md else []
+    return deepep.main(argv)
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .bench import tune
+    cfg = load(args.config)
+    if cfg.backend == "host":
+        raise SymmoeError(f"{args.config}: the host backend has no launch settings to tune; name a GPU backend's config")
+    require_gpu(cfg)
+    argv = [args.config, "--world-size", str(args.world_size), "--tokens", args.tokens, "--repeats", str(args.repeats)]
+    argv += ["--out", args.out] if args.out else []
+    argv += ["--json", args.json] if args.json else []
+    return tune.main(argv)
+
+
 def _bench_gpu(cfg: Any, args: argparse.Namespace) -> int:
     """GPU backends: ``symmoe.bench.gpu`` (CUDA events, copy roofline and plain torch in the same run)."""
     from .bench import gpu as bench
@@ -301,7 +329,20 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument("--warmup", type=int, default=5)
     bench.add_argument("--repeats", type=int, default=30)
     bench.add_argument("--json", default=None, help="write every rank's numbers here")
+    bench.add_argument("--against", choices=["deepep"], default=None,
+                       help="side by side with DeepEP V1 in one job (symmoe.bench.deepep; W=2,4 unless --world-size, "
+                            "128..8192 tokens per rank unless --tokens)")
+    bench.add_argument("--md", default=None, help="with --against: the Markdown table here")
     bench.set_defaults(fn=cmd_bench)
+
+    tune = sub.add_parser("tune", help="time launch settings on this machine and write the best as a config")
+    tune.add_argument("config")
+    tune.add_argument("--world-size", type=parse_world_size, default=2)
+    tune.add_argument("--tokens", default="512,4096", help="tokens per rank, comma list")
+    tune.add_argument("--repeats", type=int, default=10)
+    tune.add_argument("--out", default=None, help="YAML of the best config (default: printed)")
+    tune.add_argument("--json", default=None, help="every candidate's times")
+    tune.set_defaults(fn=cmd_tune)
 
     try:
         from .ab import cli as ab_cli

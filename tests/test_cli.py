@@ -105,6 +105,19 @@ def test_check_and_bench_of_a_gpu_config_without_a_gpu_name_the_backend_that_nee
                               "visible here; use a host config (configs/host.yaml)\n")
 
 
+def test_tune_and_the_deepep_side_by_side_need_a_gpu_and_say_so(capsys):
+    no_gpu = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+    for command in (["tune", "configs/torch.yaml"], ["bench", "configs/torch.yaml", "--against", "deepep"]):
+        out = symmoe(*command, env=no_gpu)
+        assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+        assert "backend 'torch' needs a CUDA GPU" in out.stderr and len(out.stderr.splitlines()) == 1, out.stderr
+
+
+def test_tune_refuses_the_host_backend_which_has_no_launch_settings(capsys):
+    assert main(["tune", "configs/host.yaml"]) == 1
+    assert "the host backend has no launch settings to tune" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("command", [["config", "check"], ["size"], ["check"], ["bench"], ["ab"]], ids=" ".join)
 def test_a_directory_or_a_binary_file_given_as_config_or_spec_is_named(command, tmp_path, capsys):
     binary = tmp_path / "weights.bin"

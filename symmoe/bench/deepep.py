@@ -24,9 +24,7 @@ time on the host or waiting for peers.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
 import statistics
 import sys
 import time
@@ -35,7 +33,8 @@ from typing import Any, Callable
 import torch
 
 from .. import launch
-from ..config import Config, from_dict, load, parse_key_value
+from ..config import from_dict, load, parse_key_value
+from .gpu import provenance
 
 OPS = ("dispatch", "worst_dispatch", "cached_dispatch", "combine")
 MPS_SHARES = ("auto", "default", "split")
@@ -395,6 +394,19 @@ def markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _deepep_version() -> str:
+    """DeepEP's version where it imports here (its package metadata, else its path), '' if not."""
+    try:
+        import deep_ep
+    except ImportError:
+        return ""
+    try:
+        from importlib.metadata import version
+        return version("deep_ep")
+    except Exception:
+        return getattr(deep_ep, "__file__", "") or "unknown"
+
+
 def _config_arg(text: str) -> tuple[str, dict[str, Any]]:
     """NAME=PATH[,key=value...]: a symmoe config file with overrides."""
     name, _, rest = text.partition("=")
@@ -453,9 +465,8 @@ def main(argv: list[str] | None = None) -> int:
         res["seconds"] = round(time.time() - t0, 1)
         results.append(res)
         print(markdown([res]), flush=True)
-    doc = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "device": torch.cuda.get_device_name(0), "command": "python -m symmoe.bench.deepep " + " ".join(argv or sys.argv[1:]),
-           "commit": os.environ.get("SYMMOE_COMMIT", ""), "configs": configs, "results": results}
+    doc = {**provenance("python -m symmoe.bench.deepep " + " ".join(argv if argv is not None else sys.argv[1:])),
+           "deepep": _deepep_version(), "configs": configs, "results": results}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)

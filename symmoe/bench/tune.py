@@ -159,9 +159,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="", help="YAML of the best config (default: printed)")
     ap.add_argument("--json", default="", help="every candidate's times")
     args = ap.parse_args(argv)
-    if not torch.cuda.is_available():
-        print("symmoe tune: needs a CUDA GPU (it times the kernels on this machine)", file=sys.stderr)
-        return 2
     if args.world_size < 1:
         print(f"symmoe tune: --world-size {args.world_size}; it must be at least 1", file=sys.stderr)
         return 2
@@ -169,6 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     if cfg.backend == "host":
         print("symmoe tune: the host backend has no launch settings to tune; name a GPU backend's config",
               file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("symmoe tune: needs a CUDA GPU (it times the kernels on this machine)", file=sys.stderr)
         return 2
     tokens = [int(t) for t in args.tokens.split(",")]
     res = tune(cfg, args.world_size, tokens, args.repeats, mps_share=args.mps_share)
