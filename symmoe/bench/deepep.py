@@ -126,28 +126,6 @@ def _kernel_us(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 5) 
     return {"total": sum(kernels.values()), **kernels}
 
 
-def _host_profile(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 20, top: int = 30) -> str:
-    """cProfile of ``calls`` calls (each after the hosts meet and the device idles): where the
-    host's time goes, by cumulative and by own time."""
-    import cProfile
-    import io
-    import pstats
-
-    prof = cProfile.Profile()
-    for _ in range(calls):
-        torch.cuda.synchronize()
-        sync()
-        prof.enable()
-        fn()
-        torch.cuda.synchronize()
-        prof.disable()
-    out = io.StringIO()
-    st = pstats.Stats(prof, stream=out)
-    st.sort_stats("cumulative").print_stats(top)
-    st.sort_stats("tottime").print_stats(top)
-    return out.getvalue()
-
-
 class _Clock:
     """Host seconds spent in wrapped callables, by name (``--trace-host``)."""
 
@@ -315,16 +293,6 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
                 for im in live if not im.name.startswith("deepep")}
         if spec["profile"] and T in spec["profile"]:
             cell["kernels_us"] = {im.name: {op: _kernel_us(lambda: im.call(op), sync) for op in OPS} for im in live}
-        if rank == 0 and T in spec["host_profile"]:
-            cell["host_profile"] = {im.name: {op: _host_profile(lambda: im.call(op), sync) for op in OPS} for im in live}
-        elif T in spec["host_profile"]:  # the peers run the same calls, so rank 0's waits stay short
-            for im in live:
-                for op in OPS:
-                    for _ in range(20):
-                        torch.cuda.synchronize()
-                        sync()
-                        im.call(op)
-                        torch.cuda.synchronize()
         if T in spec["trace_api"]:
             tables = {im.name: {op: _api_table(lambda: im.call(op), sync) for op in OPS} for im in live}
             if rank == 0:
@@ -369,8 +337,6 @@ def summarize(world_size: int, ranks: list[dict[str, Any]], names: list[str], mp
     return {"world_size": world_size, "mps_share": mps, "rows": rows, "bitwise_vs_deepep": same,
             "kernels_us": {T: [r["cells"][T].get("kernels_us") for r in ranks] for T in ranks[0]["cells"]
                            if "kernels_us" in ranks[0]["cells"][T]},
-            "host_profile": {T: ranks[0]["cells"][T]["host_profile"] for T in ranks[0]["cells"]
-                             if "host_profile" in ranks[0]["cells"][T]},
             "api_tables": {T: ranks[0]["cells"][T]["api_tables"] for T in ranks[0]["cells"]
                            if "api_tables" in ranks[0]["cells"][T]},
             "host_us": {T: [{"launch_us": r["cells"][T]["launch_us"], "python_loop_us": r["cells"][T]["python_loop_us"],
@@ -431,7 +397,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--profile", default="", help="token counts whose kernels to profile (comma list)")
-    ap.add_argument("--host-profile", default="", help="token counts whose calls rank 0 runs under cProfile (comma list)")
     ap.add_argument("--trace-host", default="", help="token counts whose calls' host time is split by layer and launch")
     ap.add_argument("--trace-api", default="", help="token counts whose calls' torch ops and CUDA API calls rank 0 tables")
     ap.add_argument("--json", default="")
@@ -447,7 +412,6 @@ def main(argv: list[str] | None = None) -> int:
     spec = {"tokens": [int(t) for t in args.tokens.split(",")], "configs": configs, "deepep": not args.no_deepep,
             "repeats": args.repeats,
             "warmup": args.warmup, "seed": args.seed, "profile": [int(t) for t in args.profile.split(",") if t],
-            "host_profile": [int(t) for t in args.host_profile.split(",") if t],
             "trace_host": [int(t) for t in args.trace_host.split(",") if t],
             "trace_api": [int(t) for t in args.trace_api.split(",") if t]}
     names = (["deepep"] if spec["deepep"] else []) + list(configs)

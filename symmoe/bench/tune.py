@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from .. import launch
-from ..config import Config, from_dict, load
+from ..config import Config, from_dict, load, parse_world_size
 from ..errors import ConfigError, SymmoeError
 from . import deepep
 
@@ -152,16 +152,13 @@ def tune(config: Config, world_size: int, tokens: list[int], repeats: int = 10, 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="symmoe tune", description=__doc__.split("\n\n")[0])
     ap.add_argument("config")
-    ap.add_argument("--world-size", type=int, default=2)
+    ap.add_argument("--world-size", type=parse_world_size, default=2)
     ap.add_argument("--tokens", default="512,4096")
     ap.add_argument("--repeats", type=int, default=10)
     ap.add_argument("--mps-share", choices=deepep.MPS_SHARES, default="auto")
     ap.add_argument("--out", default="", help="YAML of the best config (default: printed)")
     ap.add_argument("--json", default="", help="every candidate's times")
     args = ap.parse_args(argv)
-    if args.world_size < 1:
-        print(f"symmoe tune: --world-size {args.world_size}; it must be at least 1", file=sys.stderr)
-        return 2
     cfg = load(args.config)
     if cfg.backend == "host":
         print("symmoe tune: the host backend has no launch settings to tune; name a GPU backend's config",
