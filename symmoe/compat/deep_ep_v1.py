@@ -20,8 +20,9 @@ What symmoe cannot honour raises ``UnsupportedArgument``/``UnsupportedCall`` (FP
 ``low_latency_mode``, ``num_rdma_bytes > 0``, ``enable_shrink``, an mpi4py ``comm``,
 ``bias`` in combine, layout-only dispatch without ``topk_idx``, low-latency/internode
 methods). Pure performance hints are accepted and ignored: ``num_nvl_bytes``, ``config``,
-``set_num_sms``, ``async_finish``, ``allocate_on_comm_stream``, ``num_qps_per_rank``,
-``allow_nvlink_for_low_latency_mode``, ``allow_mnnvl``, ``explicitly_destroy``.
+``set_num_sms``, ``allocate_on_comm_stream``, ``num_qps_per_rank``,
+``allow_nvlink_for_low_latency_mode``, ``allow_mnnvl``, ``explicitly_destroy``; ``async_finish=False``
+(the default) returns an event without a CUDA event, as DeepEP does.
 """
 from __future__ import annotations
 
@@ -290,7 +291,8 @@ class Buffer:
         event)``; with ``handle=`` (cached dispatch, e.g. the backward of combine)
         ``(recv_x, None, None, None, None, event)``.
 
-        Ignored (performance only): ``config``, ``async_finish``, ``allocate_on_comm_stream``,
+        ``async_finish=False`` (DeepEP's default): the event holds no CUDA event, as DeepEP's.
+        Ignored (performance only): ``config``, ``allocate_on_comm_stream``,
         ``num_tokens_per_rdma_rank`` (intranode DeepEP ignores it too)."""
         api = f"{_API}.dispatch"
         check_not_fp8(api, x)
@@ -305,7 +307,8 @@ class Buffer:
             # symmoe's own cached dispatch: the same rows in the same order, no routing.
             # As many rows as the handle's dispatch returned (DeepEP sizes by its recv_src_idx).
             recv_x, _, _, _, _, event = self.symmoe.dispatch(x, handle=handle.symmoe,
-                                                             num_worst_tokens=handle.num_worst_tokens)
+                                                             num_worst_tokens=handle.num_worst_tokens,
+                                                             record_event=async_finish)
             return recv_x, None, None, None, None, EventOverlap(event)
         if topk_idx is None or topk_weights is None:
             missing = "topk_idx" if topk_idx is None else "topk_weights"
@@ -325,7 +328,8 @@ class Buffer:
         # num_worst_tokens: worst-case-sized outputs straight from symmoe (no copy); every rank
         # raises CapacityError when some rank receives more.
         recv_x, recv_idx, recv_w, per_expert, sh, event = self.symmoe.dispatch(
-            x, topk_idx, topk_weights, output_layout="rank", expert_alignment=1, num_worst_tokens=num_worst_tokens)
+            x, topk_idx, topk_weights, output_layout="rank", expert_alignment=1, num_worst_tokens=num_worst_tokens,
+            record_event=async_finish)
         # DeepEP counts each local expert's tokens rounded up to expert_alignment (the rows
         # themselves are not padded: recv_x is rank-major); symmoe reports them unpadded.
         per_expert_list = [] if num_worst_tokens else [align_up(c, expert_alignment) for c in per_expert]
@@ -354,7 +358,7 @@ class Buffer:
         x = rows_for_combine(api, "x", x, sh.num_recv_rows, allocated)
         topk_weights = rows_for_combine(api, "topk_weights", topk_weights, sh.num_recv_rows, allocated)
         wait(previous_event)
-        out, out_w, event = self.symmoe.combine(x, sh, topk_weights)
+        out, out_w, event = self.symmoe.combine(x, sh, topk_weights, record_event=async_finish)
         return out, out_w, EventOverlap(event)
 
     def _check_handle(self, api: str, handle: Any) -> None:

@@ -282,6 +282,30 @@ def test_single_process_world_size_one_without_process_group(seed):
     assert _run(1, cfg, seed + 5, CHECK_ROUTINGS[:2]) == [4]
 
 
+def test_calls_record_an_event_unless_told_not_to(seed):
+    """By default dispatch and combine return an event recorded after their work on the stream;
+    record_event=False (the V1 shim's async_finish=False, DeepEP's default) returns one holding
+    no CUDA event, and the results are the same."""
+    from symmoe.buffer import Buffer
+
+    g = torch.Generator().manual_seed(seed)
+    T, E, K = 48, 64, 8
+    x = torch.randn(T, 256, generator=g).to("cuda", torch.bfloat16)
+    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).cuda()
+    w = torch.rand(T, K, generator=g).cuda()
+    with mock.patch.dict(os.environ, ENV), Buffer(None, from_dict(gpu_config())) as buf:
+        rx, _, _, _, handle, ev = buf.dispatch(x, idx, w)
+        out, _, cev = buf.combine(rx, handle)
+        assert isinstance(ev.event, torch.cuda.Event) and isinstance(cev.event, torch.cuda.Event)
+        cev.synchronize()
+        assert ev.event.query() and cev.event.query()
+        rx2, _, _, _, handle2, quiet = buf.dispatch(x, idx, w, record_event=False)
+        out2, _, cquiet = buf.combine(rx2, handle2, record_event=False)
+        assert quiet.event is None and cquiet.event is None
+        assert torch.equal(rx2.view(torch.int16), rx.view(torch.int16))
+        assert torch.equal(out2.view(torch.int16), out.view(torch.int16))
+
+
 def test_a_timeline_buffer_smaller_than_the_grid_needs_is_refused():
     from symmoe.bench import timeline
     from symmoe.buffer import Buffer
