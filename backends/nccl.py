@@ -290,6 +290,10 @@ class NcclMemory(SymmetricMemory):
     def device(self) -> torch.device:
         return self._device
 
+    @property
+    def maps_every_peer(self) -> bool:
+        return not self._gin_ranks()  # the LSA team is the whole group
+
     def peer(self, rank: int) -> torch.Tensor:
         base = int(self.peer_bases[rank]) if self._bases is not None else 0
         if not base:

@@ -9,6 +9,8 @@ initialised twice in a process). Each Buffer allocates its own segment with
 
 Peer bases come from ``nvshmem_ptr``: non-zero for peers reachable by load/store (NVLink
 P2P, or the same GPU under MPS), 0 for peers only reachable through NVSHMEM puts (IBGDA).
+Where every peer is mapped (one node) the shared CUDA kernels run over the heap, as over
+torch's symmetric memory; otherwise the push on the NVSHMEM device API (``protocol.nvshmem``).
 """
 from __future__ import annotations
 
@@ -135,11 +137,19 @@ def puts_forced() -> bool:
     return os.environ.get("SYMMOE_NVSHMEM_STAGE") == "1"
 
 
+def put_protocol_forced() -> bool:
+    """``SYMMOE_NVSHMEM_PUTS=1`` (or ``SYMMOE_NVSHMEM_STAGE=1``): the push on the NVSHMEM device
+    API even where every peer is mapped, as a multi-node job runs it (mapped peers by stores,
+    the others by puts); otherwise a node's ranks run the shared CUDA kernels."""
+    return os.environ.get("SYMMOE_NVSHMEM_PUTS") == "1" or puts_forced()
+
+
 class NvshmemMemory(SymmetricMemory):
     name = "nvshmem"
     load_store_peers = True
     remote_put = True
     tma_pull = False
+    signal_puts = True
 
     @classmethod
     def describe_transports(cls) -> str:
@@ -210,6 +220,11 @@ class NvshmemMemory(SymmetricMemory):
     @property
     def all_peers_mapped(self) -> bool:
         return all(b != 0 for b in self._host_bases)
+
+    @property
+    def maps_every_peer(self) -> bool:
+        # Same answer on every rank: one node maps every peer, several map none of the others'.
+        return self.all_peers_mapped and not put_protocol_forced()
 
     def peer(self, rank: int) -> torch.Tensor:
         if rank == self.rank:

@@ -7,7 +7,9 @@ every rank, and says how peers can reach it:
   from and store to (NVLink/P2P mapping, or the host's shared memory for ``host``);
 * ``remote_put``: the backend's device library can put into peers it cannot map
   (NVSHMEM IBGDA, NCCL GIN);
-* ``tma_pull``: peers' memory can be the source of TMA bulk copies.
+* ``tma_pull``: peers' memory can be the source of TMA bulk copies;
+* ``signal_puts``: the device library puts rows with signals into peers it cannot map, and
+  symmoe's put protocol runs on it (NVSHMEM).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ class SymmetricMemory(ABC):
     load_store_peers: ClassVar[bool] = True
     remote_put: ClassVar[bool] = False
     tma_pull: ClassVar[bool] = False
+    signal_puts: ClassVar[bool] = False
 
     def __init__(self, group: dist.ProcessGroup | None, nbytes: int):
         self.group = group
@@ -76,6 +79,12 @@ class SymmetricMemory(ABC):
     def device(self) -> torch.device:
         return self.local.device
 
+    @property
+    def maps_every_peer(self) -> bool:
+        """Every peer is reached by load/store (``peer_bases`` holds no 0), so the shared CUDA
+        kernels need no put transport (``protocol.make``)."""
+        return self.load_store_peers
+
     def all_gather(self, obj: Any) -> list[Any]:
         """``obj`` of every rank of the group, by rank (collective; alone: ``[obj]``)."""
         if self.world_size == 1:
@@ -83,6 +92,10 @@ class SymmetricMemory(ABC):
         every: list[Any] = [None] * self.world_size
         dist.all_gather_object(every, obj, group=self.group)
         return every
+
+    def mark_broken(self) -> None:
+        """A device wait expired: peers may be gone, so teardown must not wait for them
+        (backends whose free is collective skip it; the process exit reclaims the memory)."""
 
     # -- lifetime ------------------------------------------------------------------------
     def close(self) -> None:

@@ -59,3 +59,19 @@ def test_without_a_gpu_the_command_says_so_and_fails(capsys):
         pytest.skip("this machine has a GPU: the command would run")
     assert deepep.main(["--world-sizes", "2"]) == 2
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_ranks_keep_the_default_mps_share_unless_a_put_protocol_runs(monkeypatch):
+    """DeepEP V1 needs MPS's default share; nvshmem's push on the device API needs the shares
+    split, but on one node nvshmem runs the shared kernels, so 'auto' splits only when that
+    push is forced."""
+    monkeypatch.setattr(deepep.launch, "mps_share", lambda world_size: 100 // world_size)
+    monkeypatch.delenv("SYMMOE_NVSHMEM_PUTS", raising=False)
+    monkeypatch.delenv("SYMMOE_NVSHMEM_STAGE", raising=False)
+    share = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+    assert share not in deepep.rank_env(4, "auto", "torch", "nvshmem")
+    assert deepep.rank_env(4, "split", "torch")[share] == "25"
+    monkeypatch.setenv("SYMMOE_NVSHMEM_PUTS", "1")
+    assert deepep.rank_env(4, "auto", "torch", "nvshmem")[share] == "25"
+    assert share not in deepep.rank_env(4, "auto", "torch")
+    assert share not in deepep.rank_env(4, "default", "nvshmem")

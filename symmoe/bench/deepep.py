@@ -46,9 +46,12 @@ def rank_env(world_size: int, mps_share: str, *backends: str) -> dict[str, str]:
     the MPS share. ``default``: each rank at MPS's default (DeepEP V1 needs it: at 25 % its
     combine timed out at W=4 on an H100); ``split``: 100/W percent each (NVSHMEM's full
     multi-process mode needs the shares of one GPU to sum to <= 100); ``auto``: split when an
-    nvshmem backend runs, else default."""
+    nvshmem backend runs its put protocol (``SYMMOE_NVSHMEM_PUTS``/``_STAGE``: its senders and
+    receivers spin side by side), else default (on one node nvshmem runs the shared kernels)."""
+    from ..backends.nvshmem import put_protocol_forced
+
     env = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1"}
-    split = mps_share == "split" or (mps_share == "auto" and "nvshmem" in backends)
+    split = mps_share == "split" or (mps_share == "auto" and "nvshmem" in backends and put_protocol_forced())
     share = launch.mps_share(world_size)
     if split and share:
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(share)

@@ -1,29 +1,46 @@
 """Protocols: the algorithms that move rows over a SymmetricMemory.
 
-``host`` memory runs the plain-torch flow in ``host.py``; ``nvshmem`` memory its own push
-kernels on the NVSHMEM device API (``nvshmem.py``); ``torch`` and ``nccl`` memory the shared
-CUDA kernels over load/store peer pointers (``cuda.py``). Push or pull comes from the config.
+``make`` chooses by what the memory can do, never by the backend's name: memory on the host
+runs the plain-torch flow in ``host.py``; GPU memory whose peers are all reached by load/store
+runs the shared CUDA kernels (``cuda.py``); GPU memory that reaches some peers only by puts
+with signals runs the push on the NVSHMEM device API (``nvshmem.py``). Push or pull comes
+from the config.
 """
 from __future__ import annotations
 
 from ..config import Config
+from ..errors import InputError
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from .base import Protocol
 
 
 def make(mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int) -> Protocol:
-    proto = config.effective_protocol
-    if mem.name == "host":
+    return choose(mem, config.effective_protocol)(mem, layout, config, buffer_id)
+
+
+def choose(mem: SymmetricMemory, proto: str) -> type[Protocol]:
+    """The protocol class for ``mem`` and ``proto`` ('push' or 'pull'); collective (every rank
+    chooses the same)."""
+    if mem.device.type != "cuda":
         from .host import HostPull, HostPush
-        cls = HostPush if proto == "push" else HostPull
-    elif mem.name == "nvshmem":
-        from .nvshmem import NvshmemPush  # push on the NVSHMEM device API (puts + signals)
-        cls = NvshmemPush
-    else:
+        return HostPush if proto == "push" else HostPull
+    if _maps_every_peer(mem):
         from .cuda import CudaPull, CudaPush
-        cls = CudaPush if proto == "push" else CudaPull
-    return cls(mem, layout, config, buffer_id)
+        return CudaPush if proto == "push" else CudaPull
+    if mem.signal_puts:
+        from .nvshmem import NvshmemPush  # puts + signals on the NVSHMEM device API
+        return NvshmemPush
+    raise InputError(f"backend '{mem.name}' cannot reach every peer by load/store, and symmoe has no put "
+                     "protocol for it; keep the group inside one load/store domain")
 
 
-__all__ = ["Protocol", "make"]
+def _maps_every_peer(mem: SymmetricMemory) -> bool:
+    """Whether every rank reaches every peer by load/store; collective where the answer could
+    differ (memories that can also put), so all ranks choose the same protocol."""
+    if not mem.signal_puts or mem.world_size == 1:
+        return mem.maps_every_peer
+    return all(mem.all_gather(mem.maps_every_peer))
+
+
+__all__ = ["Protocol", "choose", "make"]

@@ -146,8 +146,9 @@ class _CudaProtocol(Protocol):
 
     def __init__(self, mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int):
         super().__init__(mem, layout, config, buffer_id)
-        if not mem.load_store_peers and not mem.remote_put:
-            raise InputError(f"backend '{mem.name}' reaches peers neither by load/store nor by remote puts")
+        if not mem.maps_every_peer:
+            raise InputError(f"backend '{mem.name}' does not reach every peer by load/store, which the shared "
+                             "CUDA kernels need")
         if layout.local_experts > MAX_LOCAL_EXPERTS:
             raise InputError(f"{layout.local_experts} experts per rank; the CUDA protocols handle at most "
                              f"{MAX_LOCAL_EXPERTS} (num_experts / world_size)")
@@ -155,20 +156,16 @@ class _CudaProtocol(Protocol):
         self.device = mem.device
         self.rank, self.world_size = mem.rank, mem.world_size
         self.timeout_s = config.kernel.timeout_s
-        self.mod = build.load(getattr(mem, "kernel_module", "symmoe_cuda"))
+        self.mod = build.load("symmoe_cuda")
         self._stage_names = {v: k for k, v in self.mod.STAGES.items()}
         self._err = self.mod.host_alloc_mapped(64)  # (host, device) pointers of the ErrorWord
         self._err_dev = torch.zeros(8, dtype=torch.int64, device=self.device)  # the copy kernels poll
         self._counters = torch.zeros(8, dtype=torch.int32, device=self.device)
         args = layout.kernel_args()
-        make = getattr(mem, "kernel_context", None)
-        if make is not None:  # backends with their own transport (nvshmem, nccl)
-            self.ctx = make(self.mod, args, self._err_dev.data_ptr(), self._err[1], self.timeout_s,
-                            config.kernel.num_sms, self._counters.data_ptr())
-        else:
-            self.ctx = self.mod.Context(args, self.rank, mem.local.data_ptr(), mem.peer_bases.data_ptr(),
-                                        self._err_dev.data_ptr(), self._err[1], self.timeout_s, config.kernel.num_sms,
-                                        self._counters.data_ptr())
+        # Peers by the pointers in peer_bases (torch, nccl's LSA team, nvshmem_ptr on one node).
+        self.ctx = self.mod.Context(args, self.rank, mem.local.data_ptr(), mem.peer_bases.data_ptr(),
+                                    self._err_dev.data_ptr(), self._err[1], self.timeout_s, config.kernel.num_sms,
+                                    self._counters.data_ptr())
         self.ctx.set_copy_bytes(config.kernel.copy_bytes)
         self.ctx.set_copy_depth(config.kernel.copy_depth)
         self.ctx.set_fan_phases(fan_phases_mode(config, self.world_size,
@@ -237,6 +234,7 @@ class _CudaProtocol(Protocol):
         if word[0]:
             stage = self._stage_names.get(int(word[0]), f"stage {int(word[0])}")
             what = stall_detail(stage, int(word[1]), int(word[2]))
+            self.mem.mark_broken()
             raise StallError(self.rank, stage, self.timeout_s, f"{what}; this Buffer is unusable now")
 
     def host_counts(self) -> tuple[np.ndarray, np.ndarray]:

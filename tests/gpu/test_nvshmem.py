@@ -1,6 +1,11 @@
-"""nvshmem backend + push kernels on the GPU: bitwise equal to symmoe.reference at 1 PE and
-at 2, 4 and 8 processes on one GPU (under CUDA MPS when its daemon runs: each rank gets
-100 / W percent of the SMs), and a rank that never arrives makes the others raise StallError.
+"""nvshmem backend on the GPU: bitwise equal to symmoe.reference at 1 PE and at 2, 4 and 8
+processes on one GPU (under CUDA MPS when its daemon runs: each rank gets 100 / W percent of
+the SMs), and a rank that never arrives makes the others raise StallError.
+
+On one node every peer is mapped, so the shared CUDA kernels run over the NVSHMEM heap (the
+"shared kernels" cases); the push on the NVSHMEM device API, which a multi-node job runs, is
+forced with SYMMOE_NVSHMEM_PUTS=1 (mapped peers by stores) or SYMMOE_NVSHMEM_STAGE=1 (every
+peer by puts from staging copies), and most tests here exercise it.
 
 Skipped without a CUDA GPU (conftest) or without nvshmem4py."""
 from __future__ import annotations
@@ -36,8 +41,9 @@ def _config(**over: Any) -> dict[str, Any]:
     return Config().replace(**base).to_dict()
 
 
-def _env(world_size: int, **extra: str) -> dict[str, str]:
-    env = {"NVSHMEM_DISABLE_NVLS": "1", **extra}
+def _env(world_size: int, shared: bool = False, **extra: str) -> dict[str, str]:
+    """The ranks' environment: the put protocol unless ``shared`` (the shared CUDA kernels)."""
+    env = {"NVSHMEM_DISABLE_NVLS": "1", **({} if shared else {"SYMMOE_NVSHMEM_PUTS": "1"}), **extra}
     if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
         env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps_share(world_size, gpus=1) or 100)
     return env
@@ -51,11 +57,35 @@ def _run(world_size: int, cfg: dict[str, Any], seed: int, *args: Any, env: dict[
 CASES = len(CHECK_ROUTINGS) * 2
 
 
+@pytest.mark.parametrize("transport", ["shared kernels", "puts"])
 @pytest.mark.parametrize("world_size", [1, 2, 4, 8])
-def test_dispatch_combine_bitwise_equal_to_reference(world_size, seed):
+def test_dispatch_combine_bitwise_equal_to_reference(world_size, transport, seed):
     _usable()
-    checked = _run(world_size, _config(), seed + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda")
+    env = _env(world_size, shared=transport == "shared kernels")
+    checked = _run(world_size, _config(), seed + world_size, CHECK_ROUTINGS, ("rank", "expert"), "cuda", env=env)
     assert checked == [CASES] * world_size
+
+
+@pytest.mark.parametrize("check", [check_cached_dispatch, check_num_worst_tokens], ids=["cached", "worst"])
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_shared_kernels_over_the_heap_run_cached_and_worst_case_dispatch(world_size, check, seed):
+    """One node: the protocol is the shared CUDA push over the NVSHMEM heap, as over torch's
+    symmetric memory, and its cached and num_worst_tokens dispatches are the reference's."""
+    _usable()
+    assert spawn(_protocol_name, world_size, env=_env(world_size, shared=True), timeout_s=120.0) == ["push"] * world_size
+    got = spawn(check, world_size, args=(_config(), seed + 7000 + world_size, CHECK_ROUTINGS, ("rank", "expert"),
+                                         "cuda"), env=_env(world_size, shared=True), timeout_s=180.0)
+    assert got == [CASES] * world_size
+
+
+def _protocol_name(rank: int, world_size: int) -> str:
+    from symmoe import Buffer
+    from symmoe.config import from_dict
+    from symmoe.protocol.cuda import CudaPush
+
+    with Buffer(None, from_dict(_config())) as buf:
+        assert isinstance(buf._protocol, CudaPush), type(buf._protocol).__name__
+        return buf.protocol
 
 
 @pytest.mark.parametrize("world_size", [2, 4])
@@ -240,12 +270,12 @@ def absent_rank(rank: int, world_size: int, config: dict[str, Any]) -> tuple[str
     return "no error", time.monotonic() - t0
 
 
-@pytest.mark.parametrize("world_size", [2, 4])
-def test_absent_rank_raises_stall_error_naming_the_stage(world_size):
+@pytest.mark.parametrize("world_size,transport", [(2, "puts"), (4, "puts"), (2, "shared kernels")])
+def test_absent_rank_raises_stall_error_naming_the_stage(world_size, transport):
     _usable()
     timeout = 3.0
-    out = spawn(absent_rank, world_size, args=(_config(**{"kernel.timeout_s": timeout}),), env=_env(world_size),
-                timeout_s=120.0)
+    out = spawn(absent_rank, world_size, args=(_config(**{"kernel.timeout_s": timeout}),),
+                env=_env(world_size, shared=transport == "shared kernels"), timeout_s=120.0)
     assert out[-1][0] == "absent"
     for rank, (msg, elapsed) in enumerate(out[:-1]):
         assert f"rank {rank}: stage 'dispatch.counts'" in msg, msg
