@@ -85,6 +85,7 @@ for s in "${SECTIONS[@]}"; do
         --tokens "${DEEPEP_TOKENS:-128,512,1024,4096,8192}" --repeats "${BENCH_REPEATS:-30}" \
         --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml \
         --config torch-push-20sms=configs/torch.yaml,protocol=push,kernel.num_sms=20 \
+        --config nvshmem-push=configs/nvshmem.yaml \
         --json "$LOG/deepep.json" --md "$LOG/deepep.md" 2>&1 | grep -v -i "warn" | tee "$LOG/deepep.log"
       rc=${PIPESTATUS[0]}; note "deepep side by side exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     test|test-quick)
