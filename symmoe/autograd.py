@@ -211,7 +211,7 @@ def _check_backward(buf: Buffer, handle: DispatchHandle, op: str) -> None:
     if buf._closed:
         raise InputError(f"backward of {op}: its Buffer was closed before backward ran; keep the Buffer open "
                          "until the backward pass has finished")
-    _check_handle(handle, id(buf), f"the backward of {op}")
+    _check_handle(handle, id(buf), f"run the backward of {op}")
 
 
 def _check_grad(name: str, g: object, shape: tuple[int, ...], dtype: torch.dtype, device: torch.device,
