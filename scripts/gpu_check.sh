@@ -3,7 +3,7 @@
 # the kernels, run the GPU tests, benchmarks and A/B runs; a short table is printed last.
 #
 #   scripts/gpu_check.sh [section ...]      default: build test bench
-#   sections: build | test | test-quick | bench | bench-quick | deepep | nccl | nvshmem | ab | timeline
+#   sections: build | test | test-quick | bench | bench-quick | deepep | nccl | nvshmem | training | ab | timeline
 #   deepep: symmoe beside DeepEP V1 (symmoe.bench.deepep) at W = $DEEPEP_WORLD_SIZES (2,4) ranks under MPS,
 #   $DEEPEP_TOKENS (128,512,1024,4096,8192) tokens per rank; DeepEP is built by "build" from DEEPEP_SRC
 #   (a DeepEP source tree, scripts/build_deepep.sh), else the section runs symmoe alone and says so
@@ -125,6 +125,14 @@ for s in "${SECTIONS[@]}"; do
       pytest_note nvshmem "$LOG/nvshmem_tests.log" "$rc"
       reap_ranks
       [ "$rc" -ne 0 ] && status=1 ;;
+    training)  # training GPU tests, then the example's loss curves across backends (W=2,4 under MPS)
+      eval "extra=(${PYTEST_ARGS:-})"
+      timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_training_gpu.py "${extra[@]}" 2>&1 | tee "$LOG/training_tests.log"
+      rc=${PIPESTATUS[0]}; pytest_note training "$LOG/training_tests.log" "$rc"; reap_ranks; [ "$rc" -ne 0 ] && status=1
+      timeout ${TRAIN_LIMIT_S:-300} python3 scripts/train_compare.py --world-sizes "${TRAIN_WORLD_SIZES:-2,4}" --steps "${TRAIN_STEPS:-10}" \
+        --run torch-push=backend=torch,protocol=push --run torch-pull=backend=torch,protocol=pull \
+        --run nvshmem=backend=nvshmem --json "$LOG/train_compare.json" 2>&1 | tee "$LOG/train_compare.log"
+      rc=${PIPESTATUS[0]}; note "training example across backends: $(tail -1 "$LOG/train_compare.log")"; reap_ranks; [ "$rc" -ne 0 ] && status=1 ;;
     ab)  # A/B: V1 vs V2 vs Mega at world size 1 (nccl needs one GPU per rank), torch push vs pull at 4 ranks
       symmoe ab configs/ab/v1_v2_mega.yaml --world-size 1 --repeats 20 --out "$LOG/ab_mega" --no-fallback 2>&1 | tee "$LOG/ab_mega.log"
       rc=${PIPESTATUS[0]}; note "ab v1_v2_mega (W=1): exit $rc"; [ "$rc" -ne 0 ] && status=1
@@ -147,5 +155,5 @@ for s in "${SECTIONS[@]}"; do
   esac
 done
 
-finish_run deepep.json deepep.md bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
+finish_run deepep.json deepep.md train_compare.json bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
 exit $status
