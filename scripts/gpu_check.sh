@@ -130,7 +130,8 @@ for s in "${SECTIONS[@]}"; do
       timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_training_gpu.py "${extra[@]}" 2>&1 | tee "$LOG/training_tests.log"
       rc=${PIPESTATUS[0]}; pytest_note training "$LOG/training_tests.log" "$rc"; reap_ranks; [ "$rc" -ne 0 ] && status=1
       timeout ${TRAIN_LIMIT_S:-300} python3 scripts/train_compare.py --world-sizes "${TRAIN_WORLD_SIZES:-2,4}" --steps "${TRAIN_STEPS:-10}" \
-        --run torch-push=backend=torch,protocol=push --run torch-pull=backend=torch,protocol=pull \
+        --run torch-push=backend=torch,protocol=push,torch.allow_overlapping_devices=true \
+        --run torch-pull=backend=torch,protocol=pull,torch.allow_overlapping_devices=true \
         --run nvshmem=backend=nvshmem --json "$LOG/train_compare.json" 2>&1 | tee "$LOG/train_compare.log"
       rc=${PIPESTATUS[0]}; note "training example across backends: $(tail -1 "$LOG/train_compare.log")"; reap_ranks; [ "$rc" -ne 0 ] && status=1 ;;
     ab)  # A/B: V1 vs V2 vs Mega at world size 1 (nccl needs one GPU per rank), torch push vs pull at 4 ranks

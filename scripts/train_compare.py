@@ -12,6 +12,7 @@ Each --run is NAME=KEY=VALUE,KEY=VALUE... (config keys set on --config, as the e
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -34,7 +35,12 @@ def run_one(config: str, sets: list[str], world_size: int, steps: int, extra: li
         except subprocess.TimeoutExpired:
             return {"error": f"timed out after {timeout_s:.0f} s"}
         if proc.returncode != 0 or not out.exists():
-            return {"error": f"exit {proc.returncode}: {(proc.stderr or proc.stdout)[-1500:]}"}
+            text = proc.stderr + proc.stdout
+            # the ranks' own exceptions, not torchrun's summary of them
+            lines = [re.sub(r"^\[rank\d+\]:\s*", "", ln) for ln in text.splitlines()]
+            why = [ln for ln in lines if re.match(r"^[\w.]*(Error|Exception|Failed|Unavailable)\b", ln)
+                   and not ln.startswith("torch.distributed.elastic")]
+            return {"error": f"exit {proc.returncode}: " + (" | ".join(dict.fromkeys(why))[:1500] or text[-1500:])}
         return json.loads(out.read_text())
 
 

@@ -154,10 +154,12 @@ class MoELayer(nn.Module):
         key = torch.where(slots < 0, L, slots).reshape(-1)
         perm = torch.argsort(key, stable=True)
         offs = torch.bincount(key, minlength=L + 1)[:L].cumsum(0).to(torch.int32)
-        xs = x.unsqueeze(1).expand(P, S, x.shape[1]).reshape(P * S, -1)[perm]
-        h = torch._grouped_mm(xs, self.w13, offs=offs)
-        o = torch._grouped_mm((F.silu(h[:, :Fh]) * h[:, Fh:]).contiguous(), self.w2, offs=offs)
         live = (key[perm] < L).unsqueeze(1)
+        # _grouped_mm leaves the rows past the last group unwritten, in its outputs and in its
+        # input gradients: every where() below keeps that garbage (NaN at times) out of both.
+        xs = torch.where(live, x.unsqueeze(1).expand(P, S, x.shape[1]).reshape(P * S, -1)[perm], 0)
+        h = torch.where(live, torch._grouped_mm(xs, self.w13, offs=offs), 0)
+        o = torch._grouped_mm((F.silu(h[:, :Fh]) * h[:, Fh:]).contiguous(), self.w2, offs=offs)
         o = torch.where(live, o.float() * coef.reshape(-1)[perm].unsqueeze(1), 0.0)
         pairs = torch.zeros_like(o).index_copy(0, perm, o)
         return pairs.view(P, S, -1).sum(1).to(x.dtype)
