@@ -11,10 +11,15 @@
 #              bus bandwidth (the NVLink ceiling), all_to_all_single dispatch/combine (what
 #              a user without symmoe writes), torch.ops.symm_mem.all_to_all_vdev_2d
 #   bench      python -m symmoe.bench: every backend at world size N with per-kernel times
+#   deepep     python -m symmoe.bench.deepep: every backend beside DeepEP V1's intranode kernels at
+#              W = N, 2 and 4 (those <= N), 128/512/4096/8192 tokens per rank (DEEPEP_SRC: a DeepEP
+#              source tree, built first by scripts/build_deepep.sh; without it symmoe runs alone)
+#   training   scripts/train_compare.py: examples/train_moe.py at W = N per backend, loss curves and
+#              final weights compared bit for bit
 # then, when bench.json and baselines.json exist, python -m symmoe.bench.targets (the goal table:
 # ratio to the NVLink all-to-all ceiling, speedup vs all_to_all_single) and prints that
 # table last. On one GPU it runs the same steps at world size 1.
-#   scripts/multigpu_check.sh [step ...]      default: check ab baselines bench
+#   scripts/multigpu_check.sh [step ...]      default: check ab baselines bench deepep training
 #   SYMMOE_COMMIT=<hash>                      the commit recorded in the JSON files: write the hash into the command (on the device, git rev-parse reads a stale .git)
 #   STEP_LIMIT_S=1200                         each torchrun step is interrupted after this
 #   BENCH_BACKENDS=torch,nvshmem,nccl BENCH_PROTOCOLS=pull,push BENCH_REPEATS=20
@@ -26,7 +31,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 STEPS=("$@")
-[ ${#STEPS[@]} -eq 0 ] && STEPS=(check ab baselines bench)
+[ ${#STEPS[@]} -eq 0 ] && STEPS=(check ab baselines bench deepep training)
 source scripts/gpu_env.sh
 
 N=$(nvidia-smi -L | wc -l)
@@ -45,7 +50,14 @@ status=0
 # Every extension compiled once, before any step: on a fresh machine the ranks of the first
 # step would otherwise compile inside its time limit (every rank compiling at once can take
 # longer than a step's limit).
+if [ -n "${DEEPEP_SRC:-}" ]; then  # DeepEP V1 compiles beside symmoe's kernels
+  ( scripts/build_deepep.sh "$DEEPEP_SRC" "$LOG/deep_ep" >"$LOG/deepep_build.log" 2>&1 ) & deepep_pid=$!
+fi
 build_kernels || status=1
+if [ -n "${DEEPEP_SRC:-}" ]; then
+  if wait $deepep_pid; then note "DeepEP V1 built from $DEEPEP_SRC"; export PYTHONPATH=$LOG/deep_ep:$PYTHONPATH
+  else note "DeepEP V1 build FAILED ($LOG/deepep_build.log)"; tail -20 "$LOG/deepep_build.log"; fi
+fi
 for s in "${STEPS[@]}"; do
   case "$s" in
     check)
@@ -71,6 +83,22 @@ for s in "${STEPS[@]}"; do
         --world-sizes "$N" --x-in-buffer "${BENCH_X_IN_BUFFER:-no}" \
         --repeats "${BENCH_REPEATS:-20}" --json "$LOG/bench.json" 2>&1 | tee "$LOG/bench.log"
       rc=${PIPESTATUS[0]}; note "bench (W=$N): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
+    deepep)
+      python3 -c "import deep_ep" 2>/dev/null || note "deep_ep not importable: symmoe runs alone (set DEEPEP_SRC)"
+      ws=$(python3 -c "print(','.join(str(w) for w in sorted({$N, 2, 4}) if 2 <= w <= $N))")
+      export SYMMOE_BENCH_COMMAND="$(bench_command scripts/multigpu_check.sh deepep)"
+      timeout -s INT -k 30 "${STEP_LIMIT_S:-1200}" python3 -m symmoe.bench.deepep --world-sizes "${DEEPEP_WORLD_SIZES:-$ws}" \
+        --tokens "${DEEPEP_TOKENS:-128,512,4096,8192}" --repeats "${BENCH_REPEATS:-20}" \
+        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml \
+        --config torch-push-20sms=configs/torch.yaml,protocol=push,kernel.num_sms=20 \
+        --config nvshmem=configs/nvshmem.yaml --config nccl=configs/nccl.yaml \
+        --json "$LOG/deepep.json" --md "$LOG/deepep.md" 2>&1 | tee "$LOG/deepep.log"
+      rc=${PIPESTATUS[0]}; note "deepep side by side (W=${DEEPEP_WORLD_SIZES:-$ws}): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
+    training)
+      timeout -s INT -k 30 "${STEP_LIMIT_S:-1200}" python3 scripts/train_compare.py --world-sizes "$N" --steps "${TRAIN_STEPS:-10}" \
+        --run torch-push=backend=torch,protocol=push --run torch-pull=backend=torch,protocol=pull \
+        --run nvshmem=backend=nvshmem --run nccl=backend=nccl --json "$LOG/train_compare.json" 2>&1 | tee "$LOG/train_compare.log"
+      rc=${PIPESTATUS[0]}; note "training example across backends (W=$N): $(tail -1 "$LOG/train_compare.log")"; [ "$rc" -ne 0 ] && status=1 ;;
     *) echo "unknown step '$s'"; status=2 ;;
   esac
 done
@@ -85,8 +113,8 @@ if [ -f "$LOG/bench.json" ] && [ -f "$LOG/baselines.json" ]; then
 fi
 
 [ -f "$LOG/ab/table.md" ] && sed -n '/^| variant | backend/,/^$/p' "$LOG/ab/table.md"
-# check.log stays in logs.tar.gz: $OUT takes at most 8 files.
-finish_run bench.json baselines.json ab/results.json ab/table.md targets.md targets.json
+# check.log and the A/B results stay in logs.tar.gz: $OUT takes at most 8 files.
+finish_run bench.json baselines.json deepep.json deepep.md train_compare.json targets.md
 # The target table is the last thing on screen.
 [ -f "$LOG/targets.md" ] && { echo; cat "$LOG/targets.md"; }
 exit $status
