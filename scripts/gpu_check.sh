@@ -3,11 +3,13 @@
 # the kernels, run the GPU tests, benchmarks and A/B runs; a short table is printed last.
 #
 #   scripts/gpu_check.sh [section ...]      default: build test bench
-#   sections: build | test | test-quick | bench | bench-quick | deepep | nccl | nvshmem | ab | timeline
+#   sections: build | test | test-quick | bench | bench-quick | deepep | layer | nccl | nvshmem | ab | timeline
 #   deepep: symmoe beside DeepEP V1 (symmoe.bench.deepep) at W = $DEEPEP_WORLD_SIZES (2,4) ranks under MPS,
 #   $DEEPEP_TOKENS (128,512,1024,4096,8192) tokens per rank; DeepEP is built by "build" from DEEPEP_SRC
 #   (a DeepEP source tree, scripts/build_deepep.sh), else the section runs symmoe alone and says so
 #   (setup and MPS always run; timeline: scripts/timeline_probe.py, each warp's phases in the kernels)
+#   layer: symmoe.nn.MoELayer forward + backward (symmoe.bench.layer) over torch push/pull and nvshmem, beside DeepEP V1
+#   (when built), the V1 shim and all_to_all_single, at W = $LAYER_WORLD_SIZES (2,4), $LAYER_TOKENS (4096) tokens per rank
 # Every log and JSON goes to $LOG (default /tmp/symmoe-gpu, emptied first); at the end $OUT receives at
 # most 7 files: summary.txt, logs.tar.gz and the JSONs of the sections that ran. The device tool
 # brings back 8 files over all of its $OUT, folders included: a call with several runs points
@@ -88,6 +90,15 @@ for s in "${SECTIONS[@]}"; do
         --config nvshmem-push=configs/nvshmem.yaml \
         --json "$LOG/deepep.json" --md "$LOG/deepep.md" 2>&1 | grep -v -i "warn" | tee "$LOG/deepep.log"
       rc=${PIPESTATUS[0]}; note "deepep side by side exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
+    layer)  # ratios: DeepEP V1's time (all_to_all_single's without it) over each variant's, one job, one set of weights
+      python3 -c "import deep_ep" 2>/dev/null || note "deep_ep not importable: the layer runs without DeepEP (set DEEPEP_SRC and run build first)"
+      export SYMMOE_BENCH_COMMAND="$(bench_command scripts/gpu_check.sh layer)"
+      timeout ${LAYER_LIMIT_S:-500} python3 -m symmoe.bench.layer --world-sizes "${LAYER_WORLD_SIZES:-2,4}" \
+        --tokens "${LAYER_TOKENS:-4096}" --repeats "${LAYER_REPEATS:-10}" \
+        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml \
+        --config nvshmem-push=configs/nvshmem.yaml \
+        --json "$LOG/layer.json" --md "$LOG/layer.md" 2>&1 | grep -v -i "warn" | tee "$LOG/layer.log"
+      rc=${PIPESTATUS[0]}; note "layer bench exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     test|test-quick)
       sel=(tests/gpu/test_torch_backend.py)
       [ "$s" = test-quick ] && sel+=(-k "not 7168")
@@ -147,5 +158,5 @@ for s in "${SECTIONS[@]}"; do
   esac
 done
 
-finish_run deepep.json deepep.md bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
+finish_run deepep.json deepep.md layer.json layer.md bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
 exit $status

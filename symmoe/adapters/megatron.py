@@ -94,7 +94,7 @@ class SymmoeManager:
         a slot ``routing_map`` leaves unrouted gets id -1."""
         E = self.num_experts
         for name, t in (("routing_map", routing_map), ("probs", probs)):
-            if not isinstance(t, torch.Tensor) or t.dim() < 2 or t[0].numel() != E:
+            if not isinstance(t, torch.Tensor) or t.dim() < 2 or t.shape[1:].numel() != E:
                 got = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
                 raise InputError(f"setup_metadata: {name} has shape {got}; expected [num_tokens, {E}] or "
                                  f"[num_tokens, world_size, num_local_experts] with {E} experts per token")
