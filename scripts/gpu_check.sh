@@ -3,11 +3,14 @@
 # the kernels, run the GPU tests, benchmarks and A/B runs; a short table is printed last.
 #
 #   scripts/gpu_check.sh [section ...]      default: build test bench
-#   sections: build | test | test-quick | bench | bench-quick | deepep | nccl | nvshmem | training | ab | timeline
+#   sections: build | test | test-quick | bench | bench-quick | deepep | layer | adapters | training | nccl | nvshmem | ab | timeline
 #   deepep: symmoe beside DeepEP V1 (symmoe.bench.deepep) at W = $DEEPEP_WORLD_SIZES (2,4) ranks under MPS,
 #   $DEEPEP_TOKENS (128,512,1024,4096,8192) tokens per rank; DeepEP is built by "build" from DEEPEP_SRC
 #   (a DeepEP source tree, scripts/build_deepep.sh), else the section runs symmoe alone and says so
 #   (setup and MPS always run; timeline: scripts/timeline_probe.py, each warp's phases in the kernels)
+#   layer: symmoe.nn.MoELayer forward + backward (symmoe.bench.layer) over torch push/pull and nvshmem, beside DeepEP V1
+#   (when built), the V1 shim and all_to_all_single, at W = $LAYER_WORLD_SIZES (2,4), $LAYER_TOKENS (4096) tokens per rank
+#   adapters: the GPU tests of the Megatron-Core and TorchTitan adapters and of the layer bench (tests/gpu/test_adapters_gpu.py)
 # Every log and JSON goes to $LOG (default /tmp/symmoe-gpu, emptied first); at the end $OUT receives at
 # most 7 files: summary.txt, logs.tar.gz and the JSONs of the sections that ran. The device tool
 # brings back 8 files over all of its $OUT, folders included: a call with several runs points
@@ -88,13 +91,24 @@ for s in "${SECTIONS[@]}"; do
         --config nvshmem-push=configs/nvshmem.yaml \
         --json "$LOG/deepep.json" --md "$LOG/deepep.md" 2>&1 | grep -v -i "warn" | tee "$LOG/deepep.log"
       rc=${PIPESTATUS[0]}; note "deepep side by side exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
-    test|test-quick)
+    layer)  # ratios: DeepEP V1's time (all_to_all_single's without it) over each variant's, one job, one set of weights
+      python3 -c "import deep_ep" 2>/dev/null || note "deep_ep not importable: the layer runs without DeepEP (set DEEPEP_SRC and run build first)"
+      export SYMMOE_BENCH_COMMAND="$(bench_command scripts/gpu_check.sh layer)"
+      timeout ${LAYER_LIMIT_S:-500} python3 -m symmoe.bench.layer --world-sizes "${LAYER_WORLD_SIZES:-2,4}" \
+        --tokens "${LAYER_TOKENS:-4096}" --repeats "${LAYER_REPEATS:-10}" \
+        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml \
+        --config nvshmem-push=configs/nvshmem.yaml \
+        --json "$LOG/layer.json" --md "$LOG/layer.md" 2>&1 | grep -v -i "warn" | tee "$LOG/layer.log"
+      rc=${PIPESTATUS[0]}; note "layer bench exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
+    test|test-quick|adapters)
       sel=(tests/gpu/test_torch_backend.py)
       [ "$s" = test-quick ] && sel+=(-k "not 7168")
+      what="torch backend"; plog="$LOG/pytest.log"
+      [ "$s" = adapters ] && { sel=(tests/gpu/test_adapters_gpu.py); what=adapters; plog="$LOG/pytest_adapters.log"; }
       eval "extra=(${PYTEST_ARGS:-})"  # keeps quoted -k expressions whole
-      timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} "${sel[@]}" "${extra[@]}" 2>&1 | tee "$LOG/pytest.log"
+      timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} "${sel[@]}" "${extra[@]}" 2>&1 | tee "$plog"
       rc=${PIPESTATUS[0]}
-      pytest_note "torch backend" "$LOG/pytest.log" "$rc"
+      pytest_note "$what" "$plog" "$rc"
       reap_ranks
       [ "$rc" -ne 0 ] && status=1 ;;
     bench|bench-quick)
@@ -156,5 +170,5 @@ for s in "${SECTIONS[@]}"; do
   esac
 done
 
-finish_run deepep.json deepep.md train_compare.json bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
+finish_run deepep.json deepep.md layer.json layer.md train_compare.json bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
 exit $status

@@ -29,7 +29,8 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 # variables that chose the run (BENCH_*, MPS), so the JSON alone says how to reproduce it.
 bench_command() {
   local v pre=""
-  for v in BENCH_WORLD_SIZES BENCH_BACKENDS BENCH_PROTOCOLS BENCH_REPEATS BENCH_SET BENCH_X_IN_BUFFER BENCH_CPU MPS; do
+  for v in BENCH_WORLD_SIZES BENCH_BACKENDS BENCH_PROTOCOLS BENCH_REPEATS BENCH_SET BENCH_X_IN_BUFFER BENCH_CPU MPS \
+           LAYER_WORLD_SIZES LAYER_TOKENS LAYER_REPEATS; do
     [ -n "${!v:-}" ] && pre+="$v='${!v}' "
   done
   echo "${pre}$*"
