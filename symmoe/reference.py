@@ -170,3 +170,82 @@ def combine(
                 acc[t] = acc[t] + prod
         out.append((acc.to(ys[0].dtype), acc_w))
     return out
+
+
+# -- low-latency mode (DeepEP V1's low_latency_dispatch / low_latency_combine) ------------------
+@dataclass(frozen=True)
+class LowLatencyRecv:
+    """What one rank receives from a low-latency dispatch. ``recv_x[j]`` holds the rows of local
+    expert ``j``: source rank 0's first, then rank 1's, ..., each source's in its token order;
+    only the first ``recv_count[j]`` rows are defined (here: zeros past them)."""
+
+    recv_x: torch.Tensor        # [L, W * T_max, H]
+    recv_count: torch.Tensor    # [L] int32 (DeepGEMM's masked_m)
+    src_info: torch.Tensor      # [L, W * T_max] int32: source token of each row, -1 past recv_count
+    layout_range: torch.Tensor  # [L, W] int64: (first row << 32) | rows, per source rank
+
+
+@dataclass(frozen=True)
+class LowLatencyDispatch:
+    recv: list[LowLatencyRecv]
+    # send_rows[s]: [T_s, K] int64 -- row j * W * T_max + q of the expert's rank that slot (t, k)
+    # of source s landed in, -1 for masked slots; a token sent twice to one expert lands once.
+    send_rows: list[torch.Tensor]
+
+
+def low_latency_dispatch(xs: Sequence[torch.Tensor], topk_idxs: Sequence[torch.Tensor], num_experts: int,
+                         num_max_dispatch_tokens_per_rank: int) -> LowLatencyDispatch:
+    """Masked expert-major dispatch: every (token, distinct expert) pair becomes one row."""
+    W, T_max = len(xs), num_max_dispatch_tokens_per_rank
+    L = experts_per_rank(num_experts, W)
+    H, dev = xs[0].shape[1], xs[0].device
+    recv_x = [torch.zeros((L, W * T_max, H), dtype=xs[0].dtype, device=dev) for _ in range(W)]
+    src_info = [torch.full((L, W * T_max), -1, dtype=torch.int32, device=dev) for _ in range(W)]
+    counts = [torch.zeros((L, W), dtype=torch.int64) for _ in range(W)]
+    send_rows = [torch.full(tuple(idx.shape), -1, dtype=torch.int64, device=dev) for idx in topk_idxs]
+    fill = [[0] * L for _ in range(W)]
+    for s in range(W):
+        idx = topk_idxs[s].long().cpu()
+        for e in range(num_experts):
+            r, j = divmod(e, L)
+            for t in range(idx.shape[0]):
+                hits = (idx[t] == e).nonzero().flatten().tolist()
+                if not hits:
+                    continue
+                q = fill[r][j]
+                fill[r][j] += 1
+                counts[r][j, s] += 1
+                recv_x[r][j, q] = xs[s][t]
+                src_info[r][j, q] = t
+                send_rows[s][t, hits] = j * W * T_max + q
+    recv = []
+    for r in range(W):
+        begin = counts[r].cumsum(1) - counts[r]
+        recv.append(LowLatencyRecv(recv_x[r], counts[r].sum(1).to(torch.int32).to(dev), src_info[r],
+                                   ((begin << 32) | counts[r]).to(dev)))
+    return LowLatencyDispatch(recv, send_rows)
+
+
+def low_latency_combine(ys: Sequence[torch.Tensor], dispatched: LowLatencyDispatch,
+                        topk_idxs: Sequence[torch.Tensor], topk_weights: Sequence[torch.Tensor],
+                        num_experts: int) -> list[torch.Tensor]:
+    """Per source rank ``[T, H]``: ``sum_k fp32(w[t, k]) * fp32(y[row(t, k)])`` in ascending ``k``
+    over the unmasked slots, each product rounded to fp32 before it is added, cast once."""
+    W = len(ys)
+    L = experts_per_rank(num_experts, W)
+    flat = [y.reshape(-1, y.shape[-1]) for y in ys]
+    out = []
+    for s in range(W):
+        idx, rows = topk_idxs[s].long(), dispatched.send_rows[s]
+        T, H = idx.shape[0], ys[0].shape[-1]
+        acc = torch.zeros((T, H), dtype=torch.float32, device=ys[0].device)
+        for k in range(idx.shape[1]):
+            t = (rows[:, k] >= 0).nonzero().flatten()
+            owner = idx[t, k] // L
+            vals = torch.empty((t.numel(), H), dtype=torch.float32, device=ys[0].device)
+            for r in range(W):
+                sel = owner == r
+                vals[sel] = flat[r][rows[t[sel], k]].float()
+            acc[t] = acc[t] + topk_weights[s][t, k].float().unsqueeze(1) * vals
+        out.append(acc.to(ys[0].dtype))
+    return out

@@ -1,0 +1,86 @@
+"""Per-rank checks of the low-latency mode, shared by the host tests, the GPU tests and
+``scripts/gpu_check.sh``: every rank builds every rank's inputs from the seed, runs the
+Buffer, and compares its own results bitwise with ``symmoe.reference``'s low-latency
+functions."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import reference
+from ..buffer import Buffer
+from ..config import Config, from_dict
+from ..workload import Routing, make_inputs
+from .checks import CHECK_ROUTINGS, _tokens_per_rank, assert_bitwise
+
+
+def expert_op(recv_x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """A simple per-expert op (row j scaled by ``scale[j]``, in bfloat16), exact on every device."""
+    return recv_x * scale.view(-1, 1, 1)
+
+
+def _inputs(routing: Routing, world_size: int, cfg: Config, T_max: int, seed: int, full: bool = False):
+    b = cfg.buffer
+    counts = _tokens_per_rank(world_size, T_max, seed, full)
+    ins = make_inputs(routing, num_tokens=counts, hidden=b.hidden, topk=b.topk, num_experts=b.num_experts,
+                      world_size=world_size, dtype=torch.bfloat16, seed=seed)
+    if routing.kind == "masked" and ins[0].topk_idx.shape[0] > 1 and b.topk > 1:
+        # a token that names one expert twice: it travels once and both slots add its row
+        ins[0].topk_idx[0, 1] = ins[0].topk_idx[0, 0]
+    return ins
+
+
+def check_recv(recv_x, count, handle, want: reference.LowLatencyRecv, ctx: str) -> None:
+    assert_bitwise("recv_count", count, want.recv_count, ctx)
+    assert_bitwise("layout_range", handle.layout_range, want.layout_range, ctx)
+    for j, n in enumerate(want.recv_count.tolist()):
+        assert_bitwise(f"recv_x[{j}][:{n}]", recv_x[j, :n], want.recv_x[j, :n], ctx)
+        assert_bitwise(f"src_info[{j}][:{n}]", handle.src_info[j, :n], want.src_info[j, :n], ctx)
+
+
+def check_low_latency(rank: int, world_size: int, config: dict[str, Any], seed: int, T_max: int,
+                      routings: tuple[Routing, ...] = CHECK_ROUTINGS, device: str = "cpu",
+                      hooks: tuple[bool, ...] = (False, True), repeats: int = 1) -> int:
+    """Dispatch -> expert op -> combine for each routing, with and without receive hooks, each
+    compared bitwise with the reference. Returns the number of cases."""
+    cfg = from_dict(config)
+    dev = torch.device(device)
+    b = cfg.buffer
+    checked = 0
+    with Buffer(None, cfg) as buf:
+        for i, routing in enumerate(routings):
+            for hook in hooks:
+                for rep in range(repeats):
+                    case_seed = seed + 7919 * i + 31 * rep + (17 if hook else 0)
+                    ins = _inputs(routing, world_size, cfg, T_max, case_seed)
+                    ctx = (f"rank {rank}/{world_size} {cfg.backend} low-latency routing={routing.kind} hook={hook} "
+                           f"seed={case_seed}")
+                    ref = reference.low_latency_dispatch([r.x for r in ins], [r.topk_idx for r in ins],
+                                                         b.num_experts, T_max)
+                    mine = ins[rank]
+                    x, idx, w = mine.x.to(dev), mine.topk_idx.to(dev), mine.topk_weights.to(dev)
+                    recv_x, count, handle, event, hk = buf.low_latency_dispatch(
+                        x, idx, T_max, b.num_experts, return_recv_hook=hook)
+                    assert (hk is not None) == hook, ctx
+                    if hook:
+                        hk()
+                    check_recv(recv_x.cpu(), count.cpu(), _cpu(handle), ref.recv[rank], ctx)
+                    L = b.num_experts // world_size
+                    scales = [torch.linspace(0.5, 2.0, L).to(torch.bfloat16) + r for r in range(world_size)]
+                    y = expert_op(recv_x, scales[rank].to(dev))
+                    ys = [expert_op(ref.recv[r].recv_x, scales[r]) for r in range(world_size)]
+                    want = reference.low_latency_combine(ys, ref, [r.topk_idx for r in ins],
+                                                         [r.topk_weights for r in ins], b.num_experts)[rank]
+                    out, event, hk = buf.low_latency_combine(y, idx, w, handle, return_recv_hook=hook)
+                    if hook:
+                        hk()
+                    buf.check_low_latency(synchronize=dev.type == "cuda")
+                    assert_bitwise("combined_x", out, want, ctx)
+                    checked += 1
+    return checked
+
+
+def _cpu(handle):
+    from dataclasses import replace
+    return replace(handle, src_info=handle.src_info.cpu(), layout_range=handle.layout_range.cpu())
