@@ -214,6 +214,7 @@ class CudaLowLatency(_Engine):
         self._err_dev = torch.zeros(4, dtype=torch.int64, device=self.device)
         self._state = torch.zeros(8, dtype=torch.int32, device=self.device)  # seqs and grid tickets
         self._err_rec = (ctypes.c_int64 * 4).from_address(self._err[0])
+        self._bad_rec = (ctypes.c_int64 * 4).from_address(self._err[0] + 32)  # bad expert ids, beside it
         sms = min(num_sms, usable_sms(self.device))
         self.ll = self.mod.LowLatency(lay.kernel_geometry(self.rank), mem.local.data_ptr(), mem.peer_bases.data_ptr(),
                                       self._state.data_ptr(), self._err_dev.data_ptr(), self._err[1],
@@ -223,15 +224,16 @@ class CudaLowLatency(_Engine):
     def check(self, synchronize: bool = False) -> None:
         if synchronize:
             torch.cuda.current_stream(self.device).synchronize()
+        bad = self._bad_rec
+        if bad[0]:
+            token, value = int(bad[1]), int(bad[2])
+            bad[0] = 0  # raised once
+            raise InputError(f"low_latency_dispatch: topk_idx held {value} at token {token} of an earlier call; "
+                             f"expert ids must be -1 or in [0, {self.lay.num_experts}) (that slot was treated as -1)")
         word = self._err_rec
         if not word[0]:
             return
         stage, peer, value = int(word[0]), int(word[1]), int(word[2])
-        if stage == self.BAD_EXPERT:
-            word[0] = 0
-            self._err_dev.zero_()
-            raise InputError(f"low_latency_dispatch: topk_idx holds {value} at token {peer}; expert ids must be -1 "
-                             f"or in [0, {self.lay.num_experts}) (that slot was treated as -1)")
         name = self.STAGE_NAMES.get(stage, f"stage {stage}")
         what = (f"rank {peer}'s rows of call {value} never arrived" if stage == 101
                 else f"expert {peer}'s rows of call {value} never came back")
