@@ -157,8 +157,8 @@ def check_combine(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.T
     if not isinstance(handle, LowLatencyHandle):
         raise InputError(f"{api}: handle is {_describe(handle)}; pass the handle low_latency_dispatch returned")
     if handle.owner != owner:
-        raise InputError(f"{api}: handle was made by another Buffer (or before clean_low_latency_buffer / a "
-                         "resize); use the Buffer that dispatched, after that call")
+        raise InputError(f"{api}: handle was made by another Buffer, or before this one's low-latency "
+                         "buffer was resized; use the Buffer that dispatched it, at the same sizes")
     L, T_max, H = handle.num_experts // world_size, handle.num_max_dispatch_tokens_per_rank, handle.hidden
     want = (L, world_size * T_max, H)
     if not isinstance(x, torch.Tensor) or tuple(x.shape) != want or x.dtype != LL_DTYPE:

@@ -84,3 +84,56 @@ def check_low_latency(rank: int, world_size: int, config: dict[str, Any], seed: 
 def _cpu(handle):
     from dataclasses import replace
     return replace(handle, src_info=handle.src_info.cpu(), layout_range=handle.layout_range.cpu())
+
+
+def check_deep_ep_v1_low_latency(rank: int, world_size: int, config: dict[str, Any], seed: int, T_max: int,
+                                 device: str = "cpu") -> int:
+    """DeepEP V1's low-latency calls through the shim (``low_latency_mode=True``), with and
+    without hooks: outputs, DeepEP's handle tuple and the cumulative receive statistics,
+    bitwise against the reference."""
+    import symmoe.compat.deep_ep_v1 as deep_ep
+    cfg = from_dict(config)
+    b = cfg.buffer
+    dev = torch.device(device)
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(T_max, b.hidden, world_size, b.num_experts)
+    buf = deep_ep.Buffer(None, 0, hint, low_latency_mode=True, num_qps_per_rank=b.num_experts // world_size,
+                         symmoe_config=cfg)
+    L = b.num_experts // world_size
+    stats = torch.zeros(L, dtype=torch.int32, device=dev)
+    want_stats = torch.zeros(L, dtype=torch.int32)
+    checked = 0
+    try:
+        for i, routing in enumerate(CHECK_ROUTINGS[:3]):
+            for hook in (False, True):
+                case_seed = seed + 101 * i + (7 if hook else 0)
+                ins = _inputs(routing, world_size, cfg, T_max, case_seed)
+                ctx = f"rank {rank}/{world_size} deep_ep_v1 low-latency routing={routing.kind} hook={hook}"
+                ref = reference.low_latency_dispatch([r.x for r in ins], [r.topk_idx for r in ins], b.num_experts,
+                                                     T_max)
+                mine = ins[rank]
+                idx, w = mine.topk_idx.to(dev), mine.topk_weights.to(dev)
+                recv_x, count, handle, event, hk = buf.low_latency_dispatch(
+                    mine.x.to(dev), idx, T_max, b.num_experts, cumulative_local_expert_recv_stats=stats,
+                    use_fp8=False, return_recv_hook=hook)
+                if hook:
+                    hk()
+                src_info, layout_range, t_max, hidden, num_experts = handle
+                assert (t_max, hidden, num_experts) == (T_max, b.hidden, b.num_experts), ctx
+                check_recv(recv_x.cpu(), count.cpu(), _cpu(handle.symmoe), ref.recv[rank], ctx)
+                assert_bitwise("handle[1] layout_range", layout_range, ref.recv[rank].layout_range, ctx)
+                want_stats += ref.recv[rank].recv_count
+                assert_bitwise("cumulative_local_expert_recv_stats", stats, want_stats, ctx)
+                ys = [r.recv_x * 3 for r in ref.recv]
+                want = reference.low_latency_combine(ys, ref, [r.topk_idx for r in ins], [r.topk_weights for r in ins],
+                                                     b.num_experts)[rank]
+                out = torch.full_like(want, 7.0).to(dev)
+                combined, event, hk = buf.low_latency_combine(recv_x * 3, idx, w, handle, return_recv_hook=hook,
+                                                              out=out)
+                if hook:
+                    hk()
+                assert combined is out, ctx
+                assert_bitwise("combined_x", combined, want, ctx)
+                checked += 1
+    finally:
+        buf.destroy()
+    return checked
