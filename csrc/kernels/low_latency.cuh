@@ -151,6 +151,7 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(Geometry g, Dev
       const int64_t* f = flags + int64_t(j) * g.W + s;
       const bool ok = wait_flag(f, [seq](int64_t v) { return (v >> 32) == seq; }, d, kStageDispatchRecv, s, seq);
       s_cnt[s] = ok ? int(ld_acquire_sys(f) & 0xffffffff) : 0;
+      fence_sys();  // the rows behind the flag, for every thread of the block past the barrier
     }
     __syncthreads();
     if (threadIdx.x == 0) {
@@ -239,7 +240,7 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(Geometry g, Devi
   const int seq = ld_volatile_i32(d.state + 1), par = seq & 1;
   const int64_t* flags = reinterpret_cast<const int64_t*>(d.local + g.cflag + par * g.cflag_p);
   for (int e = threadIdx.x; e < g.E; e += blockDim.x)
-    wait_flag(flags + e, [seq](int64_t v) { return v == seq; }, d, kStageCombineRecv, e, seq);
+    if (wait_flag(flags + e, [seq](int64_t v) { return v == seq; }, d, kStageCombineRecv, e, seq)) fence_sys();
   __syncthreads();
   const int n16 = g.H / 8;
   const int4* cx = reinterpret_cast<const int4*>(d.local + g.cx + par * g.cx_p);

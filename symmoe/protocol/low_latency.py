@@ -69,8 +69,8 @@ class _Engine:
         lay, dev = self.lay, self.device
         L, rows = lay.local_experts, lay.world_size * lay.max_tokens
         recv_x = torch.empty((L, rows, hidden), dtype=torch.bfloat16, device=dev)
-        ints = torch.empty(L + 2 * L * rows + 2 * L * lay.world_size, dtype=torch.int32, device=dev)
-        count, info, slot, rng = ints.split([L, L * rows, L * rows, 2 * L * lay.world_size])
+        ints = torch.empty(2 * L * lay.world_size + L + 2 * L * rows, dtype=torch.int32, device=dev)
+        rng, count, info, slot = ints.split([2 * L * lay.world_size, L, L * rows, L * rows])  # int64 part first
         return recv_x, count, info.view(L, rows), slot.view(L, rows), rng.view(torch.int64).view(L, lay.world_size)
 
     def close(self) -> None:

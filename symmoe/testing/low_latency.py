@@ -137,3 +137,92 @@ def check_deep_ep_v1_low_latency(rank: int, world_size: int, config: dict[str, A
     finally:
         buf.destroy()
     return checked
+
+
+def check_graph_replay(rank: int, world_size: int, config: dict[str, Any], seed: int, T_max: int,
+                       replays: int = 1000, every: int = 100, hooks: bool = False) -> int:
+    """Capture dispatch -> expert op -> combine in one CUDA graph and replay it ``replays``
+    times; every ``every``-th replay runs on fresh inputs (new x, routing and weights copied
+    into the captured tensors), and its output must equal, bitwise, an eager step on the
+    same inputs and the reference. ``hooks``: the step uses receive hooks inside the graph.
+    Returns the number of replays checked."""
+    cfg = from_dict(config)
+    b = cfg.buffer
+    dev = torch.device("cuda", torch.cuda.current_device())
+    L = b.num_experts // world_size
+    scale = (torch.linspace(0.5, 2.0, L) + rank).to(torch.bfloat16).to(dev)
+    routing = Routing("masked", mask_prob=0.2, masked_tokens=0.05)
+    T = T_max - 3  # the graph's token count is fixed; fewer than T_max
+
+    def inputs(case: int):
+        ins = make_inputs(routing, num_tokens=T, hidden=b.hidden, topk=b.topk, num_experts=b.num_experts,
+                          world_size=world_size, dtype=torch.bfloat16, seed=seed + 1009 * case)
+        return ins
+
+    ins = inputs(0)
+    x, idx, w = (t.to(dev).clone() for t in (ins[rank].x, ins[rank].topk_idx, ins[rank].topk_weights))
+    checked = 0
+    with Buffer(None, cfg) as buf:
+        def step() -> torch.Tensor:
+            recv_x, _, handle, _, hook = buf.low_latency_dispatch(x, idx, T_max, b.num_experts,
+                                                                  return_recv_hook=hooks)
+            if hooks:
+                hook()
+            out, _, hook = buf.low_latency_combine(expert_op(recv_x, scale), idx, w, handle, return_recv_hook=hooks)
+            if hooks:
+                hook()
+            return out
+
+        step()  # allocates the low-latency buffer: not allowed inside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+        for i in range(replays):
+            if i % every == 0:
+                ins = inputs(i // every + 1)
+                x.copy_(ins[rank].x)
+                idx.copy_(ins[rank].topk_idx)
+                w.copy_(ins[rank].topk_weights)
+                eager = step().clone()
+            graph.replay()
+            if i % every == 0:
+                buf.check_low_latency(synchronize=True)
+                ctx = f"rank {rank}/{world_size} graph replay {i} hooks={hooks}"
+                assert_bitwise("graph replay vs eager", out, eager, ctx)
+                ref = reference.low_latency_dispatch([r.x for r in ins], [r.topk_idx for r in ins], b.num_experts,
+                                                     T_max)
+                scales = [(torch.linspace(0.5, 2.0, L) + r).to(torch.bfloat16) for r in range(world_size)]
+                ys = [expert_op(ref.recv[r].recv_x, scales[r]) for r in range(world_size)]
+                want = reference.low_latency_combine(ys, ref, [r.topk_idx for r in ins], [r.topk_weights for r in ins],
+                                                     b.num_experts)[rank]
+                assert_bitwise("graph replay vs reference", out, want, ctx)
+                checked += 1
+        torch.cuda.synchronize()
+        buf.check_low_latency()
+    return checked
+
+
+def absent_rank_low_latency(rank: int, world_size: int, config: dict[str, Any], seed: int, T_max: int) -> str:
+    """Rank 1 never dispatches: the others' receive must raise StallError naming the stage."""
+    import torch.distributed as dist
+    cfg = from_dict(config)
+    b = cfg.buffer
+    dev = torch.device("cuda", torch.cuda.current_device())
+    ins = make_inputs(Routing("uniform"), num_tokens=T_max, hidden=b.hidden, topk=b.topk, num_experts=b.num_experts,
+                      world_size=world_size, dtype=torch.bfloat16, seed=seed)
+    message = "absent"
+    with Buffer(None, cfg) as buf:
+        mine = ins[rank]
+        buf.low_latency_dispatch(mine.x.to(dev), mine.topk_idx.to(dev), T_max, b.num_experts)  # allocates
+        buf.check_low_latency(synchronize=True)
+        dist.barrier()
+        if rank != 1:
+            buf.low_latency_dispatch(mine.x.to(dev), mine.topk_idx.to(dev), T_max, b.num_experts)
+            try:
+                buf.check_low_latency(synchronize=True)
+                message = "no error"
+            except Exception as e:  # the StallError under test
+                message = f"{type(e).__name__}: {e}"
+        dist.barrier()
+    return message
