@@ -193,36 +193,53 @@ class LowLatencyDispatch:
     send_rows: list[torch.Tensor]
 
 
+def _first_slots(idx: torch.Tensor) -> torch.Tensor:
+    """[T, K] int64: for each slot, the first slot of its token naming the same expert."""
+    K = idx.shape[1]
+    src = torch.arange(K).expand(idx.shape).clone()
+    for k in range(K - 1, -1, -1):
+        for k2 in range(k - 1, -1, -1):
+            src[:, k] = torch.where(idx[:, k2] == idx[:, k], torch.full_like(src[:, k], k2), src[:, k])
+    return src
+
+
 def low_latency_dispatch(xs: Sequence[torch.Tensor], topk_idxs: Sequence[torch.Tensor], num_experts: int,
                          num_max_dispatch_tokens_per_rank: int) -> LowLatencyDispatch:
-    """Masked expert-major dispatch: every (token, distinct expert) pair becomes one row."""
+    """Masked expert-major dispatch: every (token, distinct expert) pair becomes one row of that
+    expert, after the rows of lower source ranks, in token order within its source."""
     W, T_max = len(xs), num_max_dispatch_tokens_per_rank
     L = experts_per_rank(num_experts, W)
     H, dev = xs[0].shape[1], xs[0].device
-    recv_x = [torch.zeros((L, W * T_max, H), dtype=xs[0].dtype, device=dev) for _ in range(W)]
-    src_info = [torch.full((L, W * T_max), -1, dtype=torch.int32, device=dev) for _ in range(W)]
-    counts = [torch.zeros((L, W), dtype=torch.int64) for _ in range(W)]
-    send_rows = [torch.full(tuple(idx.shape), -1, dtype=torch.int64, device=dev) for idx in topk_idxs]
-    fill = [[0] * L for _ in range(W)]
+    recv_x = torch.zeros((W, L, W * T_max, H), dtype=xs[0].dtype)
+    src_info = torch.full((W, L, W * T_max), -1, dtype=torch.int32)
+    counts = torch.zeros((num_experts, W), dtype=torch.int64)  # [expert, source]
+    send_rows = []
     for s in range(W):
         idx = topk_idxs[s].long().cpu()
-        for e in range(num_experts):
-            r, j = divmod(e, L)
-            for t in range(idx.shape[0]):
-                hits = (idx[t] == e).nonzero().flatten().tolist()
-                if not hits:
-                    continue
-                q = fill[r][j]
-                fill[r][j] += 1
-                counts[r][j, s] += 1
-                recv_x[r][j, q] = xs[s][t]
-                src_info[r][j, q] = t
-                send_rows[s][t, hits] = j * W * T_max + q
+        T = idx.shape[0]
+        first = _first_slots(idx)
+        own = (idx >= 0) & (first == torch.arange(idx.shape[1]))  # one pair per (token, expert)
+        t, k = own.nonzero(as_tuple=True)
+        e = idx[t, k]
+        order = torch.argsort(e * max(T, 1) + t)  # by expert, then token
+        t, k, e = t[order], k[order], e[order]
+        per_e = torch.bincount(e, minlength=num_experts)
+        q = counts.sum(1)[e] + torch.arange(e.numel()) - (per_e.cumsum(0) - per_e)[e]  # after lower sources
+        counts[:, s] = per_e
+        r, j = e // L, e % L
+        recv_x[r, j, q] = xs[s].cpu()[t]
+        src_info[r, j, q] = t.to(torch.int32)
+        rows = torch.full(tuple(idx.shape), -1, dtype=torch.int64)
+        rows[t, k] = j * W * T_max + q
+        valid = idx >= 0
+        rows = torch.where(valid, rows.gather(1, first), rows)  # a repeated expert: its first slot's row
+        send_rows.append(rows.to(dev))
     recv = []
     for r in range(W):
-        begin = counts[r].cumsum(1) - counts[r]
-        recv.append(LowLatencyRecv(recv_x[r], counts[r].sum(1).to(torch.int32).to(dev), src_info[r],
-                                   ((begin << 32) | counts[r]).to(dev)))
+        cnt = counts[r * L:(r + 1) * L]  # [L, W]
+        begin = cnt.cumsum(1) - cnt
+        recv.append(LowLatencyRecv(recv_x[r].to(dev), cnt.sum(1).to(torch.int32).to(dev), src_info[r].to(dev),
+                                   ((begin << 32) | cnt).to(dev)))
     return LowLatencyDispatch(recv, send_rows)
 
 
