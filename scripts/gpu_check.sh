@@ -6,7 +6,8 @@
 #   sections: build | test | test-quick | bench | bench-quick | deepep | nccl | nvshmem | ab | timeline | lowlat
 #   lowlat: the low-latency mode's GPU tests (tests/gpu/test_low_latency_gpu.py: W = 1, 2, 4 under MPS,
 #   the CUDA graph replayed 1000 times) and its benchmark (symmoe.bench.low_latency: $LL_TOKENS (128)
-#   tokens per rank at W = $LL_WORLD_SIZES (2,4), beside DeepEP V1's normal mode when deep_ep imports)
+#   tokens per rank at W = $LL_WORLD_SIZES (2,4), beside DeepEP V1's normal mode when deep_ep imports;
+#   LL_SET='kernel.num_sms=132' sets symmoe config values for it)
 #   deepep: symmoe beside DeepEP V1 (symmoe.bench.deepep) at W = $DEEPEP_WORLD_SIZES (2,4) ranks under MPS,
 #   $DEEPEP_TOKENS (128,512,1024,4096,8192) tokens per rank; DeepEP is built by "build" from DEEPEP_SRC
 #   (a DeepEP source tree, scripts/build_deepep.sh), else the section runs symmoe alone and says so
@@ -153,7 +154,8 @@ for s in "${SECTIONS[@]}"; do
       pytest_note "low-latency" "$LOG/lowlat_tests.log" "$rc"
       reap_ranks
       [ "$rc" -ne 0 ] && status=1
-      timeout ${LL_LIMIT_S:-240} python3 -m symmoe.bench.low_latency --world-sizes "${LL_WORLD_SIZES:-2,4}" \
+      llsets=(); for kv in ${LL_SET:-}; do llsets+=(--set "$kv"); done  # e.g. LL_SET='kernel.num_sms=132'
+      timeout ${LL_LIMIT_S:-240} python3 -m symmoe.bench.low_latency --world-sizes "${LL_WORLD_SIZES:-2,4}" ${llsets[@]+"${llsets[@]}"} \
         --tokens "${LL_TOKENS:-128}" --repeats "${BENCH_REPEATS:-50}" --json "$LOG/lowlat.json" --md "$LOG/lowlat.md" \
         2>&1 | grep -v -i "warn" | tee "$LOG/lowlat.log"
       rc=${PIPESTATUS[0]}; note "low-latency bench exit $rc"; [ "$rc" -ne 0 ] && status=1

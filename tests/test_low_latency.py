@@ -148,3 +148,31 @@ def test_deep_ep_v1_low_latency_calls_follow_deepeps_defaults_and_refuse_what_sy
         assert torch.equal(combined.view(torch.int16), want.view(torch.int16))
     finally:
         buf.destroy()
+
+
+@pytest.mark.build
+def test_the_kernel_module_takes_the_layouts_geometry_and_names_the_stages_the_engine_reports():
+    from symmoe import build
+    from symmoe.protocol.low_latency import CudaLowLatency
+    if build.nvcc_path() is None:
+        pytest.skip("nvcc not found")
+    mod = build.load("symmoe_ll")
+    stages = {v: k for k, v in mod.STAGES.items()}
+    assert {k: stages[k] for k in CudaLowLatency.STAGE_NAMES} == CudaLowLatency.STAGE_NAMES
+    assert stages[CudaLowLatency.BAD_EXPERT] == "bad expert"
+    geometry = LowLatencyLayout(128, 7168, 256, 8, 8).kernel_geometry(3)
+    assert len(geometry) == 17 and geometry[:7] == [3, 8, 32, 256, 8, 128, 7168]
+    with pytest.raises(ValueError, match="17 values"):
+        mod.LowLatency(geometry[:-1], 0, 0, 0, 0, 0, 1.0, 1)
+
+
+def test_the_benchmark_reports_each_implementations_slowest_rank_and_the_graph_check():
+    from symmoe.bench.low_latency import markdown, summarize
+    rank = lambda us, same: {"cells": {"128": {"median_us": {"symmoe-ll": {"dispatch": us, "combine": 2 * us},  # noqa: E731
+                                                             "step-graph": {"step": 3 * us}},
+                                              "graph_bitwise": same}}, "notes": {}}
+    res = summarize(2, [rank(10.0, True), rank(14.0, False)])
+    assert {(r["impl"], r["op"]): r["us"] for r in res["rows"]} == {
+        ("symmoe-ll", "dispatch"): 14.0, ("symmoe-ll", "combine"): 28.0, ("step-graph", "step"): 42.0}
+    assert res["graph_bitwise"] == {"128": False}
+    assert "| 2 | 128 | step-graph | step | 42 |" in markdown([res])

@@ -27,18 +27,20 @@ from typing import Any, Callable
 import torch
 
 from .. import launch
-from ..config import Config
+from ..config import Config, parse_key_value
 from .deepep import SHAPE, Impl, _inputs, _timed, rank_env
 from .gpu import provenance
 
 OPS = ("dispatch", "combine", "step")
 
 
-def _config(T: int) -> Config:
+def _config(T: int, sets: dict[str, Any] | None = None) -> Config:
+    """symmoe's config for both modes (torch push); ``sets``: ``--set`` overrides, e.g.
+    ``kernel.num_sms`` (the low-latency kernels' grid is capped by it)."""
     return Config().replace(**{"backend": "torch", "protocol": "push", "buffer.hidden": SHAPE["hidden"],
                                "buffer.topk": SHAPE["topk"], "buffer.num_experts": SHAPE["num_experts"],
                                "buffer.max_tokens_per_rank": T, "buffer.dtype": "bfloat16",
-                               "torch.allow_overlapping_devices": True})
+                               "torch.allow_overlapping_devices": True, **(sets or {})})
 
 
 def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
@@ -64,11 +66,11 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
             notes["deepep"] = f"{type(e).__name__}: {e}"
     for T in spec["tokens"]:
         x, idx, w = _inputs(T, world_size, rank, spec["seed"], device)
-        normal = Impl("symmoe-normal", deep_ep_v1.Buffer(group, symmoe_config=_config(T)))
+        normal = Impl("symmoe-normal", deep_ep_v1.Buffer(group, symmoe_config=_config(T, spec["sets"])))
         impls = ([deepep] if deepep is not None else []) + [normal]
         for im in impls:
             im.prepare(x, idx, w, E)
-        buf = Buffer(group, _config(T))
+        buf = Buffer(group, _config(T, spec["sets"]))
         scale = (torch.arange(L, device=device, dtype=torch.float32) / L + 0.5).to(torch.bfloat16).view(L, 1, 1)
         st: dict[str, Any] = {}
 
@@ -152,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="symmoe config value for both modes (repeatable), e.g. kernel.num_sms=132")
     ap.add_argument("--json", default="")
     ap.add_argument("--md", default="")
     args = ap.parse_args(argv)
@@ -159,7 +163,8 @@ def main(argv: list[str] | None = None) -> int:
         print("symmoe.bench.low_latency: needs a CUDA GPU", file=sys.stderr)
         return 2
     spec = {"tokens": [int(t) for t in args.tokens.split(",")], "deepep": not args.no_deepep,
-            "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed}
+            "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed,
+            "sets": dict(parse_key_value(kv) for kv in args.set)}
     results = []
     status = 0
     for W in (int(w) for w in args.world_sizes.split(",")):
