@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -235,7 +235,8 @@ class Buffer:
 
     def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
                              num_experts: int, use_fp8: bool = False, round_scale: bool = False,
-                             use_ue8m0: bool = False, async_finish: bool = False, return_recv_hook: bool = False):
+                             use_ue8m0: bool = False, async_finish: bool = False, return_recv_hook: bool = False
+                             ) -> tuple[torch.Tensor, torch.Tensor, LowLatencyHandle, EventOverlap, Callable[[], None] | None]:
         """Masked expert-major dispatch with no host wait (DeepEP V1's ``low_latency_dispatch``).
 
         Returns ``(recv_x [L, W * T_max, H] bfloat16, recv_count [L] int32, handle, event, hook)``:
@@ -261,7 +262,8 @@ class Buffer:
 
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                             handle: LowLatencyHandle, zero_copy: bool = False, async_finish: bool = False,
-                            return_recv_hook: bool = False, out: torch.Tensor | None = None):
+                            return_recv_hook: bool = False, out: torch.Tensor | None = None
+                            ) -> tuple[torch.Tensor, EventOverlap, Callable[[], None] | None]:
         """Bring the experts' rows back and reduce them with the weights (DeepEP V1's
         ``low_latency_combine``): ``combined[t] = sum_k w[t, k] * x[row(t, k)]`` in fp32 in
         ascending k, cast once to bfloat16. ``x`` is shaped like recv_x; ``topk_idx`` and

@@ -22,7 +22,7 @@ import json
 import statistics
 import sys
 import time
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
