@@ -3,7 +3,11 @@
 # the kernels, run the GPU tests, benchmarks and A/B runs; a short table is printed last.
 #
 #   scripts/gpu_check.sh [section ...]      default: build test bench
-#   sections: build | test | test-quick | bench | bench-quick | deepep | layer | adapters | training | nccl | nvshmem | ab | timeline
+#   sections: build | test | test-quick | bench | bench-quick | deepep | layer | adapters | training | nccl | nvshmem | ab | timeline | lowlat
+#   lowlat: the low-latency mode's GPU tests (tests/gpu/test_low_latency_gpu.py: W = 1, 2, 4 under MPS,
+#   the CUDA graph replayed 1000 times) and its benchmark (symmoe.bench.low_latency: $LL_TOKENS (128)
+#   tokens per rank at W = $LL_WORLD_SIZES (2,4), beside DeepEP V1's normal mode when deep_ep imports;
+#   LL_SET='kernel.num_sms=132' sets symmoe config values for it)
 #   deepep: symmoe beside DeepEP V1 (symmoe.bench.deepep) at W = $DEEPEP_WORLD_SIZES (2,4) ranks under MPS,
 #   $DEEPEP_TOKENS (128,512,1024,4096,8192) tokens per rank; DeepEP is built by "build" from DEEPEP_SRC
 #   (a DeepEP source tree, scripts/build_deepep.sh), else the section runs symmoe alone and says so
@@ -166,9 +170,22 @@ for s in "${SECTIONS[@]}"; do
       python3 scripts/timeline_probe.py --backends "${TIMELINE_BACKENDS:-torch,nccl}" --protocols "${BENCH_PROTOCOLS:-push,pull}" \
         --layouts "${TIMELINE_LAYOUTS:-rank,expert}" "${vargs[@]}" --json "$LOG/timeline.json" 2>&1 | tee "$LOG/timeline.txt"
       rc=${PIPESTATUS[0]}; note "timeline probe exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
+    lowlat)  # low-latency mode: GPU tests, then its benchmark (beside DeepEP V1 normal mode if built)
+      eval "extra=(${PYTEST_ARGS:-})"
+      timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_low_latency_gpu.py "${extra[@]}" 2>&1 | tee "$LOG/lowlat_tests.log"
+      rc=${PIPESTATUS[0]}
+      pytest_note "low-latency" "$LOG/lowlat_tests.log" "$rc"
+      reap_ranks
+      [ "$rc" -ne 0 ] && status=1
+      llsets=(); for kv in ${LL_SET:-}; do llsets+=(--set "$kv"); done  # e.g. LL_SET='kernel.num_sms=132'
+      timeout ${LL_LIMIT_S:-240} python3 -m symmoe.bench.low_latency --world-sizes "${LL_WORLD_SIZES:-2,4}" ${llsets[@]+"${llsets[@]}"} \
+        --tokens "${LL_TOKENS:-128}" --repeats "${BENCH_REPEATS:-50}" --json "$LOG/lowlat.json" --md "$LOG/lowlat.md" \
+        2>&1 | grep -v -i "warn" | tee "$LOG/lowlat.log"
+      rc=${PIPESTATUS[0]}; note "low-latency bench exit $rc"; [ "$rc" -ne 0 ] && status=1
+      reap_ranks ;;
     *) echo "unknown section '$s'"; status=2 ;;
   esac
 done
 
-finish_run deepep.json deepep.md layer.json layer.md train_compare.json bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
+finish_run deepep.json deepep.md layer.json layer.md lowlat.json train_compare.json bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
 exit $status

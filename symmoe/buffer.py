@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -13,6 +13,8 @@ from .errors import CapacityError, ConfigMismatch, InputError
 from .event import EventOverlap
 from .handle import DispatchHandle
 from .layout import DTYPES
+from .low_latency import LowLatencyHandle, LowLatencyLayout
+from . import low_latency as lowlat
 
 
 def _resolve(config: Config | str | os.PathLike | None) -> Config:
@@ -40,6 +42,7 @@ class Buffer:
         self.layout = cfg.layout(self.world_size)
         self.dtype = DTYPES[cfg.buffer.dtype]
         self.memory = backends.create(cfg, group, self.layout.total_bytes)
+        self._ll: Any = None  # (layout, memory, engine) of the low-latency mode, made by its first call
         try:
             self._protocol = protocol.make(self.memory, self.layout, cfg, id(self))
         except BaseException:
@@ -192,6 +195,7 @@ class Buffer:
         if self._closed:
             return
         self._closed = True
+        self._close_low_latency()
         self._protocol.close()
         self.memory.close()
 
@@ -200,6 +204,103 @@ class Buffer:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    # -- low-latency mode (DeepEP V1's form; docs/low_latency.md) ------------------------------
+    def _low_latency(self, T_max: int, hidden: int, num_experts: int, topk: int):
+        lay = LowLatencyLayout(T_max, hidden, num_experts, self.world_size, topk)
+        if self._ll is not None and self._ll[0] == lay:
+            return self._ll[2]
+        # First call, or new sizes: a collective allocation (every rank makes the same call).
+        if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
+            raise InputError(f"low_latency_dispatch: the first call with these sizes (T_max={T_max}, hidden={hidden}, "
+                             f"num_experts={num_experts}, topk={topk}) allocates the symmetric buffer, which cannot "
+                             "happen inside CUDA graph capture; make one eager call before capturing")
+        self._close_low_latency()
+        from .protocol.low_latency import make_engine
+        mem = backends.create(self.config, self.group, lay.total_bytes)
+        try:
+            engine = make_engine(mem, lay, self.config.kernel.timeout_s, self.config.kernel.num_sms)
+        except BaseException:
+            mem.close()
+            raise
+        self._ll = (lay, mem, engine)
+        return engine
+
+    def _close_low_latency(self) -> None:
+        if self._ll is not None:
+            _, mem, engine = self._ll
+            self._ll = None
+            engine.close()
+            mem.close()
+
+    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
+                             num_experts: int, use_fp8: bool = False, round_scale: bool = False,
+                             use_ue8m0: bool = False, async_finish: bool = False, return_recv_hook: bool = False
+                             ) -> tuple[torch.Tensor, torch.Tensor, LowLatencyHandle, EventOverlap, Callable[[], None] | None]:
+        """Masked expert-major dispatch with no host wait (DeepEP V1's ``low_latency_dispatch``).
+
+        Returns ``(recv_x [L, W * T_max, H] bfloat16, recv_count [L] int32, handle, event, hook)``:
+        ``recv_x[j]`` holds local expert ``j``'s rows, source rank 0's first, each source's in its
+        token order; only the first ``recv_count[j]`` rows are defined (DeepGEMM's masked_m).
+        ``return_recv_hook=True``: the call only sends; ``hook()`` receives (a second kernel), and
+        recv_x/recv_count are defined after it; no SM waits in between. Collective; every rank
+        passes the same ``num_max_dispatch_tokens_per_rank`` and ``num_experts``. The first call
+        (and one with new sizes) allocates this mode's symmetric buffer, so make it eagerly before
+        capturing a CUDA graph; later calls allocate only their outputs and are capturable.
+        ``use_fp8`` is not implemented (UnsupportedArgument names the way out)."""
+        self._check_open("low_latency_dispatch")
+        if use_fp8 or round_scale or use_ue8m0:
+            from .compat._common import UnsupportedArgument
+            raise UnsupportedArgument("low_latency_dispatch", "use_fp8" if use_fp8 else
+                                      ("round_scale" if round_scale else "use_ue8m0"), True,
+                                      "the low-latency mode moves bfloat16 rows only; pass use_fp8=False, "
+                                      "round_scale=False, use_ue8m0=False and quantise after the dispatch")
+        lowlat.check_dispatch(x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts, self.world_size, self.device)
+        engine = self._low_latency(num_max_dispatch_tokens_per_rank, x.shape[1], num_experts, topk_idx.shape[1])
+        recv_x, count, handle, hook = engine.dispatch(x, topk_idx, return_recv_hook)
+        return recv_x, count, handle, self._event(async_finish), hook
+
+    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                            handle: LowLatencyHandle, zero_copy: bool = False, async_finish: bool = False,
+                            return_recv_hook: bool = False, out: torch.Tensor | None = None
+                            ) -> tuple[torch.Tensor, EventOverlap, Callable[[], None] | None]:
+        """Bring the experts' rows back and reduce them with the weights (DeepEP V1's
+        ``low_latency_combine``): ``combined[t] = sum_k w[t, k] * x[row(t, k)]`` in fp32 in
+        ascending k, cast once to bfloat16. ``x`` is shaped like recv_x; ``topk_idx`` and
+        ``topk_weights`` are the dispatch's. Returns ``(combined_x [T, H], event, hook)``;
+        ``out=`` receives the result in place."""
+        self._check_open("low_latency_combine")
+        if zero_copy:
+            from .compat._common import UnsupportedArgument
+            raise UnsupportedArgument("low_latency_combine", "zero_copy", True,
+                                      "symmoe has no get_next_low_latency_combine_buffer; pass zero_copy=False "
+                                      "(the send kernel reads x where it lies)")
+        engine = self._ll[2] if self._ll is not None else None
+        lowlat.check_combine(x, topk_idx, topk_weights, handle, out, self.world_size, id(engine), self.device)
+        assert engine is not None
+        result, hook = engine.combine(x, topk_idx, topk_weights, handle, out, return_recv_hook)
+        return result, self._event(async_finish), hook
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        """Collective: zero the low-latency flags and sequence numbers (needed only after a
+        StallError or an abandoned hook; the mode never needs cleaning between calls). Handles of
+        earlier dispatches stay valid for nothing."""
+        self._check_open("clean_low_latency_buffer")
+        if self._ll is not None:
+            self._ll[2].clean()
+
+    def check_low_latency(self, synchronize: bool = False) -> None:
+        """Raise StallError if a low-latency receive timed out (rank and stage named), or
+        InputError for expert ids out of range in an earlier dispatch (checked on the device, so
+        reported by the next call or here)."""
+        if self._ll is not None:
+            self._ll[2].check(synchronize)
+
+    @staticmethod
+    def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
+                                       num_experts: int, num_topk: int = 8) -> int:
+        """Bytes of symmetric memory per rank that the low-latency mode allocates."""
+        return lowlat.size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks, num_experts, num_topk)
 
     @staticmethod
     def size_hint(config: Config, world_size: int) -> int:

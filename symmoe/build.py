@@ -68,6 +68,11 @@ register(ExtensionSpec(
     sources=("bindings/symmoe_cuda.cu",),
     description="kernels over load/store peers (torch symmetric memory); the one-rank dispatch kernels (nvshmem alone)",
 ))
+register(ExtensionSpec(
+    name="symmoe_ll",
+    sources=("bindings/low_latency.cu",),
+    description="the low-latency mode's kernels over load/store peers (torch symmetric memory, nvshmem on one node)",
+))
 
 
 # -- tool discovery ------------------------------------------------------------------------

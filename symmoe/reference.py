@@ -170,3 +170,99 @@ def combine(
                 acc[t] = acc[t] + prod
         out.append((acc.to(ys[0].dtype), acc_w))
     return out
+
+
+# -- low-latency mode (DeepEP V1's low_latency_dispatch / low_latency_combine) ------------------
+@dataclass(frozen=True)
+class LowLatencyRecv:
+    """What one rank receives from a low-latency dispatch. ``recv_x[j]`` holds the rows of local
+    expert ``j``: source rank 0's first, then rank 1's, ..., each source's in its token order;
+    only the first ``recv_count[j]`` rows are defined (here: zeros past them)."""
+
+    recv_x: torch.Tensor        # [L, W * T_max, H]
+    recv_count: torch.Tensor    # [L] int32 (DeepGEMM's masked_m)
+    src_info: torch.Tensor      # [L, W * T_max] int32: source token of each row, -1 past recv_count
+    layout_range: torch.Tensor  # [L, W] int64: (first row << 32) | rows, per source rank
+
+
+@dataclass(frozen=True)
+class LowLatencyDispatch:
+    recv: list[LowLatencyRecv]
+    # send_rows[s]: [T_s, K] int64 -- row j * W * T_max + q of the expert's rank that slot (t, k)
+    # of source s landed in, -1 for masked slots; a token sent twice to one expert lands once.
+    send_rows: list[torch.Tensor]
+
+
+def _first_slots(idx: torch.Tensor) -> torch.Tensor:
+    """[T, K] int64: for each slot, the first slot of its token naming the same expert."""
+    K = idx.shape[1]
+    src = torch.arange(K).expand(idx.shape).clone()
+    for k in range(K - 1, -1, -1):
+        for k2 in range(k - 1, -1, -1):
+            src[:, k] = torch.where(idx[:, k2] == idx[:, k], torch.full_like(src[:, k], k2), src[:, k])
+    return src
+
+
+def low_latency_dispatch(xs: Sequence[torch.Tensor], topk_idxs: Sequence[torch.Tensor], num_experts: int,
+                         num_max_dispatch_tokens_per_rank: int) -> LowLatencyDispatch:
+    """Masked expert-major dispatch: every (token, distinct expert) pair becomes one row of that
+    expert, after the rows of lower source ranks, in token order within its source."""
+    W, T_max = len(xs), num_max_dispatch_tokens_per_rank
+    L = experts_per_rank(num_experts, W)
+    H, dev = xs[0].shape[1], xs[0].device
+    recv_x = torch.zeros((W, L, W * T_max, H), dtype=xs[0].dtype)
+    src_info = torch.full((W, L, W * T_max), -1, dtype=torch.int32)
+    counts = torch.zeros((num_experts, W), dtype=torch.int64)  # [expert, source]
+    send_rows = []
+    for s in range(W):
+        idx = topk_idxs[s].long().cpu()
+        T = idx.shape[0]
+        first = _first_slots(idx)
+        own = (idx >= 0) & (first == torch.arange(idx.shape[1]))  # one pair per (token, expert)
+        t, k = own.nonzero(as_tuple=True)
+        e = idx[t, k]
+        order = torch.argsort(e * max(T, 1) + t)  # by expert, then token
+        t, k, e = t[order], k[order], e[order]
+        per_e = torch.bincount(e, minlength=num_experts)
+        q = counts.sum(1)[e] + torch.arange(e.numel()) - (per_e.cumsum(0) - per_e)[e]  # after lower sources
+        counts[:, s] = per_e
+        r, j = e // L, e % L
+        recv_x[r, j, q] = xs[s].cpu()[t]
+        src_info[r, j, q] = t.to(torch.int32)
+        rows = torch.full(tuple(idx.shape), -1, dtype=torch.int64)
+        rows[t, k] = j * W * T_max + q
+        valid = idx >= 0
+        rows = torch.where(valid, rows.gather(1, first), rows)  # a repeated expert: its first slot's row
+        send_rows.append(rows.to(dev))
+    recv = []
+    for r in range(W):
+        cnt = counts[r * L:(r + 1) * L]  # [L, W]
+        begin = cnt.cumsum(1) - cnt
+        recv.append(LowLatencyRecv(recv_x[r].to(dev), cnt.sum(1).to(torch.int32).to(dev), src_info[r].to(dev),
+                                   ((begin << 32) | cnt).to(dev)))
+    return LowLatencyDispatch(recv, send_rows)
+
+
+def low_latency_combine(ys: Sequence[torch.Tensor], dispatched: LowLatencyDispatch,
+                        topk_idxs: Sequence[torch.Tensor], topk_weights: Sequence[torch.Tensor],
+                        num_experts: int) -> list[torch.Tensor]:
+    """Per source rank ``[T, H]``: ``sum_k fp32(w[t, k]) * fp32(y[row(t, k)])`` in ascending ``k``
+    over the unmasked slots, each product rounded to fp32 before it is added, cast once."""
+    W = len(ys)
+    L = experts_per_rank(num_experts, W)
+    flat = [y.reshape(-1, y.shape[-1]) for y in ys]
+    out = []
+    for s in range(W):
+        idx, rows = topk_idxs[s].long(), dispatched.send_rows[s]
+        T, H = idx.shape[0], ys[0].shape[-1]
+        acc = torch.zeros((T, H), dtype=torch.float32, device=ys[0].device)
+        for k in range(idx.shape[1]):
+            t = (rows[:, k] >= 0).nonzero().flatten()
+            owner = idx[t, k] // L
+            vals = torch.empty((t.numel(), H), dtype=torch.float32, device=ys[0].device)
+            for r in range(W):
+                sel = owner == r
+                vals[sel] = flat[r][rows[t[sel], k]].float()
+            acc[t] = acc[t] + topk_weights[s][t, k].float().unsqueeze(1) * vals
+        out.append(acc.to(ys[0].dtype))
+    return out

@@ -455,7 +455,6 @@ def _one_rank_inputs(seed=1):
 
 
 @pytest.mark.parametrize("kwargs, arg", [
-    ({"low_latency_mode": True}, "low_latency_mode=True"),
     ({"num_rdma_bytes": 1 << 20}, "num_rdma_bytes=1048576"),
     ({"enable_shrink": True}, "enable_shrink=True"),
     ({"comm": object()}, "comm="),
@@ -499,10 +498,8 @@ def test_v1_deepep_internals_and_low_latency_calls_raise_with_reasons(v1):
         send_head.shape
     with pytest.raises(CompatError, match="channel_prefix_matrix"):
         torch.equal(channel_prefix_matrix, rank_prefix_matrix)
-    with pytest.raises(UnsupportedCall, match="low_latency_dispatch.*low-latency mode"):
-        v1.low_latency_dispatch(mine.x, mine.topk_idx, 128, B.num_experts)
-    with pytest.raises(UnsupportedCall, match="get_low_latency_rdma_size_hint"):
-        deep_ep.Buffer.get_low_latency_rdma_size_hint(128, B.hidden, 8, B.num_experts)
+    with pytest.raises(UnsupportedCall, match="low_latency_dispatch.*low_latency_mode=True"):
+        v1.low_latency_dispatch(mine.x, mine.topk_idx, 128, B.num_experts, use_fp8=False)
     with pytest.raises(InputError, match="another Buffer"):
         other = deep_ep.Buffer(None, symmoe_config=CFG)
         try:

@@ -16,10 +16,14 @@ receiver with -1 elsewhere and weight 0 there, combine summing the ranks' rows (
 rank-major rule, so no conversion is needed beyond rounding the per-expert counts up to
 ``expert_alignment``.
 
+The low-latency mode (``low_latency_mode=True``) runs symmoe's own low-latency kernels
+(``symmoe.Buffer.low_latency_dispatch``, docs/low_latency.md) with DeepEP's signatures, handle
+and outputs; ``num_rdma_bytes`` is then only a hint, as ``num_nvl_bytes`` is.
+
 What symmoe cannot honour raises ``UnsupportedArgument``/``UnsupportedCall`` (FP8 ``x``,
-``low_latency_mode``, ``num_rdma_bytes > 0``, ``enable_shrink``, an mpi4py ``comm``,
-``bias`` in combine, layout-only dispatch without ``topk_idx``, low-latency/internode
-methods). Pure performance hints are accepted and ignored: ``num_nvl_bytes``, ``config``,
+``num_rdma_bytes > 0`` without the low-latency mode, ``enable_shrink``, an mpi4py ``comm``,
+``bias`` in combine, layout-only dispatch without ``topk_idx``, FP8/LogFMT low-latency rows,
+zero-copy combine, the mask buffer, internode methods). Pure performance hints are accepted and ignored: ``num_nvl_bytes``, ``config``,
 ``set_num_sms``, ``allocate_on_comm_stream``, ``num_qps_per_rank``,
 ``allow_nvlink_for_low_latency_mode``, ``allow_mnnvl``, ``explicitly_destroy``; ``async_finish=False``
 (the default) returns an event without a CUDA event, as DeepEP does.
@@ -39,6 +43,7 @@ from ..buffer import Buffer as SymmoeBuffer
 from ..config import Config as SymmoeConfig
 from ..errors import InputError
 from ..handle import DispatchHandle
+from ..low_latency import LowLatencyHandle as SymmoeLowLatencyHandle
 from ..results import get_dispatch_layout
 from ._common import (EventHandle, EventOverlap, UnsupportedArgument, UnsupportedCall, Unavailable, align_up,
                       capture, check_int, check_not_fp8, describe, hidden_from_bytes, reject, resolve,
@@ -46,7 +51,7 @@ from ._common import (EventHandle, EventOverlap, UnsupportedArgument, Unsupporte
 
 __all__ = ["Buffer", "Config", "EventOverlap", "EventHandle", "Handle", "topk_idx_t", "set_default_config"]
 
-_NO_LL = "the low-latency mode is not implemented (construct with low_latency_mode=False and use dispatch/combine)"
+_NO_LL = "symmoe's low-latency mode has no mask buffer (rank masking) nor zero-copy combine buffer"
 _API = "deep_ep.Buffer"
 
 
@@ -131,6 +136,18 @@ def _internal(name: str) -> Unavailable:
                        "run; rank_prefix_matrix, recv_src_idx and is_token_in_rank are provided")
 
 
+class LowLatencyHandle(tuple):
+    """DeepEP V1's low-latency handle ``(src_info, layout_range, num_max_dispatch_tokens_per_rank,
+    hidden, num_experts)`` with DeepEP's values, carrying symmoe's handle (``.symmoe``)."""
+
+    symmoe: SymmoeLowLatencyHandle
+
+    def __new__(cls, handle: SymmoeLowLatencyHandle) -> "LowLatencyHandle":
+        self = super().__new__(cls, handle.as_deep_ep())
+        self.symmoe = handle
+        return self
+
+
 _PENDING = object()  # Handle's rank_prefix_matrix before it is first read
 _CHANNEL_PREFIX, _RECV_CHANNEL_PREFIX, _SEND_HEAD = (
     _internal(n) for n in ("channel_prefix_matrix", "recv_channel_prefix_matrix", "send_head"))
@@ -150,14 +167,12 @@ class Buffer:
                  explicitly_destroy: bool = False, enable_shrink: bool = False, comm: Any = None, *,
                  symmoe_config: SymmoeConfig | str | os.PathLike | None = None) -> None:
         api = f"{_API}(...)"
-        reject(api, "low_latency_mode", low_latency_mode, bool(low_latency_mode),
-               "only normal mode (low_latency_mode=False) is implemented; symmoe's expert-major dispatch "
-               "(symmoe.Buffer.dispatch(output_layout='expert')) is the nearest equivalent")
-        reject(api, "num_rdma_bytes", num_rdma_bytes, bool(num_rdma_bytes),
-               "only intranode normal mode is implemented, which needs num_rdma_bytes=0 (what "
-               "Config.get_rdma_buffer_size_hint returns); symmoe reaches every peer through one symmetric buffer")
+        reject(api, "num_rdma_bytes", num_rdma_bytes, bool(num_rdma_bytes) and not low_latency_mode,
+               "only intranode normal mode and the low-latency mode are implemented; normal mode needs "
+               "num_rdma_bytes=0 (what Config.get_rdma_buffer_size_hint returns); symmoe reaches every peer "
+               "through one symmetric buffer")
         reject(api, "enable_shrink", enable_shrink, bool(enable_shrink),
-               "rank masking belongs to the low-latency mode, which is not implemented; pass enable_shrink=False")
+               "rank masking (the low-latency mask buffer) is not implemented; pass enable_shrink=False")
         reject(api, "comm", comm, comm is not None and group is None,
                "symmoe needs a torch.distributed process group; pass group= instead of an mpi4py communicator")
         # Ignored, documented: num_nvl_bytes (symmoe sizes the buffer from its config),
@@ -171,7 +186,7 @@ class Buffer:
         # its hint must not loop. What symmoe really allocated is `symmoe_bytes`.
         self.num_nvl_bytes = num_nvl_bytes
         self.num_rdma_bytes = num_rdma_bytes
-        self.low_latency_mode = False
+        self.low_latency_mode = bool(low_latency_mode)
         self.explicitly_destroy = explicitly_destroy
         self.enable_shrink = False
         self._last_layout: tuple | None = None
@@ -213,7 +228,10 @@ class Buffer:
     @staticmethod
     def get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank: int, hidden: int, num_ranks: int,
                                        num_experts: int) -> int:
-        raise UnsupportedCall(f"{_API}.get_low_latency_rdma_size_hint", "the low-latency mode is not implemented")
+        """Bytes of symmetric memory per rank that symmoe's low-latency mode allocates at its first
+        call (for top-8 routing; the buffer is sized by the real top-k then)."""
+        return SymmoeBuffer.get_low_latency_rdma_size_hint(num_max_dispatch_tokens_per_rank, hidden, num_ranks,
+                                                           num_experts)
 
     def get_comm_stream(self) -> torch.Stream:
         raise UnsupportedCall(f"{_API}.get_comm_stream", "symmoe runs every call on the caller's current "
@@ -368,9 +386,71 @@ class Buffer:
             raise InputError(f"{api}: handle was made by another Buffer; use the Buffer that dispatched")
 
     # -- what normal-mode intranode DeepEP has and symmoe does not ------------------------------
-    low_latency_dispatch = unsupported(_API, "low_latency_dispatch", _NO_LL)
-    low_latency_combine = unsupported(_API, "low_latency_combine", _NO_LL)
-    clean_low_latency_buffer = unsupported(_API, "clean_low_latency_buffer", _NO_LL)
+    # -- low-latency mode ----------------------------------------------------------------------
+    def _check_low_latency(self, api: str) -> None:
+        if not self.low_latency_mode:
+            raise UnsupportedCall(api, "this Buffer was made with low_latency_mode=False, as DeepEP requires for "
+                                  "the low-latency calls; construct it with low_latency_mode=True")
+
+    def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
+                             num_experts: int, cumulative_local_expert_recv_stats: torch.Tensor | None = None,
+                             dispatch_wait_recv_cost_stats: torch.Tensor | None = None, use_fp8: bool = True,
+                             round_scale: bool = False, use_ue8m0: bool = False, async_finish: bool = False,
+                             return_recv_hook: bool = False
+                             ) -> tuple[torch.Tensor, torch.Tensor, "LowLatencyHandle", EventOverlap, Any]:
+        """``(recv_x [L, W * T_max, H] bfloat16, recv_count [L] int32, handle, event, hook)``, as
+        DeepEP's. ``use_fp8`` defaults to True there, and symmoe moves bfloat16 rows only: pass
+        ``use_fp8=False``. ``cumulative_local_expert_recv_stats`` gets recv_count added once the
+        rows are in (after the hook with ``return_recv_hook``)."""
+        api = f"{_API}.low_latency_dispatch"
+        self._check_low_latency(api)
+        reject(api, "use_fp8", use_fp8, bool(use_fp8),
+               "the low-latency mode moves bfloat16 rows only; pass use_fp8=False (DeepEP's default is True) "
+               "and quantise after the dispatch")
+        reject(api, "dispatch_wait_recv_cost_stats", dispatch_wait_recv_cost_stats,
+               dispatch_wait_recv_cost_stats is not None, "symmoe does not time its waits per rank; pass None")
+        stats = cumulative_local_expert_recv_stats
+        recv_x, count, sh, event, hook = self.symmoe.low_latency_dispatch(
+            x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts, round_scale=round_scale, use_ue8m0=use_ue8m0,
+            async_finish=async_finish, return_recv_hook=return_recv_hook)
+        if stats is not None:
+            if hook is None:
+                stats.add_(count)
+            else:
+                inner = hook
+
+                def hook() -> None:
+                    inner()
+                    stats.add_(count)
+        return recv_x, count, LowLatencyHandle(sh), EventOverlap(event), hook
+
+    def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                            handle: "LowLatencyHandle", use_logfmt: bool = False, zero_copy: bool = False,
+                            async_finish: bool = False, return_recv_hook: bool = False,
+                            out: torch.Tensor | None = None, combine_wait_recv_cost_stats: torch.Tensor | None = None
+                            ) -> tuple[torch.Tensor, EventOverlap, Any]:
+        """``(combined_x [T, H] bfloat16, event, hook)``: each token's expert rows times its
+        ``topk_weights``, summed in fp32 in ascending top-k slot order and cast once."""
+        api = f"{_API}.low_latency_combine"
+        self._check_low_latency(api)
+        reject(api, "use_logfmt", use_logfmt, bool(use_logfmt), "LogFMT rows are not implemented; pass False")
+        reject(api, "zero_copy", zero_copy, bool(zero_copy),
+               "there is no get_next_low_latency_combine_buffer; pass zero_copy=False")
+        reject(api, "combine_wait_recv_cost_stats", combine_wait_recv_cost_stats,
+               combine_wait_recv_cost_stats is not None, "symmoe does not time its waits per rank; pass None")
+        if not isinstance(handle, LowLatencyHandle):
+            raise InputError(f"{api}: handle is {describe(handle)}; pass the handle low_latency_dispatch returned")
+        combined, event, hook = self.symmoe.low_latency_combine(x, topk_idx, topk_weights, handle.symmoe,
+                                                                async_finish=async_finish,
+                                                                return_recv_hook=return_recv_hook, out=out)
+        return combined, EventOverlap(event), hook
+
+    def clean_low_latency_buffer(self, num_max_dispatch_tokens_per_rank: int, hidden: int, num_experts: int) -> None:
+        """Collective. symmoe's flags carry sequence numbers, so switching from normal mode needs no
+        cleaning; this resets them (after a StallError or an abandoned hook)."""
+        self._check_low_latency(f"{_API}.clean_low_latency_buffer")
+        self.symmoe.clean_low_latency_buffer(num_max_dispatch_tokens_per_rank, hidden, num_experts)
+
     get_next_low_latency_combine_buffer = unsupported(_API, "get_next_low_latency_combine_buffer", _NO_LL)
     low_latency_update_mask_buffer = unsupported(_API, "low_latency_update_mask_buffer", _NO_LL)
     low_latency_query_mask_buffer = unsupported(_API, "low_latency_query_mask_buffer", _NO_LL)

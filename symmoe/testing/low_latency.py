@@ -1,0 +1,228 @@
+"""Per-rank checks of the low-latency mode, shared by the host tests, the GPU tests and
+``scripts/gpu_check.sh``: every rank builds every rank's inputs from the seed, runs the
+Buffer, and compares its own results bitwise with ``symmoe.reference``'s low-latency
+functions."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import reference
+from ..buffer import Buffer
+from ..config import Config, from_dict
+from ..workload import Routing, make_inputs
+from .checks import CHECK_ROUTINGS, _tokens_per_rank, assert_bitwise
+
+
+def expert_op(recv_x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """A simple per-expert op (row j scaled by ``scale[j]``, in bfloat16), exact on every device."""
+    return recv_x * scale.view(-1, 1, 1)
+
+
+def _inputs(routing: Routing, world_size: int, cfg: Config, T_max: int, seed: int, full: bool = False):
+    b = cfg.buffer
+    counts = _tokens_per_rank(world_size, T_max, seed, full)
+    ins = make_inputs(routing, num_tokens=counts, hidden=b.hidden, topk=b.topk, num_experts=b.num_experts,
+                      world_size=world_size, dtype=torch.bfloat16, seed=seed)
+    if routing.kind == "masked" and ins[0].topk_idx.shape[0] > 1 and b.topk > 1:
+        # a token that names one expert twice: it travels once and both slots add its row
+        ins[0].topk_idx[0, 1] = ins[0].topk_idx[0, 0]
+    return ins
+
+
+def check_recv(recv_x, count, handle, want: reference.LowLatencyRecv, ctx: str) -> None:
+    assert_bitwise("recv_count", count, want.recv_count, ctx)
+    assert_bitwise("layout_range", handle.layout_range, want.layout_range, ctx)
+    for j, n in enumerate(want.recv_count.tolist()):
+        assert_bitwise(f"recv_x[{j}][:{n}]", recv_x[j, :n], want.recv_x[j, :n], ctx)
+        assert_bitwise(f"src_info[{j}][:{n}]", handle.src_info[j, :n], want.src_info[j, :n], ctx)
+
+
+def check_low_latency(rank: int, world_size: int, config: dict[str, Any], seed: int, T_max: int,
+                      routings: tuple[Routing, ...] = CHECK_ROUTINGS, device: str = "cpu",
+                      hooks: tuple[bool, ...] = (False, True), repeats: int = 1) -> int:
+    """Dispatch -> expert op -> combine for each routing, with and without receive hooks, each
+    compared bitwise with the reference. Returns the number of cases."""
+    cfg = from_dict(config)
+    dev = torch.device(device)
+    b = cfg.buffer
+    checked = 0
+    with Buffer(None, cfg) as buf:
+        for i, routing in enumerate(routings):
+            for hook in hooks:
+                for rep in range(repeats):
+                    case_seed = seed + 7919 * i + 31 * rep + (17 if hook else 0)
+                    ins = _inputs(routing, world_size, cfg, T_max, case_seed)
+                    ctx = (f"rank {rank}/{world_size} {cfg.backend} low-latency routing={routing.kind} hook={hook} "
+                           f"seed={case_seed}")
+                    ref = reference.low_latency_dispatch([r.x for r in ins], [r.topk_idx for r in ins],
+                                                         b.num_experts, T_max)
+                    mine = ins[rank]
+                    x, idx, w = mine.x.to(dev), mine.topk_idx.to(dev), mine.topk_weights.to(dev)
+                    recv_x, count, handle, event, hk = buf.low_latency_dispatch(
+                        x, idx, T_max, b.num_experts, return_recv_hook=hook)
+                    assert (hk is not None) == hook, ctx
+                    if hook:
+                        hk()
+                    check_recv(recv_x.cpu(), count.cpu(), _cpu(handle), ref.recv[rank], ctx)
+                    L = b.num_experts // world_size
+                    scales = [torch.linspace(0.5, 2.0, L).to(torch.bfloat16) + r for r in range(world_size)]
+                    y = expert_op(recv_x, scales[rank].to(dev))
+                    ys = [expert_op(ref.recv[r].recv_x, scales[r]) for r in range(world_size)]
+                    want = reference.low_latency_combine(ys, ref, [r.topk_idx for r in ins],
+                                                         [r.topk_weights for r in ins], b.num_experts)[rank]
+                    out, event, hk = buf.low_latency_combine(y, idx, w, handle, return_recv_hook=hook)
+                    if hook:
+                        hk()
+                    buf.check_low_latency(synchronize=dev.type == "cuda")
+                    assert_bitwise("combined_x", out, want, ctx)
+                    checked += 1
+    return checked
+
+
+def _cpu(handle):
+    from dataclasses import replace
+    return replace(handle, src_info=handle.src_info.cpu(), layout_range=handle.layout_range.cpu())
+
+
+def check_deep_ep_v1_low_latency(rank: int, world_size: int, config: dict[str, Any], seed: int, T_max: int,
+                                 device: str = "cpu") -> int:
+    """DeepEP V1's low-latency calls through the shim (``low_latency_mode=True``), with and
+    without hooks: outputs, DeepEP's handle tuple and the cumulative receive statistics,
+    bitwise against the reference."""
+    import symmoe.compat.deep_ep_v1 as deep_ep
+    cfg = from_dict(config)
+    b = cfg.buffer
+    dev = torch.device(device)
+    hint = deep_ep.Buffer.get_low_latency_rdma_size_hint(T_max, b.hidden, world_size, b.num_experts)
+    buf = deep_ep.Buffer(None, 0, hint, low_latency_mode=True, num_qps_per_rank=b.num_experts // world_size,
+                         symmoe_config=cfg)
+    L = b.num_experts // world_size
+    stats = torch.zeros(L, dtype=torch.int32, device=dev)
+    want_stats = torch.zeros(L, dtype=torch.int32)
+    checked = 0
+    try:
+        for i, routing in enumerate(CHECK_ROUTINGS[:3]):
+            for hook in (False, True):
+                case_seed = seed + 101 * i + (7 if hook else 0)
+                ins = _inputs(routing, world_size, cfg, T_max, case_seed)
+                ctx = f"rank {rank}/{world_size} deep_ep_v1 low-latency routing={routing.kind} hook={hook}"
+                ref = reference.low_latency_dispatch([r.x for r in ins], [r.topk_idx for r in ins], b.num_experts,
+                                                     T_max)
+                mine = ins[rank]
+                idx, w = mine.topk_idx.to(dev), mine.topk_weights.to(dev)
+                recv_x, count, handle, event, hk = buf.low_latency_dispatch(
+                    mine.x.to(dev), idx, T_max, b.num_experts, cumulative_local_expert_recv_stats=stats,
+                    use_fp8=False, return_recv_hook=hook)
+                if hook:
+                    hk()
+                src_info, layout_range, t_max, hidden, num_experts = handle
+                assert (t_max, hidden, num_experts) == (T_max, b.hidden, b.num_experts), ctx
+                check_recv(recv_x.cpu(), count.cpu(), _cpu(handle.symmoe), ref.recv[rank], ctx)
+                assert_bitwise("handle[1] layout_range", layout_range, ref.recv[rank].layout_range, ctx)
+                want_stats += ref.recv[rank].recv_count
+                assert_bitwise("cumulative_local_expert_recv_stats", stats, want_stats, ctx)
+                ys = [r.recv_x * 3 for r in ref.recv]
+                want = reference.low_latency_combine(ys, ref, [r.topk_idx for r in ins], [r.topk_weights for r in ins],
+                                                     b.num_experts)[rank]
+                out = torch.full_like(want, 7.0).to(dev)
+                combined, event, hk = buf.low_latency_combine(recv_x * 3, idx, w, handle, return_recv_hook=hook,
+                                                              out=out)
+                if hook:
+                    hk()
+                assert combined is out, ctx
+                assert_bitwise("combined_x", combined, want, ctx)
+                checked += 1
+    finally:
+        buf.destroy()
+    return checked
+
+
+def check_graph_replay(rank: int, world_size: int, config: dict[str, Any], seed: int, T_max: int,
+                       replays: int = 1000, every: int = 100, hooks: bool = False) -> int:
+    """Capture dispatch -> expert op -> combine in one CUDA graph and replay it ``replays``
+    times; every ``every``-th replay runs on fresh inputs (new x, routing and weights copied
+    into the captured tensors), and its output must equal, bitwise, an eager step on the
+    same inputs and the reference. ``hooks``: the step uses receive hooks inside the graph.
+    Returns the number of replays checked."""
+    cfg = from_dict(config)
+    b = cfg.buffer
+    dev = torch.device("cuda", torch.cuda.current_device())
+    L = b.num_experts // world_size
+    scale = (torch.linspace(0.5, 2.0, L) + rank).to(torch.bfloat16).to(dev)
+    routing = Routing("masked", mask_prob=0.2, masked_tokens=0.05)
+    T = T_max - 3  # the graph's token count is fixed; fewer than T_max
+
+    def inputs(case: int):
+        ins = make_inputs(routing, num_tokens=T, hidden=b.hidden, topk=b.topk, num_experts=b.num_experts,
+                          world_size=world_size, dtype=torch.bfloat16, seed=seed + 1009 * case)
+        return ins
+
+    ins = inputs(0)
+    x, idx, w = (t.to(dev).clone() for t in (ins[rank].x, ins[rank].topk_idx, ins[rank].topk_weights))
+    checked = 0
+    with Buffer(None, cfg) as buf:
+        def step() -> torch.Tensor:
+            recv_x, _, handle, _, hook = buf.low_latency_dispatch(x, idx, T_max, b.num_experts,
+                                                                  return_recv_hook=hooks)
+            if hooks:
+                hook()
+            out, _, hook = buf.low_latency_combine(expert_op(recv_x, scale), idx, w, handle, return_recv_hook=hooks)
+            if hooks:
+                hook()
+            return out
+
+        step()  # allocates the low-latency buffer: not allowed inside capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step()
+        for i in range(replays):
+            if i % every == 0:
+                ins = inputs(i // every + 1)
+                x.copy_(ins[rank].x)
+                idx.copy_(ins[rank].topk_idx)
+                w.copy_(ins[rank].topk_weights)
+                eager = step().clone()
+            graph.replay()
+            if i % every == 0:
+                buf.check_low_latency(synchronize=True)
+                ctx = f"rank {rank}/{world_size} graph replay {i} hooks={hooks}"
+                assert_bitwise("graph replay vs eager", out, eager, ctx)
+                ref = reference.low_latency_dispatch([r.x for r in ins], [r.topk_idx for r in ins], b.num_experts,
+                                                     T_max)
+                scales = [(torch.linspace(0.5, 2.0, L) + r).to(torch.bfloat16) for r in range(world_size)]
+                ys = [expert_op(ref.recv[r].recv_x, scales[r]) for r in range(world_size)]
+                want = reference.low_latency_combine(ys, ref, [r.topk_idx for r in ins], [r.topk_weights for r in ins],
+                                                     b.num_experts)[rank]
+                assert_bitwise("graph replay vs reference", out, want, ctx)
+                checked += 1
+        torch.cuda.synchronize()
+        buf.check_low_latency()
+    return checked
+
+
+def absent_rank_low_latency(rank: int, world_size: int, config: dict[str, Any], seed: int, T_max: int) -> str:
+    """Rank 1 never dispatches: the others' receive must raise StallError naming the stage."""
+    import torch.distributed as dist
+    cfg = from_dict(config)
+    b = cfg.buffer
+    dev = torch.device("cuda", torch.cuda.current_device())
+    ins = make_inputs(Routing("uniform"), num_tokens=T_max, hidden=b.hidden, topk=b.topk, num_experts=b.num_experts,
+                      world_size=world_size, dtype=torch.bfloat16, seed=seed)
+    message = "absent"
+    with Buffer(None, cfg) as buf:
+        mine = ins[rank]
+        buf.low_latency_dispatch(mine.x.to(dev), mine.topk_idx.to(dev), T_max, b.num_experts)  # allocates
+        buf.check_low_latency(synchronize=True)
+        dist.barrier()
+        if rank != 1:
+            buf.low_latency_dispatch(mine.x.to(dev), mine.topk_idx.to(dev), T_max, b.num_experts)
+            try:
+                buf.check_low_latency(synchronize=True)
+                message = "no error"
+            except Exception as e:  # the StallError under test
+                message = f"{type(e).__name__}: {e}"
+        dist.barrier()
+    return message

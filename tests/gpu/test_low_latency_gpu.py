@@ -1,0 +1,37 @@
+"""The low-latency mode on the GPU (torch backend): the kernels bitwise against the reference
+at world size 1, 2 and 4 (processes sharing the GPU under MPS), with and without receive
+hooks; a captured CUDA graph of dispatch -> expert op -> combine replayed 1000 times; and a
+rank that never sends making the others raise StallError naming the stage."""
+from __future__ import annotations
+
+import pytest
+
+from symmoe.testing.checks import CHECK_ROUTINGS
+from symmoe.testing.low_latency import absent_rank_low_latency, check_graph_replay, check_low_latency
+
+from test_torch_backend import _on_ranks, _usable, gpu_config  # noqa: F401  (the fixture too)
+
+pytestmark = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("world_size, hidden", [(1, 256), (2, 256), (4, 256), (2, 7168), (4, 7168)])
+def test_low_latency_dispatch_and_combine_match_the_reference_bitwise(world_size, hidden, seed):
+    cfg = gpu_config(**{"buffer.hidden": hidden})
+    T_max = 128 if hidden == 7168 else 48
+    counts = _on_ranks(check_low_latency, world_size, (cfg, seed + world_size, T_max, CHECK_ROUTINGS, "cuda",
+                                                      (False, True), 1))
+    assert counts == [len(CHECK_ROUTINGS) * 2] * world_size
+
+
+@pytest.mark.parametrize("hooks", [False, True])
+def test_a_captured_step_replays_1000_times_bitwise_equal_to_eager(hooks, seed):
+    cfg = gpu_config(**{"buffer.hidden": 2048})
+    assert _on_ranks(check_graph_replay, 2, (cfg, seed + 3, 64, 1000, 100, hooks)) == [10, 10]
+
+
+def test_a_rank_that_never_sends_makes_the_others_raise_stall_error_naming_the_stage(seed):
+    cfg = gpu_config(**{"kernel.timeout_s": 2.0})
+    out = _on_ranks(absent_rank_low_latency, 2, (cfg, seed, 32))
+    assert out[1] == "absent"
+    assert out[0].startswith("StallError: rank 0: stage 'low_latency_dispatch.receive'"), out[0]
+    assert "rank 1's rows" in out[0]
