@@ -182,10 +182,13 @@ def quantize(x: torch.Tensor, scale_format: str = "float32") -> tuple[torch.Tens
     if H % BLOCK:
         raise InputError(f"x has hidden size {H}; FP8 needs a multiple of {BLOCK}")
     blocks = x.float().view(T, H // BLOCK, BLOCK)
-    scale = blocks.abs().amax(dim=2).clamp(min=1e-4) / 448.0
-    if scale_format == "ue8m0":
-        scale = torch.pow(2.0, torch.ceil(torch.log2(scale)))
-    data = (blocks / scale.unsqueeze(2)).to(FP8_DTYPE).view(T, H)
+    amax = blocks.abs().amax(dim=2).clamp(min=1e-4)
+    if scale_format == "float32":
+        scale, mul = amax / 448.0, 448.0 / amax
+    else:
+        scale = torch.pow(2.0, torch.ceil(torch.log2(amax / 448.0)))
+        mul = 1.0 / scale
+    data = (blocks * mul.unsqueeze(2)).to(FP8_DTYPE).view(T, H)
     if scale_format == "float32":
         return data, scale.contiguous()
     cols = formats(H)["ue8m0"].scale_cols
