@@ -16,8 +16,12 @@ receiver with -1 elsewhere and weight 0 there, combine summing the ranks' rows (
 rank-major rule, so no conversion is needed beyond rounding the per-expert counts up to
 ``expert_alignment``.
 
-What symmoe cannot honour raises ``UnsupportedArgument``/``UnsupportedCall`` (FP8 ``x``,
-``low_latency_mode``, ``num_rdma_bytes > 0``, ``enable_shrink``, an mpi4py ``comm``,
+FP8 ``x = (x_e4m3, x_scales)`` (float32 per-128 scales, or UE8M0 packed four to an int32)
+dispatches as in DeepEP: ``recv_x`` is then ``(recv_x_e4m3, recv_x_scales)``, the bytes
+unchanged (``symmoe.fp8``; buffer.dtype bfloat16); combine takes bfloat16.
+
+What symmoe cannot honour raises ``UnsupportedArgument``/``UnsupportedCall`` (an FP8 ``x`` to
+combine, ``low_latency_mode``, ``num_rdma_bytes > 0``, ``enable_shrink``, an mpi4py ``comm``,
 ``bias`` in combine, layout-only dispatch without ``topk_idx``, low-latency/internode
 methods). Pure performance hints are accepted and ignored: ``num_nvl_bytes``, ``config``,
 ``set_num_sms``, ``allocate_on_comm_stream``, ``num_qps_per_rank``,
@@ -186,8 +190,9 @@ class Buffer:
     # -- static helpers ------------------------------------------------------------------------
     @staticmethod
     def is_sm90_compiled() -> bool:
-        """False: DeepEP's SM90-only paths (FP8 dispatch) are not available through this shim."""
-        return False
+        """True: FP8 dispatch, DeepEP's SM90-only path, is available (symmoe moves FP8 rows on
+        every backend)."""
+        return True
 
     @staticmethod
     def set_num_sms(new_num_sms: int) -> None:
@@ -289,13 +294,13 @@ class Buffer:
                             Handle | None, EventOverlap]:
         """``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle,
         event)``; with ``handle=`` (cached dispatch, e.g. the backward of combine)
-        ``(recv_x, None, None, None, None, event)``.
+        ``(recv_x, None, None, None, None, event)``. FP8 ``x = (x_e4m3, x_scales)``: ``recv_x``
+        is ``(recv_x_e4m3, recv_x_scales)``, scales row-major.
 
         ``async_finish=False`` (DeepEP's default): the event holds no CUDA event, as DeepEP's.
         Ignored (performance only): ``config``, ``allocate_on_comm_stream``,
         ``num_tokens_per_rdma_rank`` (intranode DeepEP ignores it too)."""
         api = f"{_API}.dispatch"
-        check_not_fp8(api, x)
         check_int(api, "expert_alignment", expert_alignment, 1)
         check_int(api, "num_worst_tokens", num_worst_tokens, 0)
         wait(previous_event)
