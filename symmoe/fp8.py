@@ -52,8 +52,8 @@ def formats(hidden: int) -> dict[str, Fp8Format]:
 
 
 def is_fp8(x: Any) -> bool:
-    """x is a (data, scales) pair: DeepEP's FP8 form (any other tuple is an error later)."""
-    return isinstance(x, (tuple, list))
+    """x is a tuple: DeepEP's FP8 form ``(data, scales)`` (any other tuple is refused by ``check``)."""
+    return isinstance(x, tuple)
 
 
 def check(x: Any, hidden: int, dtype: torch.dtype, device: torch.device, scale_layout: str) -> tuple[
