@@ -116,22 +116,19 @@ def check_scale_layout(scale_layout: object) -> None:
 def pack(data: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Write each token's e4m3 bytes, then its scale bytes, into ``out`` [T, H] (rows of the
     buffer's dtype, 2H bytes each, room for H + 4S); return ``out``. Bytes past them are left as
-    they are: they travel but no one reads them."""
-    T, H = data.shape
-    b = out.view(torch.uint8)
-    b[:, :H].copy_(data.view(torch.uint8))
-    if T:
-        sb = scales.shape[1] * 4
-        b[:, H:H + sb].copy_(scales.contiguous().view(torch.uint8))
+    they are: they travel but no one reads them. Copies go in 8- and 4-byte words (H is a
+    multiple of 128): byte-wise strided copies took as long as the dispatch itself on an H100."""
+    H = data.shape[1]
+    out.view(torch.int64)[:, :H // 8].copy_(data.view(torch.int64))
+    out.view(torch.int32)[:, H // 4:H // 4 + scales.shape[1]].copy_(scales.view(torch.int32))
     return out
 
 
 def unpack(rows: torch.Tensor, hidden: int, fmt: Fp8Format, scale_layout: str = "row") -> tuple[
         torch.Tensor, torch.Tensor]:
     """Received rows [M, H] of the buffer's dtype -> (x_e4m3 [M, H] contiguous, scales [M, S])."""
-    b = rows.view(torch.uint8)
-    data = b[:, :hidden].contiguous().view(FP8_DTYPE)
-    src = b[:, hidden:hidden + fmt.scale_bytes].view(fmt.scale_dtype)  # a strided view, no copy
+    data = rows.view(torch.int64)[:, :hidden // 8].contiguous().view(FP8_DTYPE)
+    src = rows.view(torch.int32)[:, hidden // 4:hidden // 4 + fmt.scale_cols].view(fmt.scale_dtype)  # no copy
     if scale_layout == "row":
         return data, src.contiguous()
     return data, mn_major_like(src)
