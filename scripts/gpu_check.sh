@@ -3,11 +3,14 @@
 # the kernels, run the GPU tests, benchmarks and A/B runs; a short table is printed last.
 #
 #   scripts/gpu_check.sh [section ...]      default: build test bench
-#   sections: build | test | test-quick | bench | bench-quick | deepep | layer | adapters | training | nccl | nvshmem | ab | timeline | lowlat
+#   sections: build | test | test-quick | bench | bench-quick | deepep | layer | adapters | training | nccl | nvshmem | ab | timeline | lowlat | fp8
 #   lowlat: the low-latency mode's GPU tests (tests/gpu/test_low_latency_gpu.py: W = 1, 2, 4 under MPS,
 #   the CUDA graph replayed 1000 times) and its benchmark (symmoe.bench.low_latency: $LL_TOKENS (128)
 #   tokens per rank at W = $LL_WORLD_SIZES (2,4), beside DeepEP V1's normal mode when deep_ep imports;
 #   LL_SET='kernel.num_sms=132' sets symmoe config values for it)
+#   fp8: the FP8 dispatch tests on every backend (tests/gpu/test_fp8_gpu.py), then FP8 beside bf16
+#   dispatch in one run (symmoe.bench.deepep --fp8, DeepEP too when built); DEEPEP_FP8=float32 adds
+#   the FP8 ops to the deepep section
 #   deepep: symmoe beside DeepEP V1 (symmoe.bench.deepep) at W = $DEEPEP_WORLD_SIZES (2,4) ranks under MPS,
 #   $DEEPEP_TOKENS (128,512,1024,4096,8192) tokens per rank; DeepEP is built by "build" from DEEPEP_SRC
 #   (a DeepEP source tree, scripts/build_deepep.sh), else the section runs symmoe alone and says so
@@ -92,7 +95,7 @@ for s in "${SECTIONS[@]}"; do
         --tokens "${DEEPEP_TOKENS:-128,512,1024,4096,8192}" --repeats "${BENCH_REPEATS:-30}" \
         --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml \
         --config torch-push-20sms=configs/torch.yaml,protocol=push,kernel.num_sms=20 \
-        --config nvshmem-push=configs/nvshmem.yaml \
+        --config nvshmem-push=configs/nvshmem.yaml --fp8 "${DEEPEP_FP8:-none}" \
         --json "$LOG/deepep.json" --md "$LOG/deepep.md" 2>&1 | grep -v -i "warn" | tee "$LOG/deepep.log"
       rc=${PIPESTATUS[0]}; note "deepep side by side exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     layer)  # ratios: DeepEP V1's time (all_to_all_single's without it) over each variant's, one job, one set of weights
@@ -183,9 +186,22 @@ for s in "${SECTIONS[@]}"; do
         2>&1 | grep -v -i "warn" | tee "$LOG/lowlat.log"
       rc=${PIPESTATUS[0]}; note "low-latency bench exit $rc"; [ "$rc" -ne 0 ] && status=1
       reap_ranks ;;
+    fp8)  # FP8 rows bitwise on every backend, then FP8 vs bf16 dispatch (and DeepEP's, when built) in one run
+      eval "extra=(${PYTEST_ARGS:-})"
+      timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_fp8_gpu.py "${extra[@]}" 2>&1 | tee "$LOG/fp8_tests.log"
+      rc=${PIPESTATUS[0]}
+      pytest_note fp8 "$LOG/fp8_tests.log" "$rc"
+      reap_ranks
+      [ "$rc" -ne 0 ] && status=1
+      export SYMMOE_BENCH_COMMAND="$(bench_command scripts/gpu_check.sh fp8)"
+      timeout ${DEEPEP_LIMIT_S:-400} python3 -m symmoe.bench.deepep --fp8 "${FP8_SCALES:-float32}" \
+        --world-sizes "${DEEPEP_WORLD_SIZES:-2}" --tokens "${DEEPEP_TOKENS:-512,4096}" --repeats "${BENCH_REPEATS:-30}" \
+        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml \
+        --json "$LOG/fp8_bench.json" --md "$LOG/fp8_bench.md" 2>&1 | grep -v -i "warn" | tee "$LOG/fp8_bench.log"
+      rc=${PIPESTATUS[0]}; note "fp8 beside bf16 dispatch exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     *) echo "unknown section '$s'"; status=2 ;;
   esac
 done
 
-finish_run deepep.json deepep.md layer.json layer.md lowlat.json train_compare.json bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
+finish_run deepep.json deepep.md layer.json layer.md lowlat.json fp8_bench.md train_compare.json bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
 exit $status

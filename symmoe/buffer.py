@@ -7,7 +7,7 @@ from typing import Any, Callable
 import torch
 import torch.distributed as dist
 
-from . import backends, protocol, validate
+from . import backends, fp8, protocol, validate
 from .config import Config, check_world_size, diff, load
 from .errors import CapacityError, ConfigMismatch, InputError
 from .event import EventOverlap
@@ -95,10 +95,11 @@ class Buffer:
         return (lay.num_tokens_per_rank, None, lay.num_tokens_per_expert, lay.is_token_in_rank,
                 EventOverlap.record(self.device))
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor | None = None,
+    def dispatch(self, x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], topk_idx: torch.Tensor | None = None,
                  topk_weights: torch.Tensor | None = None, *, handle: DispatchHandle | None = None,
                  output_layout: str | None = None, expert_alignment: int | None = None,
-                 num_worst_tokens: int = 0, previous_event: EventOverlap | None = None, record_event: bool = True):
+                 num_worst_tokens: int = 0, previous_event: EventOverlap | None = None, record_event: bool = True,
+                 scale_layout: str = "row"):
         """Send each token to the ranks holding its experts.
 
         Returns ``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list,
@@ -122,14 +123,29 @@ class Buffer:
 
         ``record_event=False``: the returned ``event`` holds no CUDA event (DeepEP's
         ``async_finish=False``). Every call runs on the current stream, so later work there
-        is ordered after it anyway; recording one costs about 30 µs of host time."""
+        is ordered after it anyway; recording one costs about 30 µs of host time.
+
+        FP8 ``x = (x_e4m3 [T, H], scales)`` (``symmoe.fp8``; float32 scales [T, H/128] or UE8M0
+        packed four to an int32 [T, H/512]; buffer.dtype bfloat16): the bytes of both move
+        unchanged, in either layout, and ``recv_x`` is the pair ``(recv_x_e4m3, recv_scales)``,
+        the scales row-major or, with ``scale_layout="mn_major"``, in DeepGEMM's TMA-aligned
+        MN-major layout. Each token's rows are packed into this rank's input region first
+        (what ``input_view`` holds is overwritten). Combine takes ``buffer.dtype`` rows."""
         self._check_open("dispatch")
         validate.check_num_worst_tokens(num_worst_tokens)
+        fp8_format = None
+        if fp8.is_fp8(x):
+            data, scales, fp8_format = fp8.check(x, self.layout.hidden, self.dtype, self.device, scale_layout)
+            x = self._protocol.input_view(data.shape[0], self.dtype)  # validated below, packed after
+        else:
+            fp8.check_scale_layout(scale_layout)
         if handle is not None:
             validate.check_cached_dispatch(x, handle, topk_idx, topk_weights, self.layout, self.dtype, self.device,
                                            output_layout, expert_alignment, id(self))
             if previous_event is not None:
                 previous_event.current_stream_wait()
+            if fp8_format is not None:
+                fp8.pack(data, scales, x)
             recv = self._protocol.dispatch_cached(x, handle, num_worst_tokens)
         else:
             output_layout = output_layout or self.config.buffer.output_layout
@@ -138,6 +154,8 @@ class Buffer:
                                     output_layout, alignment, values=not self._protocol.checks_topk_values)
             if previous_event is not None:
                 previous_event.current_stream_wait()
+            if fp8_format is not None:
+                fp8.pack(data, scales, x)
             recv, handle = self._protocol.dispatch(x, topk_idx, topk_weights, output_layout, alignment,
                                                    num_worst_tokens)
         per_expert = recv.num_recv_tokens_per_expert
@@ -145,7 +163,17 @@ class Buffer:
             per_expert = per_expert.to(recv.x.device)  # already there where no host wait counted it
         else:
             per_expert = per_expert.tolist()
-        return recv.x, recv.topk_idx, recv.topk_weights, per_expert, handle, self._event(record_event)
+        recv_x = recv.x if fp8_format is None else fp8.unpack(recv.x, self.layout.hidden, fp8_format, scale_layout)
+        return recv_x, recv.topk_idx, recv.topk_weights, per_expert, handle, self._event(record_event)
+
+    def grouped_layout(self, handle: DispatchHandle, psum: bool = False) -> torch.Tensor:
+        """DeepGEMM's grouped layout of an expert-major dispatch's rows, for
+        ``deep_gemm.m_grouped_fp8_gemm_nt_contiguous`` (``reference.grouped_layout``): int32
+        [rows], each row's local expert, -1 on padding; or ``psum=True``: int32 [local experts],
+        where each expert's real rows end. On the outputs' device, with no host wait."""
+        self._check_open("grouped_layout")
+        validate.check_grouped_layout(handle, id(self))
+        return fp8.grouped_layout(handle.expert_offsets, handle.recv_src_rank, psum)
 
     def handle_keeps_routing(self, output_layout: str) -> bool:
         """True when the handles of this Buffer's dispatches in ``output_layout`` keep their own

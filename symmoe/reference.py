@@ -17,6 +17,10 @@ Ordering and reduction rules that make results bitwise reproducible:
   Padding rows have expert id -1 and weight 0.
 * Worst-case-sized outputs (``num_worst_tokens=N``, DeepEP's name): the same rows, then rows up
   to N with x 0, expert ids -1, weights 0 and sources -1 (``pad_recv``).
+* FP8 rows (``xs[s] = (x_e4m3 [T, H], scales [T, S])``, float32 or packed UE8M0 scales):
+  the same rows, each token's e4m3 bytes and scale bytes unchanged; padding and worst-case
+  rows are zero bytes. ``recv.x`` is then the pair ``(x_e4m3, scales)``, scales row-major.
+  ``grouped_layout`` gives DeepGEMM's grouped layout of expert-major rows.
 * Combine accumulates in fp32 and casts once. Rank-major: plain sum over destination
   ranks in ascending order (the expert computation applied the weights). Expert-major:
   ``sum_k fp32(w[t, k]) * fp32(y[row(t, k)])`` in ascending ``k``, each product rounded
@@ -24,7 +28,7 @@ Ordering and reduction rules that make results bitwise reproducible:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Sequence
 
 import torch
@@ -53,11 +57,35 @@ def dispatch(
 ) -> DispatchResult:
     W = len(xs)
     L = experts_per_rank(num_experts, W)
+    if W and isinstance(xs[0], (tuple, list)):
+        return _dispatch_fp8(xs, topk_idxs, topk_weights, num_experts, layout, alignment)
     if layout == "rank":
         return _dispatch_rank_major(xs, topk_idxs, topk_weights, W, L)
     if layout == "expert":
         return _dispatch_expert_major(xs, topk_idxs, topk_weights, W, L, alignment)
     raise ValueError(f"layout={layout!r}: expected 'rank' or 'expert'")
+
+
+def _dispatch_fp8(xs, topk_idxs, topk_weights, num_experts, layout, alignment) -> DispatchResult:
+    """Each token's e4m3 bytes and scale bytes side by side, dispatched as one byte row."""
+    hidden = xs[0][0].shape[1]
+    scale_dtype = xs[0][1].dtype
+    rows = [torch.cat([d.view(torch.uint8), s.contiguous().view(torch.uint8)], dim=1) for d, s in xs]
+    out = dispatch(rows, topk_idxs, topk_weights, num_experts, layout, alignment)
+    recv = [replace(r, x=(r.x[:, :hidden].contiguous().view(torch.float8_e4m3fn),
+                          r.x[:, hidden:].contiguous().view(scale_dtype))) for r in out.recv]
+    return DispatchResult(recv, out.send_rows)
+
+
+def grouped_layout(recv: RecvResult, psum: bool = False) -> torch.Tensor:
+    """DeepGEMM's grouped layout of an expert-major result (``m_grouped_fp8_gemm_nt_contiguous``):
+    int32 [rows], each row's local expert and -1 on padding; or ``psum``: int32 [L], where each
+    expert's real rows end (its padded group's start plus its count)."""
+    if recv.expert_offsets is None:
+        raise ValueError("grouped_layout needs an expert-major result")
+    if not psum:
+        return recv.topk_idx.to(torch.int32)
+    return (recv.expert_offsets[:-1] + recv.num_recv_tokens_per_expert.long()).to(torch.int32)
 
 
 def _dispatch_rank_major(xs, topk_idxs, topk_weights, W, L) -> DispatchResult:

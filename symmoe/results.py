@@ -25,7 +25,7 @@ class DispatchLayout:
 class RecvResult:
     """What one receiving rank gets from dispatch."""
 
-    x: torch.Tensor  # [N, H] rank-major, [M_padded, H] expert-major
+    x: torch.Tensor  # [N, H] rank-major, [M_padded, H] expert-major; FP8: (x_e4m3, scales)
     topk_idx: torch.Tensor  # [N, K] int64 (rank-major) or [M_padded] int64 (expert-major)
     topk_weights: torch.Tensor  # [N, K] float32 or [M_padded] float32
     num_recv_tokens_per_expert: torch.Tensor  # [L] int32, unpadded
@@ -36,7 +36,8 @@ class RecvResult:
 
 def fill_tail(recv: RecvResult, rows: int) -> None:
     """The rows of ``recv`` from ``rows`` on, in place: x 0, expert ids -1, weights 0, sources -1."""
-    recv.x[rows:].zero_()
+    for x in (recv.x if isinstance(recv.x, tuple) else (recv.x,)):
+        x[rows:].zero_()
     recv.topk_idx[rows:].fill_(-1)
     recv.topk_weights[rows:].zero_()
     recv.src_rank[rows:].fill_(-1)
@@ -45,14 +46,15 @@ def fill_tail(recv: RecvResult, rows: int) -> None:
 
 def pad_recv(recv: RecvResult, n: int) -> RecvResult:
     """``recv`` grown to ``n`` rows (worst-case-sized outputs; ``n`` >= its rows)."""
-    rows = recv.x.shape[0]
+    rows = recv.topk_idx.shape[0]
     if n <= rows:
         return recv
 
     def grow(t: torch.Tensor) -> torch.Tensor:
         return torch.cat([t, t.new_empty((n - rows, *t.shape[1:]))])
 
-    out = replace(recv, x=grow(recv.x), topk_idx=grow(recv.topk_idx), topk_weights=grow(recv.topk_weights),
+    x = tuple(grow(t) for t in recv.x) if isinstance(recv.x, tuple) else grow(recv.x)
+    out = replace(recv, x=x, topk_idx=grow(recv.topk_idx), topk_weights=grow(recv.topk_weights),
                   src_rank=grow(recv.src_rank), src_token=grow(recv.src_token))
     fill_tail(out, rows)
     return out

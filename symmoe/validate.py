@@ -129,6 +129,13 @@ def check_cached_dispatch(x: object, handle: object, topk_idx: object, topk_weig
                          "(omit it, or dispatch again without handle=)")
 
 
+def check_grouped_layout(handle: object, buffer_id: int) -> None:
+    h = _check_handle(handle, buffer_id, "grouped_layout")
+    if h.output_layout != "expert" or h.expert_offsets is None:
+        raise InputError(f"grouped_layout: the handle's dispatch was {h.output_layout}-major; DeepGEMM's grouped "
+                         "layout exists for output_layout='expert' only")
+
+
 def check_combine(y: object, handle: object, recv_topk_weights: object, lay: BufferLayout,
                   dtype: torch.dtype, device: torch.device, buffer_id: int) -> None:
     handle = _check_handle(handle, buffer_id, "combine")

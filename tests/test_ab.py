@@ -113,6 +113,52 @@ def test_worst_case_dispatch_is_checked_on_its_own_rows(tmp_path, monkeypatch, c
             "(round 0, check pass)") in err, err
 
 
+FP8_WORKLOAD = "{tokens_per_rank: 32, hidden: 1024, topk: 8, num_experts: 64, fp8: ue8m0, output_layout: expert, " \
+               "expert_alignment: 8, warmup: 1, repeats: 2}"
+
+
+def test_fp8_workload_runs_every_variant_bitwise_and_counts_e4m3_and_scale_bytes(tmp_path, capsys):
+    spec = write_spec(tmp_path, f"""
+    world_size: 2
+    workload: {FP8_WORKLOAD}
+    """, two_host_variants())
+    out = tmp_path / "out"
+    rc = cli.main([spec, "--out", str(out), "--quiet"])
+    cap = capsys.readouterr()
+    assert rc == 0, cap.err
+    assert "FP8 (ue8m0 scales), expert-major" in cap.out
+    res = json.loads((out / "results.json").read_text())
+    for r in res["ranks"]:
+        assert r["bytes"]["row_bytes"] == 1024 + 4 * 2 and r["bytes"]["total_bytes"] == r["bytes"]["rows"] * 1032
+
+
+def test_a_corrupted_fp8_scale_is_caught_naming_the_scales(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(TEST_HOOKS_ENV, "1")
+    spec = write_spec(tmp_path, f"""
+    world_size: 2
+    workload: {FP8_WORKLOAD}
+    """, two_host_variants(", _corrupt: {tensor: recv_x_scales, rank: 0, row: 1, col: 1}"))
+    rc = cli.main([spec, "--out", str(tmp_path / "out"), "--quiet"])
+    err = capsys.readouterr().err
+    assert rc == cli.EXIT_MISMATCH
+    assert "variant 'pull' differs from variant 'push' on rank 0 in recv_x_scales at row 1, column 1" in err, err
+
+
+@pytest.mark.parametrize("workload, variant, key, allowed", [
+    ("fp8: float32, dtype: float32", "", "workload.dtype = 'float32'", "must be bfloat16 with workload.fp8 = float32"),
+    ("fp8: ue8m0, hidden: 1000", "", "workload.hidden = 1000", "must be a multiple of 128 with workload.fp8 = ue8m0"),
+    ("fp8: e5m2", "", "workload.fp8 = 'e5m2'", "none, float32, ue8m0"),
+    ("fp8: float32, hidden: 1024", ", x_in_buffer: true", "variants[1] ('pull').x_in_buffer = True",
+     "FP8 rows are packed into the input region by dispatch itself"),
+])
+def test_fp8_workload_errors_name_the_key(tmp_path, workload, variant, key, allowed):
+    msg = _spec_error(tmp_path, f"""
+    world_size: 2
+    workload: {{tokens_per_rank: 32, topk: 8, num_experts: 64, {workload}}}
+    """, two_host_variants(variant))
+    assert key in msg and allowed in msg, msg
+
+
 def test_corrupt_hook_call_names_the_calls_it_takes(tmp_path, monkeypatch):
     monkeypatch.setenv(TEST_HOOKS_ENV, "1")
     msg = _spec_error(tmp_path, f"""
@@ -162,6 +208,9 @@ def test_shipped_specs_load():
     pm = load_spec(os.path.join(AB, "push_modes.yaml"))
     assert [(v.config.backend, v.config.kernel.push_mode) for v in pm.variants] == [
         ("torch", "unpack"), ("torch", "stream"), ("nccl", "unpack"), ("nccl", "stream")]
+    f8 = load_spec(os.path.join(AB, "fp8.yaml"))
+    assert (f8.workload.fp8, f8.workload.expert_alignment) == ("float32", 128)
+    assert {v.config.buffer.expert_alignment for v in f8.variants} == {128}
     xb = load_spec(os.path.join(AB, "x_in_buffer.yaml"))
     assert [(v.config.effective_protocol, v.x_in_buffer) for v in xb.variants] == [("pull", False), ("pull", True)]
 

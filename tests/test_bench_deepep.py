@@ -75,3 +75,34 @@ def test_ranks_keep_the_default_mps_share_unless_a_put_protocol_runs(monkeypatch
     assert deepep.rank_env(4, "auto", "torch", "nvshmem")[share] == "25"
     assert share not in deepep.rank_env(4, "auto", "torch")
     assert share not in deepep.rank_env(4, "default", "nvshmem")
+
+
+def test_fp8_ops_get_their_own_rows_beside_the_bf16_ops_of_the_same_run():
+    rank = _rank({"deepep": 200.0, "torch-push": 100.0})
+    for n in ("deepep", "torch-push"):
+        rank["cells"]["512"]["median_us"][n].update({"fp8_dispatch": 80.0 if n == "torch-push" else 120.0,
+                                                     "fp8_cached_dispatch": 60.0})
+    res = deepep.summarize(2, [rank], ["deepep", "torch-push"], "default")
+    assert [r["op"] for r in res["rows"]] == list(deepep.OPS) + ["fp8_dispatch", "fp8_cached_dispatch"]
+    row = next(r for r in res["rows"] if r["op"] == "fp8_dispatch")
+    assert row["us"] == {"deepep": 120.0, "torch-push": 80.0} and row["ratio"] == {"torch-push": 1.5}
+    assert "| 2 | 512 | fp8_dispatch | 120 | 80 (1.50) |" in deepep.markdown([res])
+
+
+def test_fp8_outputs_are_equal_only_when_the_e4m3_bytes_and_the_scales_are():
+    import torch
+    from symmoe import fp8
+    data, sf = fp8.quantize(torch.randn(6, 256))
+    col_major = fp8.mn_major_like(sf)  # DeepEP may lay its scales out otherwise: values count, not strides
+    assert deepep._bitwise((data, sf), (data.clone(), col_major))
+    flipped = data.view(torch.uint8).clone()
+    flipped[2, 7] ^= 1
+    assert not deepep._bitwise((flipped.view(torch.float8_e4m3fn), sf), (data, sf))
+    assert not deepep._bitwise((data, sf), (data, sf + 1))
+    assert not deepep._bitwise((data, sf), data)
+
+
+def test_the_fp8_option_names_its_scale_kinds(capsys):
+    with pytest.raises(SystemExit):
+        deepep.main(["--fp8", "e5m2"])
+    assert "invalid choice: 'e5m2' (choose from 'none', 'float32', 'ue8m0')" in capsys.readouterr().err

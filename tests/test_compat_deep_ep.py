@@ -374,10 +374,83 @@ def v2_without_cpu_sync_returns_worst_case_sizes(rank, world_size, seed):
     assert_bitwise("combined_x", combined_x, _ref_combine(ys, ref, inputs)[rank][0], ctx)
 
 
+CFG8 = small_config(**{"kernel.timeout_s": 20.0, "buffer.hidden": 256})  # FP8: a multiple of 128 channels
+
+
+def _fp8_cases(rank, world_size, seed, layout, alignment):
+    """Per routing: every rank's FP8 inputs (float32 and UE8M0 scales in turn), this rank's x,
+    the reference dispatch and a label."""
+    from symmoe import fp8
+    for i, routing in enumerate(ROUTINGS):
+        counts = torch.randint(0, CFG8.buffer.max_tokens_per_rank + 1, (world_size,),
+                               generator=torch.Generator().manual_seed(seed + i)).tolist()
+        inputs = make_inputs(routing, num_tokens=counts, hidden=256, topk=B.topk, num_experts=B.num_experts,
+                             world_size=world_size, dtype=torch.bfloat16, seed=seed + i)
+        fmt = ("float32", "ue8m0")[i % 2]
+        xs = [fp8.quantize(inp.x, fmt) for inp in inputs]
+        ref = reference.dispatch(xs, [inp.topk_idx for inp in inputs], [inp.topk_weights for inp in inputs],
+                                 B.num_experts, layout, alignment)
+        yield inputs, xs, ref, f"rank {rank}/{world_size} FP8 {fmt} routing={routing.kind}"
+
+
+def _assert_fp8(name, got, want, ctx):
+    assert isinstance(got, tuple) and len(got) == 2, f"{ctx}: {name} is {type(got).__name__}, not (x_e4m3, scales)"
+    assert_bitwise(name + " e4m3", got[0].view(torch.uint8), want[0].view(torch.uint8), ctx)
+    assert_bitwise(name + " scales", got[1], want[1], ctx)
+
+
+def v1_fp8_dispatch_matches_reference(rank, world_size, seed):
+    """DeepEP V1's FP8 dispatch: x = (x_e4m3, x_scales) in, recv_x = (e4m3, scales) out, bytes
+    unchanged; combine in bfloat16; the cached dispatch of the backward pass takes FP8 too."""
+    buf = deep_ep.Buffer(dist.group.WORLD, 0, symmoe_config=CFG8)
+    try:
+        for inputs, xs, ref, ctx in _fp8_cases(rank, world_size, seed, "rank", 1):
+            mine = inputs[rank]
+            recv_x, recv_idx, recv_w, per_expert, handle, _ = buf.dispatch(
+                xs[rank], topk_idx=mine.topk_idx, topk_weights=mine.topk_weights)
+            want = ref.recv[rank]
+            _assert_fp8("recv_x", recv_x, want.x, ctx)
+            assert_bitwise("recv_topk_idx", recv_idx, want.topk_idx, ctx)
+            assert per_expert == want.num_recv_tokens_per_expert.tolist(), ctx
+            ys = _per_rank_randn([(r.topk_idx.shape[0], 256) for r in ref.recv], seed)
+            combined_x, _, _ = buf.combine(ys[rank], handle)
+            assert_bitwise("combined_x", combined_x, _ref_combine(ys, ref, inputs)[rank][0], ctx)
+            recv_again, *_ = buf.dispatch(xs[rank], handle=handle)
+            _assert_fp8("cached recv_x", recv_again, want.x, ctx)
+    finally:
+        buf.destroy()
+
+
+def v2_fp8_expanded_dispatch_is_deep_gemm_ready(rank, world_size, seed):
+    """DeepEP V2's FP8 dispatch with do_expand and use_tma_aligned_col_major_sf: the rows
+    grouped by expert, the scales in DeepGEMM's MN-major TMA-aligned layout, and the handle's
+    psum_num_recv_tokens_per_expert DeepGEMM's psum grouped layout."""
+    from symmoe.fp8 import tma_aligned_rows
+    buf = deep_ep_v2.ElasticBuffer(dist.group.WORLD, use_fp8_dispatch=True, symmoe_config=CFG8,
+                                   allow_multiple_reduction=False)
+    try:
+        for inputs, xs, ref, ctx in _fp8_cases(rank, world_size, seed, "expert", 4):
+            mine, want = inputs[rank], ref.recv[rank]
+            recv_x, _, recv_w, handle, _ = buf.dispatch(
+                xs[rank], topk_idx=mine.topk_idx, topk_weights=mine.topk_weights, expert_alignment=4, do_expand=True,
+                use_tma_aligned_col_major_sf=True)
+            _assert_fp8("recv_x", recv_x, want.x, ctx)
+            M = recv_x[1].shape[0]
+            assert M == 0 or recv_x[1].stride() == (1, tma_aligned_rows(M)), f"{ctx}: {recv_x[1].stride()}"
+            assert_bitwise("recv_topk_weights", recv_w, want.topk_weights, ctx)
+            assert_bitwise("psum_num_recv_tokens_per_expert", handle.psum_num_recv_tokens_per_expert,
+                           reference.grouped_layout(want, psum=True), ctx)
+            recv_again, *_ = buf.dispatch(xs[rank], handle=handle, do_expand=True, use_tma_aligned_col_major_sf=True)
+            _assert_fp8("cached recv_x", recv_again, want.x, ctx)
+    finally:
+        buf.destroy()
+
+
 SCENARIOS = [v1_forward_matches_reference_and_symmoe, v1_backward_passes_match_reference,
              v1_handles_of_several_layers_stay_valid, v1_expert_alignment_and_num_worst_tokens,
              v2_forward_matches_reference, v2_expanded_layout_matches_reference, v2_backward_and_cached_dispatch,
-             v2_without_cpu_sync_returns_worst_case_sizes]
+             v2_without_cpu_sync_returns_worst_case_sizes, v1_fp8_dispatch_matches_reference,
+             v2_fp8_expanded_dispatch_is_deep_gemm_ready]
 
 
 def run_scenarios(rank, world_size, seed):
@@ -435,6 +508,14 @@ def test_v2_without_cpu_sync_outputs_have_deepep_worst_case_sizes(ranks):
     _passed(ranks, v2_without_cpu_sync_returns_worst_case_sizes)
 
 
+def test_v1_fp8_dispatch_returns_the_bytes_as_deepep_returns_them(ranks):
+    _passed(ranks, v1_fp8_dispatch_matches_reference)
+
+
+def test_v2_fp8_expanded_dispatch_gives_deep_gemm_its_layout(ranks):
+    _passed(ranks, v2_fp8_expanded_dispatch_is_deep_gemm_ready)
+
+
 # ---- what cannot be honoured raises (one process, no spawn) ---------------------------------------
 @pytest.fixture
 def v1():
@@ -465,16 +546,18 @@ def test_v1_buffer_rejects_modes_symmoe_does_not_have(kwargs, arg):
     assert "not supported by symmoe" in str(e.value)
 
 
-def test_v1_fp8_bias_and_layout_only_dispatch_raise_naming_the_argument(v1):
+def test_v1_fp8_combine_bias_and_layout_only_dispatch_raise_naming_the_argument(v1):
     mine = _one_rank_inputs()
     layout = v1.get_dispatch_layout(mine.topk_idx, B.num_experts)
-    fp8 = (mine.x.to(torch.float8_e4m3fn), torch.ones(mine.x.shape[0], B.hidden // 128 + 1))
-    with pytest.raises(UnsupportedArgument, match=r"x=\(Tensor\(dtype=torch.float8_e4m3fn.*FP8"):
+    fp8 = (mine.x.to(torch.float8_e4m3fn), torch.ones(mine.x.shape[0], 1))
+    with pytest.raises(InputError, match="FP8 x has hidden size 64; FP8 dispatch needs a multiple of 128"):
         v1.dispatch(fp8, topk_idx=mine.topk_idx, topk_weights=mine.topk_weights)
     with pytest.raises(UnsupportedArgument, match="topk_idx=None.*layout-only dispatch"):
         v1.dispatch(mine.x, num_tokens_per_rank=layout[0], is_token_in_rank=layout[3],
                     num_tokens_per_expert=layout[2])
     *_, handle, _ = v1.dispatch(mine.x, topk_idx=mine.topk_idx, topk_weights=mine.topk_weights)
+    with pytest.raises(UnsupportedArgument, match=r"x=\(Tensor\(dtype=torch.float8_e4m3fn.*FP8 is for dispatch only"):
+        v1.combine(fp8, handle)
     with pytest.raises(UnsupportedArgument, match="bias=Tensor.*no bias term"):
         v1.combine(torch.zeros(handle.symmoe.num_recv_rows, B.hidden, dtype=torch.bfloat16), handle,
                    bias=torch.zeros(mine.x.shape, dtype=torch.bfloat16))
@@ -520,9 +603,8 @@ def test_v1_size_hints_map_onto_symmoe_layout():
         deep_ep.set_default_config(None)
 
 
-@pytest.mark.parametrize("kwargs, arg", [({"use_fp8_dispatch": True}, "use_fp8_dispatch=True"),
-                                         ({"num_cpu_bytes": 1 << 21}, "num_cpu_bytes=2097152")])
-def test_v2_buffer_rejects_fp8_and_engram_storage(kwargs, arg):
+@pytest.mark.parametrize("kwargs, arg", [({"num_cpu_bytes": 1 << 21}, "num_cpu_bytes=2097152")])
+def test_v2_buffer_rejects_engram_storage(kwargs, arg):
     with pytest.raises(UnsupportedArgument, match=arg):
         deep_ep_v2.ElasticBuffer(None, symmoe_config=CFG, **kwargs)
 

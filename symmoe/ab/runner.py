@@ -25,14 +25,14 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from .. import launch, reference
+from .. import fp8, launch, reference
 from ..bench.ops import OPS
 from ..bench.timing import flush_l2, sleep_cycles_for
 from ..buffer import Buffer
 from ..layout import DTYPES
 from ..progress import Progress
 from ..testing.compare import bits as _bits, first_bit_difference
-from ..workload import make_inputs, make_topk_idxs
+from ..workload import RankInputs, make_inputs, make_topk_idxs
 from .spec import TENSORS, Spec
 
 
@@ -178,11 +178,15 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
     inputs = make_inputs(routing, num_tokens=T, hidden=wl.hidden, topk=wl.topk, num_experts=wl.num_experts,
                          world_size=world_size, dtype=dtype, seed=wl.seed,
                          ranks=None if spec.reference else [rank])
+    if wl.fp8 != "none":  # x as (e4m3, scales), quantized from the same bfloat16 rows
+        inputs = [None if i is None else RankInputs(fp8.quantize(i.x, wl.fp8), i.topk_idx, i.topk_weights)
+                  for i in inputs]
     idxs = ([i.topk_idx for i in inputs] if spec.reference else
             make_topk_idxs(routing, num_tokens=T, topk=wl.topk, num_experts=wl.num_experts, world_size=world_size,
                            seed=wl.seed))
-    nbytes = account_bytes(idxs, rank, wl.num_experts, wl.output_layout, wl.hidden * dtype.itemsize,
-                           job.ranks_per_node)
+    row_bytes = (wl.hidden * dtype.itemsize if wl.fp8 == "none"
+                 else wl.hidden + fp8.formats(wl.hidden)[wl.fp8].scale_bytes)  # e4m3 bytes and their scales
+    nbytes = account_bytes(idxs, rank, wl.num_experts, wl.output_layout, row_bytes, job.ranks_per_node)
     # DeepEP V1's worst-case sizes (rank-major: every token of every rank), timed beside the
     # exact dispatch: on the GPU backends it has no host wait.
     worst = world_size * T if wl.output_layout == "rank" else 0
@@ -230,7 +234,7 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
 
                 dev = buf.device
                 if dev not in by_device:
-                    by_device[dev] = (mine.x.to(dev), mine.topk_idx.to(dev), mine.topk_weights.to(dev))
+                    by_device[dev] = (_to(mine.x, dev), mine.topk_idx.to(dev), mine.topk_weights.to(dev))
                 x, idx, w = by_device[dev]
                 if v.x_in_buffer:  # where the layer before would have written it (same rows)
                     x = in_buffer.get(vi)
@@ -242,7 +246,7 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
                 ev.synchronize()
                 check(_recv_outputs(rx, ri, rw, per_expert))
                 if not y_by_device:  # expert outputs for combine: the first variant's recv rows
-                    y_by_device[dev] = (rx.clone(), rw.clone() if wl.output_layout == "rank" else None)
+                    y_by_device[dev] = (_expert_rows(rx, dtype), rw.clone() if wl.output_layout == "rank" else None)
                 if dev not in y_by_device:
                     y0, yw0 = next(iter(y_by_device.values()))
                     y_by_device[dev] = (y0.to(dev), yw0.to(dev) if yw0 is not None else None)
@@ -286,13 +290,23 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
             b.close()
 
 
-def _recv_outputs(rx: torch.Tensor, ri: torch.Tensor, rw: torch.Tensor,
+def _to(x: torch.Tensor | tuple[torch.Tensor, torch.Tensor], dev: torch.device):
+    return tuple(t.to(dev) for t in x) if isinstance(x, tuple) else x.to(dev)
+
+
+def _expert_rows(rx: torch.Tensor | tuple[torch.Tensor, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """Expert outputs for combine made from the received rows (FP8: its e4m3 values in ``dtype``)."""
+    return rx[0].to(dtype) if isinstance(rx, tuple) else rx.clone()
+
+
+def _recv_outputs(rx: torch.Tensor | tuple[torch.Tensor, torch.Tensor], ri: torch.Tensor, rw: torch.Tensor,
                   per_expert: list[int] | torch.Tensor) -> dict[str, Any]:
     """A dispatch's outputs by name; the per-expert counts (a list, or a tensor at worst-case
-    sizes) as int64 on the host."""
+    sizes) as int64 on the host; FP8 rows as recv_x (e4m3) and recv_x_scales."""
     counts = (per_expert.to("cpu", torch.int64) if isinstance(per_expert, torch.Tensor)
               else torch.tensor(per_expert, dtype=torch.int64))
-    return {"recv_x": rx, "recv_topk_idx": ri, "recv_topk_weights": rw, "num_recv_tokens_per_expert": counts}
+    rx, scales = rx if isinstance(rx, tuple) else (rx, None)
+    return {"recv_x": rx, "recv_x_scales": scales, "recv_topk_idx": ri, "recv_topk_weights": rw, "num_recv_tokens_per_expert": counts}
 
 
 def _problem(rnd: int, warmup: int, variant: str, against: str, rank: int, tensor: str,
@@ -319,11 +333,11 @@ def _reference(inputs, rank: int, wl, gpu: torch.device | None, worst: int) -> d
     expert outputs (every receiver's own recv rows, and for rank-major its recv weights):
     "exact" for dispatch, cached dispatch and combine, "worst" for a dispatch of ``worst`` rows."""
     dev = gpu or torch.device("cpu")
-    xs = [i.x.to(dev) for i in inputs]
+    xs = [_to(i.x, dev) for i in inputs]
     idxs = [i.topk_idx.to(dev) for i in inputs]
     ws = [i.topk_weights.to(dev) for i in inputs]
     ref = reference.dispatch(xs, idxs, ws, wl.num_experts, wl.output_layout, wl.expert_alignment)
-    ys = [r.x for r in ref.recv]
+    ys = [_expert_rows(r.x, DTYPES[wl.dtype]) for r in ref.recv]
     rws = [r.topk_weights for r in ref.recv] if wl.output_layout == "rank" else None
     comb = reference.combine(ys, ref, idxs, ws, wl.num_experts, wl.output_layout, rws)
     me = ref.recv[rank]

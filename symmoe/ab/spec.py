@@ -13,6 +13,8 @@ names the spec file, the key, the value and what is allowed. A spec looks like::
       topk: 8
       num_experts: 64
       dtype: bfloat16        # bfloat16 | float16 | float32
+      fp8: none              # none | float32 | ue8m0: x dispatched as (e4m3, scales) of that kind
+                             # (dtype bfloat16, hidden a multiple of 128; combine in bfloat16)
       output_layout: rank    # rank | expert
       expert_alignment: 1    # expert-major group padding
       routing: {kind: zipf, zipf_s: 1.2}   # or just: uniform
@@ -56,8 +58,9 @@ from ..workload import ROUTINGS, Routing, load_replay
 TEST_HOOKS_ENV = "SYMMOE_AB_TEST_HOOKS"  # "1": honour the variant key `_corrupt` (tests only)
 
 TOP_KEYS = ("name", "description", "world_size", "ranks_per_node", "reference", "workload", "variants", "fallback")
-WORKLOAD_KEYS = ("tokens_per_rank", "hidden", "topk", "num_experts", "dtype", "output_layout", "expert_alignment",
-                 "routing", "seed", "warmup", "repeats", "timing")
+WORKLOAD_KEYS = ("tokens_per_rank", "hidden", "topk", "num_experts", "dtype", "fp8", "output_layout",
+                 "expert_alignment", "routing", "seed", "warmup", "repeats", "timing")
+FP8_KINDS = ("none", "float32", "ue8m0")  # workload.fp8: x as it is, or (e4m3, scales of that kind)
 # What a GPU call's time covers: "call" the whole call as a user makes it with the GPU idle (the
 # host's launch work included), "device" the call queued behind a 1 ms sleep kernel, as
 # symmoe.bench times it (the launch work hidden; a host wait inside the call still counts).
@@ -71,7 +74,7 @@ ROUTING_PARAMS: dict[str, tuple[str, ...]] = {
 CORRUPT_KEYS = ("tensor", "rank", "row", "col", "call")
 CORRUPT_CALLS = ("exact", "worst")  # `call`: only the exact calls' outputs, or only the worst-case dispatch's
 # The tensors compared across variants, in the order they are compared.
-TENSORS = ("recv_x", "recv_topk_idx", "recv_topk_weights", "num_recv_tokens_per_expert", "combined_x",
+TENSORS = ("recv_x", "recv_x_scales", "recv_topk_idx", "recv_topk_weights", "num_recv_tokens_per_expert", "combined_x",
            "combined_topk_weights")
 # Buffer keys that must equal the workload's in every variant.
 SIZED_KEYS = ("hidden", "topk", "num_experts", "dtype")
@@ -88,6 +91,7 @@ class Workload:
     topk: int = 8
     num_experts: int = 256
     dtype: str = "bfloat16"
+    fp8: str = "none"  # FP8_KINDS
     output_layout: str = "rank"
     expert_alignment: int = 1
     routing: dict[str, Any] = field(default_factory=lambda: {"kind": "uniform"})  # kind + its parameters
@@ -114,7 +118,7 @@ class Workload:
             r = {"path": os.path.basename(r["path"])}
         params = ", ".join(f"{k}={v}" for k, v in r.items())
         return (f"{self.tokens_per_rank} tokens/rank, hidden {self.hidden}, top-{self.topk} of {self.num_experts} "
-                f"experts, {self.dtype}, {self.output_layout}-major, routing {kind}{f'({params})' if params else ''}, "
+                f"experts, {self.dtype if self.fp8 == 'none' else f'FP8 ({self.fp8} scales)'}, {self.output_layout}-major, routing {kind}{f'({params})' if params else ''}, "
                 f"seed {self.seed}")
 
 
@@ -229,6 +233,8 @@ def _workload(src: str, spec_dir: str, data: Any) -> Workload:
             kw[k] = _int(src, f"workload.{k}", data[k], lo, hi)
     if "dtype" in data:
         kw["dtype"] = _choice(src, "workload.dtype", data["dtype"], tuple(DTYPES))
+    if "fp8" in data:
+        kw["fp8"] = _choice(src, "workload.fp8", data["fp8"], FP8_KINDS)
     if "output_layout" in data:
         kw["output_layout"] = _choice(src, "workload.output_layout", data["output_layout"], ("rank", "expert"))
     if "timing" in data:
@@ -237,6 +243,12 @@ def _workload(src: str, spec_dir: str, data: Any) -> Workload:
     w = Workload(**kw)
     if w.hidden % 8:
         raise _err(src, "workload.hidden", w.hidden, "must be a multiple of 8")
+    if w.fp8 != "none" and w.hidden % 128:
+        raise _err(src, "workload.hidden", w.hidden, f"must be a multiple of 128 with workload.fp8 = {w.fp8} (one "
+                   "scale per 128 channels)")
+    if w.fp8 != "none" and w.dtype != "bfloat16":
+        raise _err(src, "workload.dtype", w.dtype, f"must be bfloat16 with workload.fp8 = {w.fp8} (FP8 dispatch, "
+                   "bfloat16 combine)")
     if w.topk > w.num_experts:
         raise _err(src, "workload.topk", w.topk, f"must be <= workload.num_experts ({w.num_experts})")
     r = w.routing
@@ -323,6 +335,9 @@ def check_sizes(src: str, workload: Workload, variants: tuple[Variant, ...] | li
                            f"must equal workload.{k} = {getattr(workload, k)!r}")
     for i, v in enumerate(variants):
         b = v.config.buffer
+        if v.x_in_buffer and workload.fp8 != "none":
+            raise _err(src, f"variants[{i}] ('{v.name}').x_in_buffer", True, f"must be false with workload.fp8 = "
+                       f"{workload.fp8}: FP8 rows are packed into the input region by dispatch itself")
         if workload.output_layout == "expert" and b.recv_capacity == 0 and b.expert_alignment < workload.expert_alignment:
             raise _err(src, f"variants[{i}] ('{v.name}', config {v.origin}) buffer.expert_alignment", b.expert_alignment,
                        f"must be >= workload.expert_alignment = {workload.expert_alignment} (the outputs' worst case "

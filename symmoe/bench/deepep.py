@@ -15,6 +15,11 @@ A cell's time is the median over repeats on each rank, then the slowest rank's m
 Outputs are compared too: symmoe's ``recv_x`` and ``combined_x`` against DeepEP's, bitwise
 (rank-major rows ordered by source rank and token; combine summed in fp32 in rank order).
 
+``--fp8 float32`` (or ``ue8m0``) adds two ops in the same run: ``fp8_dispatch`` and
+``fp8_cached_dispatch``, where every implementation dispatches ``(x_e4m3, scales)`` quantized
+from the same rows (DeepEP V1's FP8 dispatch; its scales are float32 only); their received
+e4m3 bytes and scales are compared bitwise with DeepEP's too.
+
 ``--profile`` adds, per implementation and op, the device time of the kernels of a few calls
 (torch.profiler) beside the call's time: a call much longer than its kernels is spending its
 time on the host or waiting for peers.
@@ -37,6 +42,8 @@ from ..config import from_dict, load, parse_key_value
 from .gpu import provenance
 
 OPS = ("dispatch", "worst_dispatch", "cached_dispatch", "combine")
+FP8_OPS = ("fp8_dispatch", "fp8_cached_dispatch")  # with --fp8: x as (e4m3, scales), same run
+FP8_KINDS = ("none", "float32", "ue8m0")
 MPS_SHARES = ("auto", "default", "split")
 SHAPE = {"hidden": 7168, "topk": 8, "num_experts": 256}  # DeepSeek-V3
 
@@ -76,24 +83,31 @@ class Impl:
         self.name, self.buf = name, buffer
         self.state: dict[str, Any] = {}
 
-    def prepare(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, num_experts: int) -> None:
+    def prepare(self, x: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, num_experts: int,
+                x8: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
         per_rank, _, per_expert, in_rank, _ = self.buf.get_dispatch_layout(idx, num_experts)
-        self.state = {"x": x, "idx": idx, "w": w, "layout": (per_rank, per_expert, in_rank)}
+        self.state = {"x": x, "x8": x8, "idx": idx, "w": w, "layout": (per_rank, per_expert, in_rank)}
         self.call("dispatch")  # a handle for the cached dispatch and combine
+        if x8 is not None:
+            self.call("fp8_dispatch")
 
     def call(self, op: str) -> Any:
         s = self.state
         per_rank, per_expert, in_rank = s["layout"]
-        if op in ("dispatch", "worst_dispatch"):
+        if op in ("dispatch", "worst_dispatch", "fp8_dispatch"):
             worst = s["x"].shape[0] * self.buf.group_size if op == "worst_dispatch" else 0
-            out = self.buf.dispatch(s["x"], topk_idx=s["idx"], topk_weights=s["w"], num_tokens_per_rank=per_rank,
-                                    is_token_in_rank=in_rank, num_tokens_per_expert=per_expert,
-                                    num_worst_tokens=worst)
+            out = self.buf.dispatch(s["x8"] if op == "fp8_dispatch" else s["x"], topk_idx=s["idx"],
+                                    topk_weights=s["w"], num_tokens_per_rank=per_rank, is_token_in_rank=in_rank,
+                                    num_tokens_per_expert=per_expert, num_worst_tokens=worst)
             if op == "dispatch":
                 s["recv"], s["handle"] = out, out[4]
+            if op == "fp8_dispatch":
+                s["recv8"], s["handle8"] = out, out[4]
             return out
         if op == "cached_dispatch":
             return self.buf.dispatch(s["x"], handle=s["handle"])
+        if op == "fp8_cached_dispatch":
+            return self.buf.dispatch(s["x8"], handle=s["handle8"])
         recv_x, _, recv_w = s["recv"][:3]
         return self.buf.combine(recv_x, s["handle"], topk_weights=recv_w)
 
@@ -237,9 +251,12 @@ def _launch_us(calls: int = 200) -> float:
     return round(dt / calls * 1e6, 2)
 
 
-def _bitwise(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return a.shape == b.shape and bool(torch.equal(a.view(torch.int16) if a.dtype == torch.bfloat16 else a,
-                                                   b.view(torch.int16) if b.dtype == torch.bfloat16 else b))
+def _bitwise(a: torch.Tensor | tuple, b: torch.Tensor | tuple) -> bool:
+    """Bit patterns equal; FP8 pairs: the e4m3 bytes and the scales (whatever their strides)."""
+    if isinstance(a, tuple) or isinstance(b, tuple):
+        return isinstance(a, tuple) and isinstance(b, tuple) and all(_bitwise(p, q) for p, q in zip(a, b))
+    from ..testing.compare import bits
+    return a.shape == b.shape and a.dtype == b.dtype and bool(torch.equal(bits(a), bits(b)))
 
 
 def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
@@ -266,25 +283,31 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
         c = from_dict(cfg).replace(**{"buffer.max_tokens_per_rank": maxT})
         impls.append(Impl(name, deep_ep_v1.Buffer(group, symmoe_config=c)))
 
+    fp8_kind = spec.get("fp8", "none")
+    ops = OPS + (FP8_OPS if fp8_kind != "none" else ())
     cells: dict[str, Any] = {}
     for T in spec["tokens"]:
         x, idx, w = _inputs(T, world_size, rank, spec["seed"], device)
+        x8 = None
+        if fp8_kind != "none":
+            from .. import fp8
+            x8 = fp8.quantize(x, fp8_kind)
         live = []
         for im in impls:
             try:
-                im.prepare(x, idx, w, SHAPE["num_experts"])
+                im.prepare(x, idx, w, SHAPE["num_experts"], x8)
                 live.append(im)
             except Exception as e:
                 notes[f"{im.name}@{T}"] = f"{type(e).__name__}: {e}"
-        times: dict[str, dict[str, list[float]]] = {im.name: {op: [] for op in OPS} for im in live}
+        times: dict[str, dict[str, list[float]]] = {im.name: {op: [] for op in ops} for im in live}
         for _ in range(spec["warmup"]):
             for im in live:
-                for op in OPS:
+                for op in ops:
                     im.call(op)
         torch.cuda.synchronize()
         for _ in range(spec["repeats"]):
             for im in live:
-                for op in OPS:
+                for op in ops:
                     times[im.name][op].append(_timed(lambda: im.call(op), sync))
         cell: dict[str, Any] = {"median_us": {n: {op: statistics.median(v) for op, v in t.items()} for n, t in times.items()}}
         ref = next((im for im in live if im.name == "deepep"), None)
@@ -294,16 +317,21 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
             cell["bitwise_vs_deepep"] = {
                 im.name: {"recv_x": _bitwise(im.state["recv"][0], want_x), "combined_x": _bitwise(im.call("combine")[0], want_c)}
                 for im in live if not im.name.startswith("deepep")}
+            if x8 is not None:
+                for im in live:
+                    if not im.name.startswith("deepep"):
+                        cell["bitwise_vs_deepep"][im.name]["fp8_recv_x"] = _bitwise(im.state["recv8"][0],
+                                                                                  ref.state["recv8"][0])
         if spec["profile"] and T in spec["profile"]:
-            cell["kernels_us"] = {im.name: {op: _kernel_us(lambda: im.call(op), sync) for op in OPS} for im in live}
+            cell["kernels_us"] = {im.name: {op: _kernel_us(lambda: im.call(op), sync) for op in ops} for im in live}
         if T in spec["trace_api"]:
-            tables = {im.name: {op: _api_table(lambda: im.call(op), sync) for op in OPS} for im in live}
+            tables = {im.name: {op: _api_table(lambda: im.call(op), sync) for op in ops} for im in live}
             if rank == 0:
                 cell["api_tables"] = tables
         if T in spec["trace_host"]:
             cell["python_loop_us"] = _python_us()
             cell["launch_us"] = _launch_us()
-            cell["host_us"] = {im.name: {op: _trace_host(im, op, sync) for op in OPS} for im in live}
+            cell["host_us"] = {im.name: {op: _trace_host(im, op, sync) for op in ops} for im in live}
         cells[str(T)] = cell
         torch.cuda.synchronize()
     for im in impls:
@@ -321,7 +349,8 @@ def summarize(world_size: int, ranks: list[dict[str, Any]], names: list[str], mp
     """One row per (tokens, op): each implementation's slowest-rank median and its ratio to DeepEP."""
     rows = []
     for T in ranks[0]["cells"]:
-        for op in OPS:
+        timed = ranks[0]["cells"][T]["median_us"].values()
+        for op in (op for op in OPS + FP8_OPS if any(op in m for m in timed)):
             row: dict[str, Any] = {"world_size": world_size, "tokens": int(T), "op": op, "us": {}, "ratio": {}}
             for n in names:
                 v = _slowest(ranks, T, n, op)
@@ -392,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tokens", default="128,512,1024,4096,8192")
     ap.add_argument("--config", action="append", type=_config_arg, default=[],
                     help="NAME=PATH[,key=value...] (repeatable); default: torch push and pull, nvshmem")
+    ap.add_argument("--fp8", choices=FP8_KINDS, default="none",
+                    help="also time fp8_dispatch and fp8_cached_dispatch: x as (e4m3, scales of this kind)")
     ap.add_argument("--no-deepep", action="store_true", help="symmoe alone, even where deep_ep imports")
     ap.add_argument("--mps-share", choices=MPS_SHARES, default="auto",
                     help="default: every rank at MPS's default share; split: 100/W percent each (nvshmem needs it); "
@@ -413,6 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch-pull": load("configs/torch.yaml").to_dict(),
     }
     spec = {"tokens": [int(t) for t in args.tokens.split(",")], "configs": configs, "deepep": not args.no_deepep,
+            "fp8": args.fp8,
             "repeats": args.repeats,
             "warmup": args.warmup, "seed": args.seed, "profile": [int(t) for t in args.profile.split(",") if t],
             "trace_host": [int(t) for t in args.trace_host.split(",") if t],

@@ -59,8 +59,8 @@ def reject(api: str, arg: str, value: Any, unsupported: bool, supported: str) ->
 
 def check_not_fp8(api: str, x: Any, arg: str = "x") -> None:
     if isinstance(x, tuple):
-        raise UnsupportedArgument(api, arg, x, "FP8 (data, scales) tuples are not implemented; pass the "
-                                  "bfloat16/float16/float32 tensor named by the symmoe config's buffer.dtype")
+        raise UnsupportedArgument(api, arg, x, "combine takes the rows of the symmoe config's buffer.dtype (FP8 "
+                                  "is for dispatch only, as in DeepEP); pass a bfloat16/float16/float32 tensor")
 
 
 # -- the symmoe config a shim runs on ----------------------------------------------------------

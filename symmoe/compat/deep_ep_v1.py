@@ -20,10 +20,14 @@ The low-latency mode (``low_latency_mode=True``) runs symmoe's own low-latency k
 (``symmoe.Buffer.low_latency_dispatch``, docs/low_latency.md) with DeepEP's signatures, handle
 and outputs; ``num_rdma_bytes`` is then only a hint, as ``num_nvl_bytes`` is.
 
-What symmoe cannot honour raises ``UnsupportedArgument``/``UnsupportedCall`` (FP8 ``x``,
-``num_rdma_bytes > 0`` without the low-latency mode, ``enable_shrink``, an mpi4py ``comm``,
-``bias`` in combine, layout-only dispatch without ``topk_idx``, FP8/LogFMT low-latency rows,
-zero-copy combine, the mask buffer, internode methods). Pure performance hints are accepted and ignored: ``num_nvl_bytes``, ``config``,
+FP8 ``x = (x_e4m3, x_scales)`` (float32 per-128 scales, or UE8M0 packed four to an int32)
+dispatches as in DeepEP: ``recv_x`` is then ``(recv_x_e4m3, recv_x_scales)``, the bytes
+unchanged (``symmoe.fp8``; buffer.dtype bfloat16); combine takes bfloat16.
+
+What symmoe cannot honour raises ``UnsupportedArgument``/``UnsupportedCall`` (an FP8 ``x`` to
+combine, ``num_rdma_bytes > 0`` without the low-latency mode, ``enable_shrink``, an mpi4py
+``comm``, ``bias`` in combine, layout-only dispatch without ``topk_idx``, FP8/LogFMT low-latency
+rows, zero-copy combine, the mask buffer, internode methods). Pure performance hints are accepted and ignored: ``num_nvl_bytes``, ``config``,
 ``set_num_sms``, ``allocate_on_comm_stream``, ``num_qps_per_rank``,
 ``allow_nvlink_for_low_latency_mode``, ``allow_mnnvl``, ``explicitly_destroy``; ``async_finish=False``
 (the default) returns an event without a CUDA event, as DeepEP does.
@@ -201,8 +205,9 @@ class Buffer:
     # -- static helpers ------------------------------------------------------------------------
     @staticmethod
     def is_sm90_compiled() -> bool:
-        """False: DeepEP's SM90-only paths (FP8 dispatch) are not available through this shim."""
-        return False
+        """True: FP8 dispatch, DeepEP's SM90-only path, is available (symmoe moves FP8 rows on
+        every backend)."""
+        return True
 
     @staticmethod
     def set_num_sms(new_num_sms: int) -> None:
@@ -307,13 +312,13 @@ class Buffer:
                             Handle | None, EventOverlap]:
         """``(recv_x, recv_topk_idx, recv_topk_weights, num_recv_tokens_per_expert_list, handle,
         event)``; with ``handle=`` (cached dispatch, e.g. the backward of combine)
-        ``(recv_x, None, None, None, None, event)``.
+        ``(recv_x, None, None, None, None, event)``. FP8 ``x = (x_e4m3, x_scales)``: ``recv_x``
+        is ``(recv_x_e4m3, recv_x_scales)``, scales row-major.
 
         ``async_finish=False`` (DeepEP's default): the event holds no CUDA event, as DeepEP's.
         Ignored (performance only): ``config``, ``allocate_on_comm_stream``,
         ``num_tokens_per_rdma_rank`` (intranode DeepEP ignores it too)."""
         api = f"{_API}.dispatch"
-        check_not_fp8(api, x)
         check_int(api, "expert_alignment", expert_alignment, 1)
         check_int(api, "num_worst_tokens", num_worst_tokens, 0)
         wait(previous_event)

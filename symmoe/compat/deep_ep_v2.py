@@ -23,13 +23,20 @@ without moving more data or changing symmoe's reduction rule):
   DeepEP V2 gives with ``allow_multiple_reduction=False``. With DeepEP's default (True) it
   first rounds each rank's partial sum to bf16; a warning says so on the first such combine.
 
-Raise: FP8 (``use_fp8_dispatch``, tuple ``x``), ``num_cpu_bytes > 0``, ``bias`` in combine,
+FP8 ``x = (x_e4m3, sf)`` (float32 per-128 scales, or UE8M0 packed four to an int32)
+dispatches with its bytes unchanged and ``recv_x = (recv_x_e4m3, recv_sf)``;
+``use_tma_aligned_col_major_sf=True`` gives ``recv_sf`` in DeepGEMM's TMA-aligned MN-major
+layout, and with ``do_expand`` the handle's ``psum_num_recv_tokens_per_expert`` is DeepGEMM's
+psum grouped layout (``symmoe.fp8``). ``use_fp8_dispatch`` changes nothing (FP8 rows fit the
+bfloat16 buffer).
+
+Raise: an FP8 ``x`` to combine, ``num_cpu_bytes > 0``, ``bias`` in combine,
 ``topk_weights`` in an expanded combine, a cached dispatch whose ``do_expand`` /
 ``num_experts`` / ``expert_alignment`` differ from its handle's, Engram, PP and AGRS calls.
 Ignored (performance or transport only): ``num_bytes``, ``deterministic`` (always on),
 ``allow_hybrid_mode``, ``prefer_overlap_with_compute``, ``sl_idx``, ``num_allocated_qps``,
 the timeouts (symmoe's is ``kernel.timeout_s``), ``num_sms``, ``num_qps``,
-``async_with_compute_stream``, ``allocate_on_comm_stream``, ``use_tma_aligned_col_major_sf``.
+``async_with_compute_stream``, ``allocate_on_comm_stream``, ``use_fp8_dispatch``.
 Supported as in DeepEP: ``do_expand``, ``expert_alignment``, ``do_cpu_sync=False`` (worst-case
 sizes), ``do_handle_copy``, ``do_zero_padding`` (padding is always zero),
 ``cumulative_local_expert_recv_stats``, cached ``handle=`` dispatch.
@@ -162,8 +169,6 @@ class ElasticBuffer:
                  explicitly_destroy: bool = False, *,
                  symmoe_config: SymmoeConfig | str | os.PathLike | None = None) -> None:
         api = f"{_API}(...)"
-        reject(api, "use_fp8_dispatch", use_fp8_dispatch, bool(use_fp8_dispatch),
-               "FP8 dispatch is not implemented; symmoe moves x in the config's buffer.dtype")
         reject(api, "num_cpu_bytes", num_cpu_bytes, bool(num_cpu_bytes),
                "CPU (Engram) storage is not implemented; pass num_cpu_bytes=0")
         # Ignored, documented: num_bytes (symmoe sizes from its config), deterministic (symmoe
@@ -198,8 +203,6 @@ class ElasticBuffer:
                              num_topk: int = 0, use_fp8_dispatch: bool = False, allow_hybrid_mode: bool = True,
                              allow_multiple_reduction: bool = True) -> int:
         """Bytes per rank symmoe allocates for the default config with these MoE settings."""
-        reject(f"{_API}.get_buffer_size_hint", "use_fp8_dispatch", use_fp8_dispatch, bool(use_fp8_dispatch),
-               "FP8 dispatch is not implemented")
         cfg = _sized(resolve(None), num_max_tokens_per_rank, hidden, num_topk)
         return SymmoeBuffer.size_hint(cfg, _world(group))
 
@@ -250,11 +253,13 @@ class ElasticBuffer:
         recv_topk_weights [rows]. With ``handle=`` the routing of that handle is reused and
         the same handle is returned.
 
+        FP8 ``x = (x_e4m3, sf)``: ``recv_x = (recv_x_e4m3, recv_sf)``, ``recv_sf`` in DeepGEMM's
+        TMA-aligned MN-major layout with ``use_tma_aligned_col_major_sf``.
+
         Ignored (performance only): num_sms, num_qps, async_with_compute_stream,
-        allocate_on_comm_stream, use_tma_aligned_col_major_sf (FP8 scales only); both
-        events are waited for before the call."""
+        allocate_on_comm_stream; both events are waited for before the call."""
         api = f"{_API}.dispatch"
-        check_not_fp8(api, x)
+        scale_layout = "mn_major" if use_tma_aligned_col_major_sf else "row"
         if do_zero_padding and not do_expand:
             raise InputError(f"{api}: do_zero_padding=True needs do_expand=True (padding exists only there)")
         cached = handle is not None
@@ -304,11 +309,12 @@ class ElasticBuffer:
         if cached and topk_weights is None:
             # symmoe's own cached dispatch (no routing); new weights need the full dispatch.
             recv_x, recv_idx, recv_w, per_expert, sh, event = self.symmoe.dispatch(x, handle=handle.symmoe,
-                                                                                   num_worst_tokens=worst)
+                                                                                   num_worst_tokens=worst,
+                                                                                   scale_layout=scale_layout)
         else:
             recv_x, recv_idx, recv_w, per_expert, sh, event = self.symmoe.dispatch(
                 x, routing, weights, output_layout=layout, expert_alignment=alignment if do_expand else 1,
-                num_worst_tokens=worst)
+                num_worst_tokens=worst, scale_layout=scale_layout)
         # a list, or with worst-case sizes a tensor on the outputs' device (Buffer.dispatch):
         # without CPU sync it stays there
         unaligned = torch.as_tensor(per_expert, dtype=torch.int64)

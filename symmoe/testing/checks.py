@@ -313,7 +313,8 @@ def _check_combines(buf: Buffer, handle, ref, inputs, rank: int, world_size: int
         ys = []
         for r in range(world_size):
             g = torch.Generator().manual_seed(cseed * 7 + r)
-            ys.append(torch.randn(ref.recv[r].x.shape, generator=g).to(ref.recv[r].x.dtype))
+            # FP8 dispatches (x a pair) combine rows of buffer.dtype
+            ys.append(torch.randn((ref.recv[r].topk_idx.shape[0], b.hidden), generator=g).to(DTYPES[b.dtype]))
         rws = [torch.rand(ref.recv[r].topk_weights.shape, generator=torch.Generator().manual_seed(cseed * 11 + r))
                for r in range(world_size)] if layout == "rank" else None
         want_c = reference.combine(ys, ref, [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
@@ -330,3 +331,103 @@ def _check_combines(buf: Buffer, handle, ref, inputs, rank: int, world_size: int
         assert_bitwise("combined_x", out, want_c[rank][0], cctx)
         if rws is not None:
             assert_bitwise("combined_topk_weights", out_w, want_c[rank][1], cctx)
+
+
+def fp8_case(inputs, seed: int, scale_format: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every rank's FP8 x for one case: random bytes as e4m3 (NaN and negative zero among
+    them: dispatch must move bytes, not values) and random scales of ``scale_format``."""
+    from ..fp8 import FP8_DTYPE, formats
+
+    out = []
+    for r, i in enumerate(inputs):
+        g = torch.Generator().manual_seed(seed * 29 + r)
+        T, H = i.x.shape
+        data = torch.randint(0, 256, (T, H), dtype=torch.uint8, generator=g).view(FP8_DTYPE)
+        cols = formats(H)[scale_format].scale_cols
+        if scale_format == "float32":
+            scales = torch.rand((T, cols), generator=g) + 0.5
+        else:
+            scales = torch.randint(-(1 << 31), 1 << 31, (T, cols), dtype=torch.int64, generator=g).to(torch.int32)
+        out.append((data, scales))
+    return out
+
+
+def _check_pair(name: str, got, want, scale_layout: str, ctx: str) -> None:
+    from ..fp8 import tma_aligned_rows
+
+    if not isinstance(got, tuple) or len(got) != 2:
+        raise AssertionError(f"{ctx}: {name} of an FP8 dispatch is {type(got).__name__}, not (x_e4m3, scales)")
+    assert_bitwise(f"{name} e4m3 bytes", got[0].view(torch.uint8), want[0].view(torch.uint8), ctx)
+    assert_bitwise(f"{name} scales", got[1], want[1], ctx)
+    if not got[0].is_contiguous():
+        raise AssertionError(f"{ctx}: {name} e4m3 is not contiguous: strides {got[0].stride()}")
+    M = got[1].shape[0]
+    strides = (got[1].shape[1], 1) if scale_layout == "row" else (1, tma_aligned_rows(M))
+    if M and got[1].shape[1] > 1 and got[1].stride() != strides:
+        raise AssertionError(f"{ctx}: {name} scales have strides {got[1].stride()}; {scale_layout} wants {strides}")
+
+
+def check_fp8_dispatch(rank: int, world_size: int, config: dict[str, Any], seed: int,
+                       routings: tuple[Routing, ...] = CHECK_ROUTINGS, layouts: tuple[str, ...] = ("rank", "expert"),
+                       device: str = "cpu", scale_formats: tuple[str, ...] = ("float32", "ue8m0")) -> int:
+    """FP8 x = (e4m3, scales) in both layouts, with float32 and UE8M0 scales, row-major and
+    DeepGEMM's MN-major scales out: recv bitwise equal to the reference's, the grouped layout
+    (both forms) equal to ``reference.grouped_layout``, then a cached FP8 dispatch of new x, a
+    worst-case-sized one (``num_worst_tokens``), and a bfloat16 combine on the handle, exact.
+    Returns the number of cases."""
+    cfg: Config = from_dict(config)
+    b = cfg.buffer
+    dev = torch.device(device)
+    checked = 0
+    with Buffer(None, cfg) as buf:
+        for i, routing in enumerate(routings):
+            for layout in layouts:
+                for f, fmt in enumerate(scale_formats):
+                    case_seed = seed + 7919 * i + 101 * f
+                    scale_layout = ("row", "mn_major")[(i + f) % 2]
+                    inputs = _case_inputs(routing, world_size, cfg, case_seed)
+                    xs = fp8_case(inputs, case_seed, fmt)
+                    idxs, ws = [i.topk_idx for i in inputs], [i.topk_weights for i in inputs]
+                    ref = reference.dispatch(xs, idxs, ws, b.num_experts, layout, b.expert_alignment)
+                    want = ref.recv[rank]
+                    ctx = (f"rank {rank}/{world_size} {cfg.backend}/{buf.protocol} FP8 {fmt} scales {scale_layout} "
+                           f"routing={routing.kind} layout={layout} seed={case_seed}")
+                    mine = (xs[rank][0].to(dev), xs[rank][1].to(dev))
+                    idx, w = idxs[rank].to(dev), ws[rank].to(dev)
+                    rx, ri, rw, per_expert, handle, event = buf.dispatch(
+                        mine, idx, w, output_layout=layout, expert_alignment=b.expert_alignment,
+                        scale_layout=scale_layout)
+                    event.synchronize()
+                    _check_pair("recv_x", rx, want.x, scale_layout, ctx)
+                    assert_bitwise("recv_topk_idx", ri, want.topk_idx, ctx)
+                    assert_bitwise("recv_topk_weights", rw, want.topk_weights, ctx)
+                    if per_expert != want.num_recv_tokens_per_expert.tolist():
+                        raise AssertionError(f"{ctx}: num_recv_tokens_per_expert {per_expert}")
+                    if layout == "expert":
+                        for psum in (False, True):
+                            assert_bitwise(f"grouped_layout(psum={psum})", buf.grouped_layout(handle, psum=psum),
+                                           reference.grouped_layout(want, psum=psum), ctx)
+                    _check_combines(buf, handle, ref, inputs, rank, world_size, cfg, layout, dev, ctx, case_seed, 1)
+                    # new FP8 rows along the same routing
+                    xs2 = fp8_case(inputs, case_seed + 1, fmt)
+                    ref2 = reference.dispatch(xs2, idxs, ws, b.num_experts, layout, b.expert_alignment)
+                    rx, *_, same, event = buf.dispatch((xs2[rank][0].to(dev), xs2[rank][1].to(dev)), handle=handle,
+                                                       scale_layout=scale_layout)
+                    event.synchronize()
+                    _check_pair("cached recv_x", rx, ref2.recv[rank].x, scale_layout, ctx)
+                    # worst-case-sized outputs: zero bytes past the received rows
+                    worst = max(r.topk_idx.shape[0] for r in ref.recv) + 3
+                    padded = reference.pad_recv(want, worst)
+                    rx, ri, rw, per_expert, wh, event = buf.dispatch(
+                        mine, idx, w, output_layout=layout, expert_alignment=b.expert_alignment,
+                        num_worst_tokens=worst, scale_layout=scale_layout)
+                    event.synchronize()
+                    _check_pair("worst-case recv_x", rx, padded.x, scale_layout, ctx)
+                    assert_bitwise("worst-case recv_topk_idx", ri, padded.topk_idx, ctx)
+                    if layout == "expert":
+                        for psum in (False, True):
+                            assert_bitwise(f"worst-case grouped_layout(psum={psum})",
+                                           buf.grouped_layout(wh, psum=psum),
+                                           reference.grouped_layout(padded, psum=psum), ctx)
+                    checked += 1
+    return checked

@@ -1,0 +1,123 @@
+"""FP8 dispatch on the GPU backends: (x_e4m3, scales) bitwise equal to symmoe.reference on
+torch (push and pull, 1 and 2 processes on one GPU), nvshmem (its shared kernels and its
+puts) and nccl (one rank), float32 and UE8M0 scales, both layouts, cached and worst-case
+sized; and, where deep_gemm imports, its contiguous grouped GEMM run on an expert-major
+dispatch's outputs as they are."""
+from __future__ import annotations
+
+import os
+from typing import Any
+from unittest import mock
+
+import pytest
+import torch
+
+from conftest import gpu_unusable
+from symmoe.config import Config
+from symmoe.launch import mps_share, spawn
+from symmoe.testing import CHECK_ROUTINGS, check_fp8_dispatch
+
+pytestmark = pytest.mark.gpu
+
+CASES = len(CHECK_ROUTINGS) * 2 * 2  # routings x layouts x scale formats
+ENV = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+       "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def _config(backend: str, **over: Any) -> dict[str, Any]:
+    base = {"backend": backend, "buffer.hidden": 512, "buffer.max_tokens_per_rank": 64, "buffer.topk": 4,
+            "buffer.num_experts": 32, "buffer.expert_alignment": 4, "kernel.timeout_s": 30.0, "kernel.num_sms": 8}
+    if backend == "torch":
+        base["torch.allow_overlapping_devices"] = True
+    base.update(over)
+    return Config().replace(**base).to_dict()
+
+
+MEMORY = {"torch": ("symmoe.backends.torch_symm", "TorchSymmMemory"),
+          "nvshmem": ("symmoe.backends.nvshmem", "NvshmemMemory"), "nccl": ("symmoe.backends.nccl", "NcclMemory")}
+
+
+def _usable(backend: str) -> None:
+    """A GPU without what the backend needs skips (fails under SYMMOE_REQUIRE_GPU=1), saying why."""
+    module, name = MEMORY[backend]
+    reason = getattr(__import__(module, fromlist=[name]), name).unavailable_reason()
+    if reason:
+        gpu_unusable(f"{backend} backend unusable here: {reason}")
+
+
+def _on_ranks(world_size: int, cfg: dict[str, Any], seed: int, env: dict[str, str]) -> list:
+    args = (cfg, seed, CHECK_ROUTINGS, ("rank", "expert"), "cuda")
+    if world_size == 1:
+        with mock.patch.dict(os.environ, env):
+            return [check_fp8_dispatch(0, 1, *args)]
+    return spawn(check_fp8_dispatch, world_size, args=args, env=env, timeout_s=300.0)
+
+
+@pytest.mark.parametrize("protocol", ["push", "pull"])
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_torch_fp8_dispatch_is_bitwise_the_reference(world_size, protocol, seed):
+    _usable("torch")
+    cfg = _config("torch", protocol=protocol)
+    assert _on_ranks(world_size, cfg, seed + world_size, ENV) == [CASES] * world_size
+
+
+@pytest.mark.parametrize("transport", ["shared kernels", "puts"])
+def test_nvshmem_fp8_dispatch_is_bitwise_the_reference(transport, seed):
+    _usable("nvshmem")
+    env = {**ENV, **({} if transport == "shared kernels" else {"SYMMOE_NVSHMEM_PUTS": "1"})}
+    if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps_share(2, gpus=1) or 100)
+    cfg = _config("nvshmem", **{"kernel.num_channels": 4})
+    assert spawn(check_fp8_dispatch, 2, args=(cfg, seed + 17, CHECK_ROUTINGS, ("rank", "expert"), "cuda"),
+                 env=env, timeout_s=300.0) == [CASES] * 2
+
+
+def test_nccl_fp8_dispatch_is_bitwise_the_reference(seed):
+    _usable("nccl")
+    assert _on_ranks(1, _config("nccl", **{"kernel.num_channels": 2}), seed + 29, ENV) == [CASES]
+
+
+def test_deep_gemm_takes_the_expert_major_fp8_outputs_as_they_are(seed):
+    """m_grouped_fp8_gemm_nt_contiguous on recv (e4m3, MN-major scales) and the grouped layout,
+    no copy in between: each expert's rows equal, to DeepGEMM's own tolerance, that expert's
+    GEMM on the source tokens."""
+    _usable("torch")
+    try:
+        import deep_gemm
+    except ImportError as e:
+        pytest.skip(f"deep_gemm is not importable here ({e}): DeepGEMM's contract is checked on the CPU "
+                    "(tests/test_fp8.py)")
+    from symmoe import Buffer, fp8
+    align = deep_gemm.get_mk_alignment_for_contiguous_layout()
+    T, H, N, E, K = 256, 512, 256, 8, 4
+    cfg = Config().replace(**{"backend": "torch", "buffer.hidden": H, "buffer.max_tokens_per_rank": T,
+                              "buffer.topk": K, "buffer.num_experts": E, "buffer.expert_alignment": align,
+                              "torch.allow_overlapping_devices": True})
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g).cuda()
+    idx = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).cuda()
+    w = torch.rand(T, K, generator=g).cuda()
+    weights = torch.randn(E, N, H, generator=g).cuda()
+    b = torch.empty((E, N, H), dtype=torch.float8_e4m3fn, device="cuda")
+    b_sf = torch.empty((E, N // 128, H // 128), dtype=torch.float32, device="cuda")
+    for e in range(E):  # 128 x 128 blocks, DeepGEMM's per_block_cast_to_fp8
+        blocks = weights[e].view(N // 128, 128, H // 128, 128)
+        amax = blocks.abs().amax(dim=(1, 3), keepdim=True).clamp(min=1e-4)
+        b[e] = (blocks * (448.0 / amax)).to(torch.float8_e4m3fn).view(N, H)
+        b_sf[e] = (amax / 448.0).view(N // 128, H // 128)
+    with mock.patch.dict(os.environ, ENV), Buffer(None, cfg) as buf:
+        xq = fp8.quantize(x)
+        (a, sf), *_, handle, _ = buf.dispatch(xq, idx, w, output_layout="expert", scale_layout="mn_major")
+        layout = buf.grouped_layout(handle)
+        d = torch.empty((a.shape[0], N), dtype=torch.bfloat16, device="cuda")
+        deep_gemm.m_grouped_fp8_gemm_nt_contiguous((a, sf), (b, b_sf), d, layout)
+        torch.cuda.synchronize()
+    deq_b = (b.float().view(E, N // 128, 128, H // 128, 128) * b_sf.view(E, N // 128, 1, H // 128, 1)).view(E, N, H)
+    deq_x = (xq[0].float().view(T, H // 128, 128) * xq[1].unsqueeze(2)).view(T, H)
+    for e in range(E):
+        rows = (layout == e).nonzero().flatten()
+        tokens = (idx == e).any(1).nonzero().flatten()
+        want = deq_x[tokens] @ deq_b[e].t()
+        got = d[rows].float()
+        diff = 1 - 2 * (got * want).sum() / (got * got + want * want).sum()  # DeepGEMM's calc_diff
+        assert rows.numel() == tokens.numel() and float(diff) < 1e-3, (e, float(diff))
