@@ -42,6 +42,25 @@ def gpu_unusable(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
+# Several ranks on one GPU: overlapping devices allowed; NVLink multicast kept off in every
+# process a GPU test starts (machines with several GPUs).
+GPU_ENV = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
+           "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+def on_ranks(check, world_size: int, args: tuple, env: dict[str, str] | None = None) -> list:
+    """``check(rank, world_size, *args)`` (a symmoe.testing check) in this process alone, or
+    in world_size processes sharing the GPU, with ``env`` (default GPU_ENV) set for it only."""
+    from unittest import mock
+
+    from symmoe.launch import spawn
+    env = GPU_ENV if env is None else env
+    if world_size == 1:
+        with mock.patch.dict(os.environ, env):  # for this check only, not the rest of the session
+            return [check(0, 1, *args)]
+    return spawn(check, world_size, args=args, env=env, timeout_s=300.0)
+
+
 @functools.cache
 def _has_gpu() -> bool:
     return torch.cuda.is_available() and torch.cuda.device_count() > 0

@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 import torch
 
-from conftest import gpu_unusable
+from conftest import GPU_ENV, gpu_unusable, on_ranks
 from symmoe.config import Config
 from symmoe.launch import mps_share, spawn
 from symmoe.testing import CHECK_ROUTINGS, check_fp8_dispatch
@@ -20,8 +20,7 @@ from symmoe.testing import CHECK_ROUTINGS, check_fp8_dispatch
 pytestmark = pytest.mark.gpu
 
 CASES = len(CHECK_ROUTINGS) * 2 * 2  # routings x layouts x scale formats
-ENV = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-       "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
+ENV = GPU_ENV
 
 
 def _config(backend: str, **over: Any) -> dict[str, Any]:
@@ -46,11 +45,7 @@ def _usable(backend: str) -> None:
 
 
 def _on_ranks(world_size: int, cfg: dict[str, Any], seed: int, env: dict[str, str]) -> list:
-    args = (cfg, seed, CHECK_ROUTINGS, ("rank", "expert"), "cuda")
-    if world_size == 1:
-        with mock.patch.dict(os.environ, env):
-            return [check_fp8_dispatch(0, 1, *args)]
-    return spawn(check_fp8_dispatch, world_size, args=args, env=env, timeout_s=300.0)
+    return on_ranks(check_fp8_dispatch, world_size, (cfg, seed, CHECK_ROUTINGS, ("rank", "expert"), "cuda"), env)
 
 
 @pytest.mark.parametrize("protocol", ["push", "pull"])

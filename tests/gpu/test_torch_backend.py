@@ -10,7 +10,7 @@ from unittest import mock
 import pytest
 import torch
 
-from conftest import gpu_unusable
+from conftest import GPU_ENV, gpu_unusable, on_ranks
 from symmoe.config import Config, from_dict
 from symmoe.launch import spawn
 from symmoe.testing import (CHECK_ROUTINGS, check_cached_dispatch, check_counts_summary, check_dispatch_combine,
@@ -27,9 +27,7 @@ def _usable():
     if reason:
         gpu_unusable(f"torch backend unusable here: {reason}")
 
-# Keep NVLink multicast off in every process we start (machines with several GPUs).
-ENV = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-       "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
+ENV = GPU_ENV
 
 
 def gpu_config(**over) -> dict:
@@ -40,13 +38,7 @@ def gpu_config(**over) -> dict:
     return Config().replace(**base).to_dict()
 
 
-def _on_ranks(check, world_size: int, args: tuple) -> list:
-    """``check(rank, world_size, *args)`` (a symmoe.testing check) in this process alone, or
-    in world_size processes sharing the GPU."""
-    if world_size == 1:
-        with mock.patch.dict(os.environ, ENV):  # for this check only, not the rest of the session
-            return [check(0, 1, *args)]
-    return spawn(check, world_size, args=args, env=ENV, timeout_s=300.0)
+_on_ranks = on_ranks
 
 
 def _run(world_size: int, cfg: dict, seed: int, routings=CHECK_ROUTINGS, layouts=("rank", "expert"), repeats=1,

@@ -3,21 +3,15 @@ with CUDA tensors, at world size 1 and 2 processes on one GPU (CUDA MPS, overlap
 allowed)."""
 from __future__ import annotations
 
-import os
-from unittest import mock
-
 import pytest
 
-from conftest import gpu_unusable
+from conftest import gpu_unusable, on_ranks
 from symmoe.config import Config
-from symmoe.launch import spawn
 from symmoe.testing.training import GRAD_ROUTINGS, check_autograd, check_compiled_layer, check_layer
 from symmoe.workload import Routing
 
 pytestmark = pytest.mark.gpu
 
-ENV = {"TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES": "1", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1",
-       "NCCL_NVLS_ENABLE": "0", "NVSHMEM_DISABLE_NVLS": "1"}
 LAYER = {"ffn_hidden": 64, "shared_ffn_hidden": 32}
 
 
@@ -37,11 +31,7 @@ def gpu_config(**over) -> dict:
     return Config().replace(**base).to_dict()
 
 
-def _on_ranks(check, world_size: int, args: tuple) -> list:
-    if world_size == 1:
-        with mock.patch.dict(os.environ, ENV):
-            return [check(0, 1, *args)]
-    return spawn(check, world_size, args=args, env=ENV, timeout_s=300.0)
+_on_ranks = on_ranks
 
 
 @pytest.mark.parametrize("protocol", ["pull", "push"])
