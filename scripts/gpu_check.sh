@@ -146,7 +146,7 @@ for s in "${SECTIONS[@]}"; do
       pytest_note nvshmem "$LOG/nvshmem_tests.log" "$rc"
       reap_ranks
       [ "$rc" -ne 0 ] && status=1 ;;
-    training)  # training GPU tests, then the example's loss curves across backends (W=2,4 under MPS)
+    training)  # training GPU tests, then the example's loss curves across backends (W=2,4 under MPS; nccl at W=1)
       eval "extra=(${PYTEST_ARGS:-})"
       timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_training_gpu.py "${extra[@]}" 2>&1 | tee "$LOG/training_tests.log"
       rc=${PIPESTATUS[0]}; pytest_note training "$LOG/training_tests.log" "$rc"; reap_ranks; [ "$rc" -ne 0 ] && status=1
@@ -154,7 +154,12 @@ for s in "${SECTIONS[@]}"; do
         --run torch-push=backend=torch,protocol=push,torch.allow_overlapping_devices=true \
         --run torch-pull=backend=torch,protocol=pull,torch.allow_overlapping_devices=true \
         --run nvshmem=backend=nvshmem --json "$LOG/train_compare.json" 2>&1 | tee "$LOG/train_compare.log"
-      rc=${PIPESTATUS[0]}; note "training example across backends: $(tail -1 "$LOG/train_compare.log")"; reap_ranks; [ "$rc" -ne 0 ] && status=1 ;;
+      rc=${PIPESTATUS[0]}; note "training example across backends: $(tail -1 "$LOG/train_compare.log")"; reap_ranks; [ "$rc" -ne 0 ] && status=1
+      # nccl needs one GPU per rank: it joins the comparison at world size 1 only
+      timeout ${TRAIN_LIMIT_S:-300} python3 scripts/train_compare.py --world-sizes 1 --steps "${TRAIN_STEPS:-10}" \
+        --run torch-push=backend=torch,protocol=push --run nvshmem=backend=nvshmem --run nccl=backend=nccl \
+        --json "$LOG/train_compare_w1.json" 2>&1 | tee "$LOG/train_compare_w1.log"
+      rc=${PIPESTATUS[0]}; note "training example at W=1 with nccl: $(tail -1 "$LOG/train_compare_w1.log")"; reap_ranks; [ "$rc" -ne 0 ] && status=1 ;;
     ab)  # A/B: V1 vs V2 vs Mega at world size 1 (nccl needs one GPU per rank), torch push vs pull at 4 ranks
       symmoe ab configs/ab/v1_v2_mega.yaml --world-size 1 --repeats 20 --out "$LOG/ab_mega" --no-fallback 2>&1 | tee "$LOG/ab_mega.log"
       rc=${PIPESTATUS[0]}; note "ab v1_v2_mega (W=1): exit $rc"; [ "$rc" -ne 0 ] && status=1
