@@ -5,7 +5,8 @@ L - 1``, as the Buffer places them); the router, the shared expert and everythin
 layer are replicated. The layer's output on each rank is, for each of its tokens,
 ``shared(x) + sum_k w[t, k] * expert_{idx[t, k]}(x[t])``, with the communication and its
 gradients from ``symmoe.autograd`` (exact-size outputs) or ``symmoe.ops`` (worst-case sizes,
-which ``torch.compile(fullgraph=True)`` traces).
+which ``torch.compile(fullgraph=True)`` traces). ``forward_low_latency`` is the inference
+forward over the low-latency mode, which a CUDA graph can capture.
 """
 from __future__ import annotations
 
@@ -124,6 +125,28 @@ class MoELayer(nn.Module):
             rx, ri, rw, _, h = autograd.dispatch(buf, x, topk_idx, topk_weights, output_layout=self.output_layout)
             y = self.experts(rx, ri, None if expert else rw)
             out = autograd.combine(buf, y, h, topk_weights if expert else None)
+        if self.shared_w13 is not None:
+            out = out + _swiglu(x, self.shared_w13, self.shared_w2)
+        return out
+
+    @torch.no_grad()
+    def forward_low_latency(self, x: torch.Tensor, num_max_dispatch_tokens_per_rank: int) -> torch.Tensor:
+        """Inference forward through the buffer's low-latency mode (``Buffer.low_latency_dispatch``):
+        no host wait and fixed shapes, so a CUDA graph can capture it once an eager call with the
+        same ``num_max_dispatch_tokens_per_rank`` (T_max, at least this rank's token count) has
+        allocated the mode's buffer. Every rank calls it with the same T_max. The experts run as
+        one batched GEMM over the masked ``[L, W * T_max, hidden]`` rows (rows past each expert's
+        count are computed and never read). No gradients: training uses ``forward``."""
+        buf = self.buffer
+        if buf.dtype != torch.bfloat16:
+            raise InputError(f"forward_low_latency: the buffer's dtype is {buf.dtype}; the low-latency mode moves "
+                             "bfloat16 rows (set buffer.dtype: bfloat16)")
+        topk_idx, topk_weights = self.route(x)
+        recv_x, _, handle, _, _ = buf.low_latency_dispatch(x, topk_idx, num_max_dispatch_tokens_per_rank,
+                                                           self.num_experts)
+        h = torch.bmm(recv_x, self.w13)
+        y = torch.bmm(F.silu(h[..., :self.ffn_hidden]) * h[..., self.ffn_hidden:], self.w2)
+        out, _, _ = buf.low_latency_combine(y, topk_idx, topk_weights, handle)
         if self.shared_w13 is not None:
             out = out + _swiglu(x, self.shared_w13, self.shared_w2)
         return out

@@ -10,7 +10,7 @@ from symmoe.compat import UnsupportedArgument, UnsupportedCall
 from symmoe.errors import CapacityError, InputError
 from symmoe.launch import spawn
 from symmoe.low_latency import LowLatencyLayout
-from symmoe.testing.low_latency import check_deep_ep_v1_low_latency, check_low_latency
+from symmoe.testing.low_latency import check_deep_ep_v1_low_latency, check_layer_low_latency, check_low_latency
 from symmoe.workload import Routing
 
 import symmoe.compat.deep_ep_v1 as deep_ep
@@ -176,3 +176,19 @@ def test_the_benchmark_reports_each_implementations_slowest_rank_and_the_graph_c
         ("symmoe-ll", "dispatch"): 14.0, ("symmoe-ll", "combine"): 28.0, ("step-graph", "step"): 42.0}
     assert res["graph_bitwise"] == {"128": False}
     assert "| 2 | 128 | step-graph | step | 42 |" in markdown([res])
+
+
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_the_layers_low_latency_forward_matches_its_normal_forward(world_size, seed):
+    cfg = small_config()
+    layer = {"ffn_hidden": 32, "shared_ffn_hidden": 16, "seed": seed % 1000}
+    assert spawn(check_layer_low_latency, world_size, args=(cfg.to_dict(), seed + 11, layer, T_MAX)) == [1] * world_size
+
+
+def test_the_layers_low_latency_forward_refuses_a_buffer_that_is_not_bfloat16(seed):
+    from symmoe.nn import MoELayer
+    cfg = small_config(**{"buffer.dtype": "float32"})
+    with Buffer(None, cfg) as buf:
+        layer = MoELayer(buf, ffn_hidden=8)
+        with pytest.raises(InputError, match="buffer's dtype is torch.float32"):
+            layer.forward_low_latency(torch.randn(4, cfg.buffer.hidden), T_MAX)

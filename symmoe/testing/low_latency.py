@@ -226,3 +226,54 @@ def absent_rank_low_latency(rank: int, world_size: int, config: dict[str, Any], 
                 message = f"{type(e).__name__}: {e}"
         dist.barrier()
     return message
+
+
+def check_layer_low_latency(rank: int, world_size: int, config: dict[str, Any], seed: int,
+                            layer_kwargs: dict[str, Any], T_max: int, device: str = "cpu",
+                            replays: int = 0) -> int:
+    """``MoELayer.forward_low_latency`` against the same layer's ``forward`` (normal mode) on
+    the same tokens. The router and the combine's fp32 sum in ascending slot order are shared,
+    so the only difference is the expert GEMMs: one batched GEMM over the masked rows here, a
+    grouped GEMM (or a loop) over the received rows there, whose bfloat16 outputs may round
+    differently in the last bit; the tolerance is bfloat16's (rtol 1.6e-2, atol 1e-2 of the
+    output's largest magnitude). ``replays`` > 0 (CUDA): the forward captured once in a CUDA
+    graph and replayed, each replay on new tokens copied into the captured input, must equal
+    an eager call bitwise. Returns the number of comparisons made."""
+    from ..nn import MoELayer
+
+    cfg = from_dict(config)
+    b = cfg.buffer
+    dev = torch.device(device)
+    ctx = f"rank {rank}/{world_size} {cfg.backend} forward_low_latency T_max={T_max} seed={seed}"
+    T = T_max - rank % 3  # ranks with fewer tokens than T_max
+
+    def tokens(case: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed * 7919 + 31 * case + rank)
+        return torch.randn((T, b.hidden), generator=g).to(torch.bfloat16).to(dev)
+
+    checked = 0
+    with Buffer(None, cfg) as buf:
+        layer = MoELayer(buf, **layer_kwargs).to(dev)
+        x = tokens(0)
+        got = layer.forward_low_latency(x, T_max)
+        with torch.no_grad():
+            want = layer(x)
+        scale = max(1.0, float(want.abs().max()))
+        try:
+            torch.testing.assert_close(got, want, rtol=1.6e-2, atol=1e-2 * scale)
+        except AssertionError as e:
+            raise AssertionError(f"{ctx}: differs from the normal-mode forward: {e}") from None
+        checked += 1
+        if replays:
+            torch.cuda.synchronize()
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph):
+                out = layer.forward_low_latency(x, T_max)
+            for i in range(replays):
+                x.copy_(tokens(i + 1))
+                eager = layer.forward_low_latency(x, T_max).clone()
+                graph.replay()
+                buf.check_low_latency(synchronize=True)
+                assert_bitwise("graph replay vs eager forward_low_latency", out, eager, f"{ctx} replay {i}")
+                checked += 1
+    return checked

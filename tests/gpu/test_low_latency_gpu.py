@@ -1,13 +1,15 @@
 """The low-latency mode on the GPU (torch backend): the kernels bitwise against the reference
 at world size 1, 2 and 4 (processes sharing the GPU under MPS), with and without receive
-hooks; a captured CUDA graph of dispatch -> expert op -> combine replayed 1000 times; and a
-rank that never sends making the others raise StallError naming the stage."""
+hooks; a captured CUDA graph of dispatch -> expert op -> combine replayed 1000 times; the MoE
+layer's inference forward captured and replayed; and a rank that never sends making the
+others raise StallError naming the stage."""
 from __future__ import annotations
 
 import pytest
 
 from symmoe.testing.checks import CHECK_ROUTINGS
-from symmoe.testing.low_latency import absent_rank_low_latency, check_graph_replay, check_low_latency
+from symmoe.testing.low_latency import (absent_rank_low_latency, check_graph_replay, check_layer_low_latency,
+                                       check_low_latency)
 
 from test_torch_backend import _on_ranks, _usable, gpu_config  # noqa: F401  (the fixture too)
 
@@ -27,6 +29,12 @@ def test_low_latency_dispatch_and_combine_match_the_reference_bitwise(world_size
 def test_a_captured_step_replays_1000_times_bitwise_equal_to_eager(hooks, seed):
     cfg = gpu_config(**{"buffer.hidden": 2048})
     assert _on_ranks(check_graph_replay, 2, (cfg, seed + 3, 64, 1000, 100, hooks)) == [10, 10]
+
+
+def test_a_captured_moe_layer_inference_forward_replays_bitwise_equal_to_eager(seed):
+    cfg = gpu_config(**{"buffer.hidden": 2048})
+    layer = {"ffn_hidden": 256, "shared_ffn_hidden": 128, "seed": seed % 1000}
+    assert _on_ranks(check_layer_low_latency, 2, (cfg, seed + 9, layer, 64, "cuda", 20)) == [21, 21]
 
 
 def test_a_rank_that_never_sends_makes_the_others_raise_stall_error_naming_the_stage(seed):
