@@ -58,7 +58,7 @@ class KernelConfig:
     backend reads only `timeout_s`."""
 
     num_sms: int = _doc(24, "SMs the kernels of a call may use (capped by what the GPU, or the rank's MPS "
-                            "share, holds).")
+                            "share, holds); the low-latency mode has its own, `low_latency.num_sms`.")
     num_channels: int = _doc(8, "nvshmem: channels of its push, a sender and a receiver block each (capped by "
                                 "the SMs it holds).")
     timeout_s: float = _doc(30.0, "Every wait, on the device or the host, raises StallError naming the rank "
@@ -83,6 +83,17 @@ class KernelConfig:
     ring_rows: int = _doc(0, "nvshmem: rows of each (source, channel) ring of the receive pool; a sender reuses "
                              "a slot once the receiver's head passed it. 0 = the pool split evenly, which never "
                              "wraps unless `buffer.recv_capacity` shrinks the pool.")
+
+
+@dataclass(frozen=True)
+class LowLatencyConfig:
+    """The low-latency mode (`Buffer.low_latency_dispatch` / `low_latency_combine`, docs/low_latency.md):
+    its kernels' own launch shapes (`kernel.timeout_s` still bounds every wait)."""
+
+    num_sms: int = _doc(0, "Blocks (one per SM) of each low-latency kernel: 0 = every SM this rank may use, "
+                           "i.e. the GPU's (or the rank's MPS share), split evenly among the ranks sharing one GPU. "
+                           "Capped by that budget: the receive kernels spin while they wait, so the grids of the "
+                           "ranks on one GPU together must leave room for their senders.")
 
 
 @dataclass(frozen=True)
@@ -120,6 +131,7 @@ class Config:
                              "one (the first it runs, in the table below).")
     buffer: BufferConfig = field(default_factory=BufferConfig)
     kernel: KernelConfig = field(default_factory=KernelConfig)
+    low_latency: LowLatencyConfig = field(default_factory=LowLatencyConfig)
     host: HostConfig = field(default_factory=HostConfig)
     torch: TorchConfig = field(default_factory=TorchConfig)
     nvshmem: NvshmemConfig = field(default_factory=NvshmemConfig)
@@ -187,6 +199,7 @@ _RANGES: dict[str, tuple[float, float]] = {
     "kernel.copy_bytes": (0, 65536),
     "kernel.copy_depth": (0, 16),
     "kernel.ring_rows": (0, 1 << 28),
+    "low_latency.num_sms": (0, 1024),
     "host.poll_interval_us": (0, 1_000_000),
 }
 _CHOICES: dict[str, tuple[str, ...]] = {
@@ -393,7 +406,9 @@ def reference_markdown() -> str:
     from .backends import BACKENDS
 
     def value(v: Any) -> str:
-        return "`" + ({True: "true", False: "false"}.get(v, str(v)) if not isinstance(v, str) else v or '""') + "`"
+        if isinstance(v, bool):
+            return "`" + ("true" if v else "false") + "`"
+        return "`" + (str(v) if not isinstance(v, str) else v or '""') + "`"
 
     def allowed(kp: str, t: Any) -> str:
         if kp in _CHOICES:

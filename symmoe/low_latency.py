@@ -13,7 +13,7 @@ Per rank, in this order (each piece 256-byte aligned)::
 
     barrier   W int64                  host backend's barrier flags
     dflag     [2, L, W] int64          (seq << 32) | rows, stored by each source per local expert
-    cflag     [2, E] int64             seq, stored by each expert's rank once its rows are back
+    cflag     [2, W] int64             seq, stored by each rank once all its experts' rows are back
     dmeta     [2, L, W, T_max] int32   t * K + k of each row in a slot region
     dx        [2, L, W, T_max, H]      the slot regions (rows as sent)
     cx        [2, T_max, K, H]         combine: expert outputs by (source token, top-k slot)
@@ -51,9 +51,8 @@ class LowLatencyLayout:
 
     def parity_bytes(self) -> dict[str, int]:
         """Bytes of one parity of each region."""
-        W, L, E, T, H, K = (self.world_size, self.local_experts, self.num_experts, self.max_tokens, self.hidden,
-                            self.topk)
-        return {"dflag": 8 * L * W, "cflag": 8 * E, "dmeta": 4 * L * W * T, "dx": self.elem * L * W * T * H,
+        W, L, T, H, K = self.world_size, self.local_experts, self.max_tokens, self.hidden, self.topk
+        return {"dflag": 8 * L * W, "cflag": 8 * W, "dmeta": 4 * L * W * T, "dx": self.elem * L * W * T * H,
                 "cx": self.elem * T * K * H}
 
     def offsets(self) -> dict[str, int]:

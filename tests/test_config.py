@@ -103,7 +103,7 @@ def test_replace_names_an_unknown_key_as_loading_does():
     config error loading gives, with the sections or keys allowed where it went wrong."""
     with pytest.raises(symmoe.ConfigError) as e:
         Config().replace(**{"bufer.hidden": 3})
-    assert str(e.value) == "bufer.hidden = 3: unknown key; allowed here: buffer, host, kernel, nccl, nvshmem, torch"
+    assert str(e.value) == "bufer.hidden = 3: unknown key; allowed here: buffer, host, kernel, low_latency, nccl, nvshmem, torch"
     with pytest.raises(symmoe.ConfigError, match=r"^backend\.kind = 3: unknown key; allowed here: buffer, host"):
         Config().replace(**{"backend.kind": 3})  # backend is a value, not a section
     with pytest.raises(symmoe.ConfigError, match=r"^buffer\.hiden = 3: unknown key; allowed here: dtype, "):

@@ -192,3 +192,35 @@ def test_the_layers_low_latency_forward_refuses_a_buffer_that_is_not_bfloat16(se
         layer = MoELayer(buf, ffn_hidden=8)
         with pytest.raises(InputError, match="buffer's dtype is torch.float32"):
             layer.forward_low_latency(torch.randn(4, cfg.buffer.hidden), T_MAX)
+
+
+def test_the_kernels_grid_is_the_ranks_share_of_the_gpu_and_the_config_key_is_checked():
+    from symmoe.config import Config
+    from symmoe.errors import ConfigError
+    from symmoe.protocol.low_latency import grid_blocks
+    assert Config().low_latency.num_sms == 0
+    assert grid_blocks(0, usable=132, gpu_sms=132, share=1) == 132  # every SM, one rank per GPU
+    assert grid_blocks(0, usable=132, gpu_sms=132, share=4) == 33  # four ranks split one GPU
+    assert grid_blocks(0, usable=66, gpu_sms=132, share=1) == 66  # an MPS share
+    assert grid_blocks(40, usable=132, gpu_sms=132, share=2) == 40
+    assert grid_blocks(132, usable=132, gpu_sms=132, share=2) == 66  # capped: receivers spin beside senders
+    assert Config().replace(**{"low_latency.num_sms": 64}).low_latency.num_sms == 64
+    with pytest.raises(ConfigError, match=r"low_latency.num_sms.*must be in \[0, 1024\]"):
+        Config().replace(**{"low_latency.num_sms": -1})
+
+
+def test_the_benchmark_turns_the_kernels_stamps_into_phases_and_prints_the_slowest_rank():
+    from symmoe.bench.low_latency import markdown, phase_medians, summarize
+    # ns: dispatch send 0..10000, receive 12000 (waited 15000) .. 20000; combine 30000.. shifted
+    call = [0, 0, 10_000, 12_000, 15_000, 20_000, 30_000, 0, 34_000, 35_000, 36_000, 40_000]
+    slower = [v + (5_000 if i in (4, 5) else 0) for i, v in enumerate(call)]  # waits 5 µs longer
+    p = phase_medians([call, call, slower])
+    assert p["dispatch"] == {"send": 10.0, "gap": 2.0, "wait": 3.0, "recv": 5.0, "device": 20.0}
+    assert p["combine"] == {"send": 4.0, "gap": 1.0, "wait": 1.0, "recv": 4.0, "device": 10.0}
+    rank = lambda ph: {"cells": {"128": {"median_us": {"symmoe-ll": {"dispatch": 1.0, "combine": 1.0}},  # noqa: E731
+                                         "graph_bitwise": True, "phases_us": ph}}, "notes": {}}
+    late = phase_medians([slower])
+    md = markdown([summarize(2, [rank(p), rank(late)])])
+    assert "| 2 | 128 | dispatch | 10.0 | 2.0 | 8.0 | 5.0 | 25.0 |" in md  # each phase's slowest rank
+    assert "| 2 | 128 | combine | 4.0 | 1.0 | 1.0 | 4.0 | 10.0 |" in md
+    assert "low-latency op" not in markdown([summarize(2, [rank(p), rank(None)])])

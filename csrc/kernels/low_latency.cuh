@@ -7,6 +7,17 @@
 // and a captured CUDA graph replays with fresh numbers. Flags are compared for equality with
 // seq; each region exists twice (parity seq & 1), which is safe because a rank sends call n + 2
 // only after receiving call n + 1, which every peer sent only after receiving call n.
+//
+// Work split (the host picks the grid: every SM the rank may use, see make_engine):
+// - every copy moves a row in pieces of kPiece 16-byte vectors; a warp issues all kUnroll loads
+//   of a piece before its first store, so each lane has kUnroll loads in flight;
+// - dispatch send: block b owns experts b, b + grid, ...; for up to `ce` of them at a time one
+//   warp each lists the rows (ballot over the flat topk_idx, so in token order), then all warps
+//   of the block copy the pieces of all listed rows, then the flags go out;
+// - dispatch receive and combine send: units (local expert, part), `parts` blocks per expert
+//   when the grid outnumbers the local experts; a unit's warps share its rows' pieces;
+// - combine receive: units (token, part of the row); each thread reduces 16-byte columns of
+//   one token over its top-k slots, loads first, then the fp32 adds in ascending k.
 #pragma once
 #include <cuda_bf16.h>
 
@@ -19,10 +30,16 @@ namespace symmoe {
 namespace ll {
 
 enum : int { kStageDispatchRecv = 101, kStageCombineRecv = 102, kStageBadExpert = 103 };
-constexpr int kThreads = 256;
+constexpr int kThreads = 512;
 constexpr int kWarps = kThreads / 32;
+// Two blocks fit on an SM (<= 64 registers a thread): the receive kernels of the ranks that
+// share a GPU spin while they wait, and together they hold at most one block per SM (the host
+// splits the SMs among those ranks), so a sender's block always finds room.
+constexpr int kMinBlocksPerSm = 2;
 constexpr int kMaxWorld = 64;
 constexpr int kMaxTopk = 64;
+constexpr int kUnroll = 8;             // 16-byte loads in flight per lane
+constexpr int kPiece = 32 * kUnroll;   // 16-byte vectors a warp moves per step (4 KB)
 
 struct Geometry {
   int rank, W, L, E, K, T_max, H;             // H in bf16 elements, a multiple of 8
@@ -37,11 +54,27 @@ struct Device {
   ErrorWord* err;
   ErrorWord* err_host;
   uint64_t timeout_ns;
+  // Phase stamps (nullptr: off): per kernel (kStamp*), the first block's start (atomicMin), the
+  // last time a block of a receive kernel finished waiting, and the last block's end (atomicMax),
+  // in global-timer ns. The host resets them before a call and reads them after it.
+  unsigned long long* stamps;
 
   __device__ __forceinline__ uint8_t* map(int peer, int64_t off) const {
     return reinterpret_cast<uint8_t*>(__ldg(peer_bases + peer)) + off;
   }
 };
+
+enum : int { kStampDispatchSend = 0, kStampDispatchRecv = 1, kStampCombineSend = 2, kStampCombineRecv = 3 };
+enum : int { kStampStart = 0, kStampWaited = 1, kStampEnd = 2, kStampsPerKernel = 3 };
+
+// Thread 0 of a block stamps the global timer into `what` of `kernel` (see Device::stamps).
+__device__ __forceinline__ void stamp(const Device& d, int kernel, int what) {
+  if (d.stamps == nullptr || threadIdx.x != 0) return;
+  unsigned long long* at = d.stamps + kernel * kStampsPerKernel + what;
+  const unsigned long long t = global_timer_ns();
+  if (what == kStampStart) atomicMin(at, t);
+  else atomicMax(at, t);
+}
 
 __device__ __forceinline__ int ld_volatile_i32(const int* p) {
   int v;
@@ -49,12 +82,30 @@ __device__ __forceinline__ int ld_volatile_i32(const int* p) {
   return v;
 }
 
-// One warp copies a row of n16 16-byte pieces. kReadOnly: the source was not written during
-// this kernel (the caller's x or y), so the non-coherent path may read it.
+// Read-only 16-byte load that skips L1 (the caller's x or y: not written during the kernel).
+__device__ __forceinline__ int4 ld_nc_na(const int4* p) {
+  int4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.s32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+// One warp copies n <= kPiece 16-byte vectors: every load of the piece first, then the stores.
+// kReadOnly: the source was not written during this kernel, so the non-coherent path may read it.
 template <bool kReadOnly>
-__device__ __forceinline__ void warp_copy_row(int4* dst, const int4* src, int n16, int lane) {
-#pragma unroll 4
-  for (int v = lane; v < n16; v += 32) dst[v] = kReadOnly ? __ldg(src + v) : src[v];
+__device__ __forceinline__ void warp_copy_piece(int4* dst, const int4* src, int n, int lane) {
+  int4 v[kUnroll];
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int i = lane + 32 * u;
+    if (i < n) v[u] = kReadOnly ? ld_nc_na(src + i) : src[i];
+  }
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) {
+    const int i = lane + 32 * u;
+    if (i < n) dst[i] = v[u];
+  }
 }
 
 // Spin (system scope) until pred(*p); past the timeout record (stage, peer, seq) and return false.
@@ -81,72 +132,134 @@ __device__ __forceinline__ void advance_seq(const Device& d, int which, int seq)
   }
 }
 
-// Dispatch, send: one warp per destination expert; a warp scans the tokens in order (ballot),
-// so the rows of each (expert, source) region are in token order.
-__global__ void __launch_bounds__(kThreads) dispatch_send_kernel(Geometry g, Device d, const int4* x,
-                                                                 const int64_t* topk_idx, int T) {
-  extern __shared__ int s_idx[];  // [T, K] expert ids, -1 where none
-  __shared__ int s_seq;
-  if (threadIdx.x == 0) s_seq = ld_volatile_i32(d.state) + 1;
-  for (int i = threadIdx.x; i < T * g.K; i += blockDim.x) {
-    const int64_t e = topk_idx[i];
-    const bool ok = e >= 0 && e < g.E;
-    // Reported beside the error word (err_host[1]), not in it: receive waits stop at an error.
-    if (!ok && e != -1 && blockIdx.x == 0) report_error(nullptr, d.err_host + 1, kStageBadExpert, i / g.K, e);
-    s_idx[i] = ok ? int(e) : -1;
+// Source s of row q of a packed expert (begin[s] <= q < begin[s + 1]).
+__device__ __forceinline__ int source_of(const int* begin, int q) {
+  int s = 0;
+  while (q >= begin[s + 1]) ++s;
+  return s;
+}
+
+// One warp lists the rows of this rank's tokens for expert e: the flat slots i = t * K + k
+// naming e (a token naming e twice: its first slot), in ascending i, so in token order. Each
+// goes to list[] and to the expert's dmeta; returns the count. `report`: this warp reports
+// expert ids outside [-1, E) (each is treated as -1: it never equals an expert).
+__device__ __forceinline__ int list_rows(const int64_t* ids, int TK, int K, int E, int e, int* list, int* meta,
+                                         bool report, const Device& d, int lane) {
+  constexpr int kAhead = 4;  // loads of ids in flight
+  int count = 0;
+  for (int base = 0; base < TK; base += 32 * kAhead) {
+    int64_t v[kAhead];
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      const int i = base + 32 * u + lane;
+      v[u] = i < TK ? __ldg(ids + i) : int64_t(-1);
+    }
+#pragma unroll
+    for (int u = 0; u < kAhead; ++u) {
+      const int i = base + 32 * u + lane;
+      bool hit = v[u] == int64_t(e);
+      if (hit) {
+        const int t = i / K;
+        for (int k2 = t * K; k2 < i; ++k2)
+          if (__ldg(ids + k2) == int64_t(e)) {
+            hit = false;
+            break;
+          }
+      }
+      // Reported beside the error word (err_host[1]), not in it: receive waits stop at an error.
+      if (report && v[u] != -1 && (v[u] < -1 || v[u] >= E))
+        report_error(nullptr, d.err_host + 1, kStageBadExpert, i / K, v[u]);
+      const unsigned mask = __ballot_sync(0xffffffffu, hit);
+      if (hit) {
+        const int pos = count + __popc(mask & lanemask_lt());
+        list[pos] = i;
+        meta[pos] = i;
+      }
+      count += __popc(mask);
+    }
   }
+  return count;
+}
+
+// Dispatch, send. Block b owns experts b, b + G, ... (G = gridDim.x <= E); `ce` of them at a
+// time: warp w < ce lists expert w's rows into s_list[w] (dynamic shared memory, ce * T ints)
+// and its dmeta region, then every warp copies pieces of the listed rows into the experts'
+// slot regions, then each expert's flag gets (seq << 32) | rows.
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    dispatch_send_kernel(Geometry g, Device d, const int4* x, const int64_t* topk_idx, int T, int ce) {
+  int* s_list = reinterpret_cast<int*>(dyn_smem());
+  __shared__ int s_cnt[kWarps], s_pre[kWarps + 1];
+  __shared__ int s_seq;
+  stamp(d, kStampDispatchSend, kStampStart);
+  if (threadIdx.x == 0) s_seq = ld_volatile_i32(d.state) + 1;
   __syncthreads();
   const int seq = s_seq, par = seq & 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n16 = g.H / 8;
-  for (int e = blockIdx.x * kWarps + warp; e < g.E; e += gridDim.x * kWarps) {
-    const int dst = e / g.L, j = e % g.L;
-    uint8_t* base = d.map(dst, 0);
-    const int64_t region = int64_t(j) * g.W + g.rank;
-    int4* slot_x = reinterpret_cast<int4*>(base + g.dx + par * g.dx_p) + region * g.T_max * n16;
-    int* slot_meta = reinterpret_cast<int*>(base + g.dmeta + par * g.dmeta_p) + region * g.T_max;
-    int count = 0;
-    for (int c = 0; c < T; c += 32) {
-      const int t = c + lane;
-      int hit = -1;
-      if (t < T)
-        for (int k = 0; k < g.K; ++k)
-          if (s_idx[t * g.K + k] == e) {
-            hit = k;
-            break;
-          }
-      unsigned mask = __ballot_sync(0xffffffffu, hit >= 0);
-      if (hit >= 0) slot_meta[count + __popc(mask & lanemask_lt())] = t * g.K + hit;
-      while (mask) {
-        const int b = __ffs(mask) - 1;
-        mask &= mask - 1;
-        warp_copy_row<true>(slot_x + int64_t(count) * n16, x + int64_t(c + b) * n16, n16, lane);
-        ++count;
-      }
+  const int n16 = g.H / 8, pieces = (n16 + kPiece - 1) / kPiece;
+  const int G = gridDim.x, TK = T * g.K;
+  const int mine = (g.E - int(blockIdx.x) + G - 1) / G;  // experts this block owns
+  for (int c0 = 0; c0 < mine; c0 += ce) {
+    const int ne = min(ce, mine - c0);
+    if (warp < ne) {
+      const int e = blockIdx.x + (c0 + warp) * G;
+      const int dst = e / g.L, j = e % g.L;
+      const int64_t region = int64_t(j) * g.W + g.rank;
+      int* slot_meta = reinterpret_cast<int*>(d.map(dst, g.dmeta + par * g.dmeta_p)) + region * g.T_max;
+      const int n = list_rows(topk_idx, TK, g.K, g.E, e, s_list + warp * T, slot_meta,
+                              blockIdx.x == 0 && c0 == 0 && warp == 0, d, lane);
+      if (lane == 0) s_cnt[warp] = n;
     }
-    __threadfence_system();
-    __syncwarp();
-    if (lane == 0)
-      st_release_sys(reinterpret_cast<int64_t*>(base + g.dflag + par * g.dflag_p) + region,
-                     (int64_t(seq) << 32) | int64_t(count));
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int at = 0;
+      for (int w = 0; w < ne; ++w) {
+        s_pre[w] = at;
+        at += s_cnt[w];
+      }
+      s_pre[ne] = at;
+    }
+    __syncthreads();
+    const int units = s_pre[ne] * pieces;
+    for (int u = warp; u < units; u += kWarps) {
+      const int row = u / pieces, pc = u - row * pieces;
+      const int w = source_of(s_pre, row), r = row - s_pre[w];
+      const int t = s_list[w * T + r] / g.K;
+      const int e = blockIdx.x + (c0 + w) * G;
+      const int64_t region = int64_t(e % g.L) * g.W + g.rank;
+      int4* slot_x = reinterpret_cast<int4*>(d.map(e / g.L, g.dx + par * g.dx_p)) + (region * g.T_max + r) * n16;
+      warp_copy_piece<true>(slot_x + pc * kPiece, x + int64_t(t) * n16 + pc * kPiece, min(kPiece, n16 - pc * kPiece),
+                            lane);
+    }
+    __syncthreads();  // every row (and dmeta entry) of these experts is stored
+    if (threadIdx.x < ne) {
+      const int e = blockIdx.x + (c0 + int(threadIdx.x)) * G;
+      const int64_t region = int64_t(e % g.L) * g.W + g.rank;
+      fence_sys();  // cumulative: the block's stores, ordered before it by the barrier
+      st_release_sys(reinterpret_cast<int64_t*>(d.map(e / g.L, g.dflag + par * g.dflag_p)) + region,
+                     (int64_t(seq) << 32) | int64_t(s_cnt[threadIdx.x]));
+    }
+    __syncthreads();  // s_cnt and s_list are reused by the next group
   }
   advance_seq(d, 0, seq);
+  stamp(d, kStampDispatchSend, kStampEnd);
 }
 
-// Dispatch, receive: one block per local expert waits for every source's flag, then packs the
-// regions in source order into recv_x[j].
-__global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(Geometry g, Device d, int4* recv_x,
-                                                                 int* recv_count, int* src_info, int* src_slot,
-                                                                 int64_t* layout_range) {
+// Dispatch, receive: unit (j, p) waits for every source's flag of local expert j, then packs
+// part p of its rows (pieces p, p + parts, ... per warp) in source order into recv_x[j].
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    dispatch_recv_kernel(Geometry g, Device d, int4* recv_x, int* recv_count, int* src_info, int* src_slot,
+                         int64_t* layout_range, int parts) {
   __shared__ int s_cnt[kMaxWorld], s_begin[kMaxWorld + 1];
+  stamp(d, kStampDispatchRecv, kStampStart);
   const int seq = ld_volatile_i32(d.state), par = seq & 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n16 = g.H / 8;
+  const int n16 = g.H / 8, pieces = (n16 + kPiece - 1) / kPiece;
   const int64_t rows = int64_t(g.W) * g.T_max;
   const int64_t* flags = reinterpret_cast<const int64_t*>(d.local + g.dflag + par * g.dflag_p);
   const int4* dx = reinterpret_cast<const int4*>(d.local + g.dx + par * g.dx_p);
   const int* meta = reinterpret_cast<const int*>(d.local + g.dmeta + par * g.dmeta_p);
-  for (int j = blockIdx.x; j < g.L; j += gridDim.x) {
+  for (int u = blockIdx.x; u < g.L * parts; u += gridDim.x) {
+    const int j = u / parts, p = u - j * parts;
     for (int s = threadIdx.x; s < g.W; s += blockDim.x) {
       const int64_t* f = flags + int64_t(j) * g.W + s;
       const bool ok = wait_flag(f, [seq](int64_t v) { return (v >> 32) == seq; }, d, kStageDispatchRecv, s, seq);
@@ -154,71 +267,82 @@ __global__ void __launch_bounds__(kThreads) dispatch_recv_kernel(Geometry g, Dev
       fence_sys();  // the rows behind the flag, for every thread of the block past the barrier
     }
     __syncthreads();
+    if (u == int(blockIdx.x)) stamp(d, kStampDispatchRecv, kStampWaited);  // the block's first wait
     if (threadIdx.x == 0) {
       int at = 0;
       for (int s = 0; s < g.W; ++s) {
         s_begin[s] = at;
-        layout_range[int64_t(j) * g.W + s] = (int64_t(at) << 32) | int64_t(s_cnt[s]);
+        if (p == 0) layout_range[int64_t(j) * g.W + s] = (int64_t(at) << 32) | int64_t(s_cnt[s]);
         at += s_cnt[s];
       }
       s_begin[g.W] = at;
-      recv_count[j] = at;
+      if (p == 0) recv_count[j] = at;
     }
     __syncthreads();
     const int total = s_begin[g.W];
-    for (int q = warp; q < total; q += kWarps) {
-      int s = 0;
-      while (q >= s_begin[s + 1]) ++s;
-      const int i = q - s_begin[s];
-      const int64_t from = (int64_t(j) * g.W + s) * g.T_max + i;
-      warp_copy_row<false>(recv_x + (int64_t(j) * rows + q) * n16, dx + from * n16, n16, lane);
-      if (lane == 0) {
-        const int m = meta[from];
-        src_info[int64_t(j) * rows + q] = m / g.K;
-        src_slot[int64_t(j) * rows + q] = m % g.K;
-      }
+    for (int q = p * blockDim.x + threadIdx.x; q < total; q += parts * blockDim.x) {
+      const int s = source_of(s_begin, q);
+      const int m = meta[(int64_t(j) * g.W + s) * g.T_max + q - s_begin[s]];
+      src_info[int64_t(j) * rows + q] = m / g.K;
+      src_slot[int64_t(j) * rows + q] = m % g.K;
+    }
+    for (int c = p * kWarps + warp; c < total * pieces; c += parts * kWarps) {
+      const int q = c / pieces, pc = c - q * pieces;
+      const int s = source_of(s_begin, q);
+      const int64_t from = (int64_t(j) * g.W + s) * g.T_max + (q - s_begin[s]);
+      warp_copy_piece<false>(recv_x + (int64_t(j) * rows + q) * n16 + pc * kPiece, dx + from * n16 + pc * kPiece,
+                             min(kPiece, n16 - pc * kPiece), lane);
     }
     __syncthreads();
   }
+  stamp(d, kStampDispatchRecv, kStampEnd);
 }
 
-// Combine, send: one block per local expert stores each row back into its source's cx[t, k],
-// then seq into every source's flag of this expert (rows or not).
-__global__ void __launch_bounds__(kThreads) combine_send_kernel(Geometry g, Device d, const int4* y,
-                                                                const int* src_info, const int* src_slot,
-                                                                const int64_t* layout_range) {
+// Combine, send: unit (j, p) stores part p of local expert j's rows back into their sources'
+// cx[t, k]; then the grid's last block stores seq into cflag[rank] of every source.
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    combine_send_kernel(Geometry g, Device d, const int4* y, const int* src_info, const int* src_slot,
+                        const int64_t* layout_range, int parts) {
   __shared__ int s_begin[kMaxWorld + 1];
   __shared__ int s_seq;
+  stamp(d, kStampCombineSend, kStampStart);
   if (threadIdx.x == 0) s_seq = ld_volatile_i32(d.state + 1) + 1;
   __syncthreads();
   const int seq = s_seq, par = seq & 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n16 = g.H / 8;
+  const int n16 = g.H / 8, pieces = (n16 + kPiece - 1) / kPiece;
   const int64_t rows = int64_t(g.W) * g.T_max;
-  for (int j = blockIdx.x; j < g.L; j += gridDim.x) {
-    if (threadIdx.x == 0) {
-      for (int s = 0; s < g.W; ++s) s_begin[s] = int(layout_range[int64_t(j) * g.W + s] >> 32);
-      const int64_t last = layout_range[int64_t(j) * g.W + g.W - 1];
-      s_begin[g.W] = int(last >> 32) + int(last & 0xffffffff);
+  for (int u = blockIdx.x; u < g.L * parts; u += gridDim.x) {
+    const int j = u / parts, p = u - j * parts;
+    for (int s = threadIdx.x; s < g.W; s += blockDim.x) {
+      const int64_t v = layout_range[int64_t(j) * g.W + s];
+      s_begin[s] = int(v >> 32);
+      if (s == g.W - 1) s_begin[g.W] = int(v >> 32) + int(v & 0xffffffff);
     }
     __syncthreads();
     const int total = s_begin[g.W];
-    for (int q = warp; q < total; q += kWarps) {
-      int s = 0;
-      while (q >= s_begin[s + 1]) ++s;
+    for (int c = p * kWarps + warp; c < total * pieces; c += parts * kWarps) {
+      const int q = c / pieces, pc = c - q * pieces;
+      const int s = source_of(s_begin, q);
       const int64_t r = int64_t(j) * rows + q;
-      const int t = src_info[r], k = src_slot[r];
+      const int t = __ldg(src_info + r), k = __ldg(src_slot + r);
       int4* dst = reinterpret_cast<int4*>(d.map(s, g.cx + par * g.cx_p)) + (int64_t(t) * g.K + k) * n16;
-      warp_copy_row<true>(dst, y + r * n16, n16, lane);
+      warp_copy_piece<true>(dst + pc * kPiece, y + r * n16 + pc * kPiece, min(kPiece, n16 - pc * kPiece), lane);
     }
-    __threadfence_system();
-    __syncthreads();
-    for (int s = threadIdx.x; s < g.W; s += blockDim.x)
-      st_release_sys(reinterpret_cast<int64_t*>(d.map(s, g.cflag + par * g.cflag_p)) + int64_t(g.rank) * g.L + j,
-                     int64_t(seq));
     __syncthreads();
   }
-  advance_seq(d, 1, seq);
+  if (threadIdx.x == 0) fence_sys();  // cumulative: this block's rows, before its grid ticket
+  if (grid_last_block(reinterpret_cast<unsigned int*>(d.state + 3))) {
+    for (int s = threadIdx.x; s < g.W; s += blockDim.x) {
+      fence_sys();
+      st_release_sys(reinterpret_cast<int64_t*>(d.map(s, g.cflag + par * g.cflag_p)) + g.rank, int64_t(seq));
+    }
+    if (threadIdx.x == 0) {
+      d.state[1] = seq;
+      __threadfence();
+    }
+  }
+  stamp(d, kStampCombineSend, kStampEnd);
 }
 
 __device__ __forceinline__ void add_weighted(float (&acc)[8], float w, int4 v) {
@@ -231,20 +355,25 @@ __device__ __forceinline__ void add_weighted(float (&acc)[8], float w, int4 v) {
   }
 }
 
-// Combine, receive: every block waits for all E flags, then reduces its tokens in fp32 in
-// ascending k (a slot naming an expert again reads that expert's first slot) and casts once.
-__global__ void __launch_bounds__(kThreads) combine_recv_kernel(Geometry g, Device d, const int64_t* topk_idx,
-                                                                const float* topk_weights, int T, int4* out) {
+// Combine, receive: every block waits for all W flags, then unit (t, p) reduces part p of token
+// t's columns in fp32 in ascending k (a slot naming an expert again reads that expert's first
+// slot), each thread loading up to kUnroll slots before it adds them, and casts once.
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    combine_recv_kernel(Geometry g, Device d, const int64_t* topk_idx, const float* topk_weights, int T, int4* out,
+                        int parts) {
   __shared__ int s_src[kMaxTopk];
   __shared__ float s_w[kMaxTopk];
+  stamp(d, kStampCombineRecv, kStampStart);
   const int seq = ld_volatile_i32(d.state + 1), par = seq & 1;
   const int64_t* flags = reinterpret_cast<const int64_t*>(d.local + g.cflag + par * g.cflag_p);
-  for (int e = threadIdx.x; e < g.E; e += blockDim.x)
-    if (wait_flag(flags + e, [seq](int64_t v) { return v == seq; }, d, kStageCombineRecv, e, seq)) fence_sys();
+  for (int s = threadIdx.x; s < g.W; s += blockDim.x)
+    if (wait_flag(flags + s, [seq](int64_t v) { return v == seq; }, d, kStageCombineRecv, s, seq)) fence_sys();
   __syncthreads();
+  stamp(d, kStampCombineRecv, kStampWaited);
   const int n16 = g.H / 8;
   const int4* cx = reinterpret_cast<const int4*>(d.local + g.cx + par * g.cx_p);
-  for (int t = blockIdx.x; t < T; t += gridDim.x) {
+  for (int u = blockIdx.x; u < T * parts; u += gridDim.x) {
+    const int t = u / parts, p = u - t * parts;
     for (int k = threadIdx.x; k < g.K; k += blockDim.x) {
       const int64_t e = topk_idx[int64_t(t) * g.K + k];
       int src = -1;
@@ -260,11 +389,21 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(Geometry g, Devi
       s_w[k] = topk_weights[int64_t(t) * g.K + k];
     }
     __syncthreads();
-    for (int v = threadIdx.x; v < n16; v += blockDim.x) {
+    const int4* row = cx + int64_t(t) * g.K * n16;
+    for (int v = p * blockDim.x + threadIdx.x; v < n16; v += parts * blockDim.x) {
       float acc[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-      for (int k = 0; k < g.K; ++k) {
-        if (s_src[k] < 0) continue;
-        add_weighted(acc, s_w[k], cx[(int64_t(t) * g.K + s_src[k]) * n16 + v]);
+      for (int k0 = 0; k0 < g.K; k0 += kUnroll) {
+        int4 val[kUnroll];
+#pragma unroll
+        for (int u2 = 0; u2 < kUnroll; ++u2) {
+          const int k = k0 + u2;
+          if (k < g.K && s_src[k] >= 0) val[u2] = row[int64_t(s_src[k]) * n16 + v];
+        }
+#pragma unroll
+        for (int u2 = 0; u2 < kUnroll; ++u2) {
+          const int k = k0 + u2;
+          if (k < g.K && s_src[k] >= 0) add_weighted(acc, s_w[k], val[u2]);
+        }
       }
       int4 r;
       __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&r);
@@ -273,6 +412,29 @@ __global__ void __launch_bounds__(kThreads) combine_recv_kernel(Geometry g, Devi
       out[int64_t(t) * n16 + v] = r;
     }
     __syncthreads();
+  }
+  stamp(d, kStampCombineRecv, kStampEnd);
+}
+
+// The benchmark's stand-in for an expert op: out[j, q] = x[j, q] * scale[j] for the received
+// rows q < count[j] only (bfloat16 product rounded once, as torch's x * scale), rows past them
+// untouched. Grid (blocks, L).
+__global__ void __launch_bounds__(256) masked_scale_kernel(const int4* x, const int* count,
+                                                           const __nv_bfloat16* scale, int4* out, int64_t rows,
+                                                           int n16) {
+  const int j = blockIdx.y;
+  const int64_t n = int64_t(count[j]) * n16;
+  const float s = __bfloat162float(scale[j]);
+  const int64_t base = int64_t(j) * rows * n16;
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    int4 v = ld_nc_na(x + base + i);
+    __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&v);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 f = __bfloat1622float2(h[k]);
+      h[k] = __floats2bfloat162_rn(__fmul_rn(f.x, s), __fmul_rn(f.y, s));
+    }
+    out[base + i] = v;
   }
 }
 

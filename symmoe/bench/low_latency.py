@@ -5,13 +5,21 @@ Every rank drives, at each token count (DeepSeek-V3's shape: hidden 7168 bf16, t
 * ``deepep``: DeepEP V1's normal-mode ``dispatch`` / ``combine`` (when ``deep_ep`` imports);
 * ``symmoe-normal``: symmoe's normal mode through the same DeepEP-shaped calls (torch push);
 * ``symmoe-ll``: symmoe's ``low_latency_dispatch`` / ``low_latency_combine`` (T_max = tokens);
-* a step, dispatch -> a per-expert scale -> combine: ``step-eager`` (three calls from Python)
-  and ``step-graph`` (the same step captured once in a CUDA graph, replayed). Every checked
-  replay's output is compared bitwise with the eager step's (``graph_bitwise``).
+* a step, dispatch -> a per-expert scale of the received rows only (``recv_count``; one
+  kernel, ``symmoe.testing.low_latency.masked_expert_op``) -> combine: ``step-eager`` (three
+  calls from Python) and ``step-graph`` (the same step captured once in a CUDA graph,
+  replayed). Every checked replay's output is compared bitwise with the eager step's
+  (``graph_bitwise``).
 
 Whole calls are timed as ``symmoe.bench.deepep`` times them: the hosts meet at a (gloo)
 barrier with the device idle, then CUDA events bracket the call, host work included; a
-cell is the median over repeats on each rank, then the slowest rank's.
+cell is the median over repeats on each rank, then the slowest rank's. Phases: after the
+timed repeats, a few dispatch + combine pairs run with the kernels' global-timer stamps on
+(``set_stamps``), and each phase's median µs is reported, the slowest rank's (``phases_us``;
+``--no-phases`` skips it): ``send`` (the send kernel, first block's start to last block's end),
+``gap`` (send end to receive start: launch and host), ``wait`` (receive start until its last
+block got every flag: the slowest peer's send), ``recv`` (from there to the receive's end) and
+``device`` (send start to receive end).
 
 ``python -m symmoe.bench.low_latency --world-sizes 2,4 --tokens 128 --json ll.json``
 """
@@ -36,7 +44,7 @@ OPS = ("dispatch", "combine", "step")
 
 def _config(T: int, sets: dict[str, Any] | None = None) -> Config:
     """symmoe's config for both modes (torch push); ``sets``: ``--set`` overrides, e.g.
-    ``kernel.num_sms`` (the low-latency kernels' grid is capped by it)."""
+    ``low_latency.num_sms`` (the low-latency kernels' grid) or ``kernel.num_sms`` (the normal mode's)."""
     return Config().replace(**{"backend": "torch", "protocol": "push", "buffer.hidden": SHAPE["hidden"],
                                "buffer.topk": SHAPE["topk"], "buffer.num_experts": SHAPE["num_experts"],
                                "buffer.max_tokens_per_rank": T, "buffer.dtype": "bfloat16",
@@ -48,6 +56,7 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
 
     from ..buffer import Buffer
     from ..compat import deep_ep_v1
+    from ..testing.low_latency import masked_expert_op
 
     device = launch.local_gpu(rank)
     group, sync = dist.group.WORLD, dist.barrier
@@ -71,7 +80,7 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
         for im in impls:
             im.prepare(x, idx, w, E)
         buf = Buffer(group, _config(T, spec["sets"]))
-        scale = (torch.arange(L, device=device, dtype=torch.float32) / L + 0.5).to(torch.bfloat16).view(L, 1, 1)
+        scale = (torch.arange(L, device=device, dtype=torch.float32) / L + 0.5).to(torch.bfloat16)
         st: dict[str, Any] = {}
 
         def ll_dispatch() -> Any:
@@ -82,9 +91,11 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
             recv_x, _, handle, _, _ = st["d"]
             return buf.low_latency_combine(recv_x, idx, w, handle)
 
+        op_blocks = max(1, 4 * torch.cuda.get_device_properties(device).multi_processor_count // L)
+
         def step() -> torch.Tensor:
-            recv_x, _, handle, _, _ = buf.low_latency_dispatch(x, idx, T, E)
-            return buf.low_latency_combine(recv_x * scale, idx, w, handle)[0]
+            recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, idx, T, E)
+            return buf.low_latency_combine(masked_expert_op(recv_x, count, scale, op_blocks), idx, w, handle)[0]
 
         ll_dispatch()
         ll_combine()
@@ -117,11 +128,53 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
             bitwise &= bool(torch.equal(graph_out.view(torch.int16), eager.view(torch.int16)))
         buf.check_low_latency(synchronize=True)
         cells[str(T)] = {"median_us": {n: {op: statistics.median(v) for op, v in t.items()} for n, t in times.items()},
-                         "graph_bitwise": bitwise}
+                         "graph_bitwise": bitwise, "launch": buf._ll[2].shapes()}
+        if spec["phases"]:
+            cells[str(T)]["phases_us"] = _phases(buf._ll[2], ll_dispatch, ll_combine, sync, device)
+            buf.check_low_latency(synchronize=True)
         del graph
         buf.close()
         normal.buf.destroy()
     return {"cells": cells, "notes": notes}
+
+
+PHASES = ("send", "gap", "wait", "recv", "device")
+
+
+def _phases(engine: Any, ll_dispatch: Any, ll_combine: Any, sync: Any, device: torch.device,
+            calls: int = 20) -> dict[str, dict[str, float]]:
+    """Median µs of each phase (PHASES) of the low-latency dispatch and combine, from the
+    kernels' stamps over ``calls`` eager dispatch + combine pairs (hosts aligned first)."""
+    stamps = torch.zeros(12, dtype=torch.int64, device=device)
+    init = torch.zeros(12, dtype=torch.int64, device=device)
+    init[0::3] = -1  # start columns take the minimum
+    per_call: list[list[int]] = []
+    engine.set_stamps(stamps)
+    try:
+        for _ in range(calls):
+            stamps.copy_(init)
+            torch.cuda.synchronize()
+            sync()
+            ll_dispatch()
+            ll_combine()
+            torch.cuda.synchronize()
+            per_call.append(stamps.tolist())
+    finally:
+        engine.set_stamps(None)
+    return phase_medians(per_call)
+
+
+def phase_medians(per_call: list[list[int]]) -> dict[str, dict[str, float]]:
+    """Stamps of each call (12 ns values: send and receive kernel of dispatch, then of combine,
+    each start, waited, end) -> the median µs of each phase per op."""
+    out = {}
+    for op, k in (("dispatch", 0), ("combine", 6)):
+        def med(f: Any) -> float:
+            return round(statistics.median(f(c[k:k + 6]) for c in per_call) / 1e3, 2)
+        out[op] = {"send": med(lambda s: s[2] - s[0]), "gap": med(lambda s: s[3] - s[2]),
+                   "wait": med(lambda s: s[4] - s[3]), "recv": med(lambda s: s[5] - s[4]),
+                   "device": med(lambda s: s[5] - s[0])}
+    return out
 
 
 def summarize(world_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
@@ -134,6 +187,9 @@ def summarize(world_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
                 rows.append({"world_size": world_size, "tokens": int(T), "impl": name, "op": op, "us": round(us, 1)})
     return {"world_size": world_size, "rows": rows,
             "graph_bitwise": {T: all(r["cells"][T]["graph_bitwise"] for r in ranks) for T in ranks[0]["cells"]},
+            "launch": {T: ranks[0]["cells"][T].get("launch") for T in ranks[0]["cells"]},
+            "phases_us": {T: _slowest_phases([r["cells"][T].get("phases_us") for r in ranks])
+                          for T in ranks[0]["cells"]},
             "notes": {i: r["notes"] for i, r in enumerate(ranks) if r["notes"]}}
 
 
@@ -143,7 +199,22 @@ def markdown(results: list[dict[str, Any]]) -> str:
         for row in res["rows"]:
             lines.append(f"| {row['world_size']} | {row['tokens']} | {row['impl']} | {row['op']} | {row['us']:.0f} |")
         lines.append(f"| {res['world_size']} | | graph replay bitwise equal to eager | | {res.get('graph_bitwise')} |")
+    phases = [(res["world_size"], T, op, p) for res in results for T, ops in (res.get("phases_us") or {}).items()
+              if ops for op, p in ops.items()]
+    if phases:
+        lines += ["", "| W | tokens/rank | low-latency op | " + " | ".join(PHASES) + " |",
+                  "|---|---|---|" + "---|" * len(PHASES)]
+        lines += [f"| {W} | {T} | {op} | " + " | ".join(f"{p[n]:.1f}" for n in PHASES) + " |"
+                  for W, T, op, p in phases]
+        lines.append("(device µs from the kernels' stamps, median per rank, then the slowest rank's)")
     return "\n".join(lines) + "\n"
+
+
+def _slowest_phases(per_rank: list[Any]) -> dict[str, dict[str, float]] | None:
+    """Each phase's slowest rank (None when a rank has none)."""
+    if not per_rank or any(p is None for p in per_rank):
+        return None
+    return {op: {n: max(p[op][n] for p in per_rank) for n in per_rank[0][op]} for op in per_rank[0]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -154,8 +225,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeats", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--no-phases", action="store_true", help="skip the phase times (the kernels' timer stamps)")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="symmoe config value for both modes (repeatable), e.g. kernel.num_sms=132")
+                    help="symmoe config value for both modes (repeatable), e.g. low_latency.num_sms=66")
     ap.add_argument("--json", default="")
     ap.add_argument("--md", default="")
     args = ap.parse_args(argv)
@@ -163,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         print("symmoe.bench.low_latency: needs a CUDA GPU", file=sys.stderr)
         return 2
     spec = {"tokens": [int(t) for t in args.tokens.split(",")], "deepep": not args.no_deepep,
-            "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed,
+            "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed, "phases": not args.no_phases,
             "sets": dict(parse_key_value(kv) for kv in args.set)}
     results = []
     status = 0
@@ -181,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         res["seconds"] = round(time.time() - t0, 1)
         results.append(res)
         print(markdown([res]), flush=True)
+        print(f"low-latency launch shapes: {res['launch']}", flush=True)
         if res["notes"]:
             print(f"notes: {res['notes']}", flush=True)
         if not all(res["graph_bitwise"].values()):

@@ -8,9 +8,9 @@ dispatch
   receive (the hook): for each local expert, wait until every source's flag carries this
     call's ``seq``, then pack the regions in source order into ``recv_x[j]``.
 combine
-  send: the expert's rank stores each row ``y[j, q]`` into its source's ``cx[t, k]``, then
-    ``seq`` into that source's ``cflag[e]`` for every one of its experts (rows or not).
-  receive (the hook): wait for all ``E`` flags, then reduce ``sum_k w[t, k] * cx[t, k']`` in
+  send: the expert's rank stores each row ``y[j, q]`` into its source's ``cx[t, k]``; once all
+    of them are stored, ``seq`` into every source's ``cflag[rank]`` (rows or not).
+  receive (the hook): wait for all ``W`` flags, then reduce ``sum_k w[t, k] * cx[t, k']`` in
     fp32 in ascending ``k`` (``k'``: the first slot of t with that expert) and cast once.
 
 The sequence numbers count calls on each rank (every rank makes every call): the CUDA engine
@@ -26,7 +26,7 @@ from typing import Callable
 import torch
 
 from .. import build
-from ..errors import InputError, StallError
+from ..errors import CapacityError, InputError, StallError
 from ..low_latency import LowLatencyHandle, LowLatencyLayout
 from ..memory import SymmetricMemory
 from .base import stream_handle, usable_sms
@@ -73,6 +73,10 @@ class _Engine:
         rng, count, info, slot = ints.split([2 * L * lay.world_size, L, L * rows, L * rows])  # int64 part first
         return recv_x, count, info.view(L, rows), slot.view(L, rows), rng.view(torch.int64).view(L, lay.world_size)
 
+    def shapes(self) -> dict[str, int]:
+        """The kernels' launch shapes (blocks, threads, work split); empty on the host."""
+        return {}
+
     def close(self) -> None:
         pass
 
@@ -85,8 +89,8 @@ class HostLowLatency(_Engine):
         super().__init__(mem, lay, timeout_s)
         self._seq = {"dispatch": 0, "combine": 0}
         off, lay_ = lay.offsets(), lay
-        W, L, E, T, H, K = lay_.world_size, lay_.local_experts, lay_.num_experts, lay_.max_tokens, lay_.hidden, lay_.topk
-        self._shapes = {"dflag": (torch.int64, (L, W)), "cflag": (torch.int64, (E,)),
+        W, L, T, H, K = lay_.world_size, lay_.local_experts, lay_.max_tokens, lay_.hidden, lay_.topk
+        self._shapes = {"dflag": (torch.int64, (L, W)), "cflag": (torch.int64, (W,)),
                         "dmeta": (torch.int32, (L, W, T)), "dx": (torch.bfloat16, (L, W, T, H)),
                         "cx": (torch.bfloat16, (T, K, H))}
         self._off = off
@@ -161,7 +165,7 @@ class HostLowLatency(_Engine):
             for j in range(L):
                 b, c = int(begin[j, s]), int(cnt[j, s])
                 cx[handle.src_info[j, b:b + c].long(), handle.src_slot[j, b:b + c].long()] = y[j, b:b + c]
-            self._region("cflag", p, s)[me * L:(me + 1) * L] = seq
+            self._region("cflag", p, s)[me] = seq
         T, K = topk_idx.shape
         result = out if out is not None else torch.empty((T, lay.hidden), dtype=torch.bfloat16, device=self.device)
 
@@ -170,7 +174,7 @@ class HostLowLatency(_Engine):
             late = (self._region("cflag", p) != seq).nonzero().flatten()
             if late.numel():
                 raise StallError(me, "low_latency_combine.receive", self.timeout_s,
-                                 f"rank {int(late[0]) // L}'s rows of call {seq} never arrived")
+                                 f"rank {int(late[0])}'s rows of call {seq} never came back")
             result.copy_(_reduce(self._region("cx", p)[:T], topk_idx, topk_weights, lay.num_experts))
         return result, self._hook("low_latency_combine", receive, deferred)
 
@@ -205,6 +209,7 @@ class CudaLowLatency(_Engine):
     BAD_EXPERT = 103
 
     def __init__(self, mem: SymmetricMemory, lay: LowLatencyLayout, timeout_s: float, num_sms: int):
+        """``num_sms``: blocks of every kernel (``grid_blocks``)."""
         super().__init__(mem, lay, timeout_s)
         if not mem.maps_every_peer:
             raise InputError(f"low-latency mode: backend '{mem.name}' does not reach every peer by load/store, "
@@ -215,11 +220,30 @@ class CudaLowLatency(_Engine):
         self._state = torch.zeros(8, dtype=torch.int32, device=self.device)  # seqs and grid tickets
         self._err_rec = (ctypes.c_int64 * 4).from_address(self._err[0])
         self._bad_rec = (ctypes.c_int64 * 4).from_address(self._err[0] + 32)  # bad expert ids, beside it
-        sms = min(num_sms, usable_sms(self.device))
-        self.ll = self.mod.LowLatency(lay.kernel_geometry(self.rank), mem.local.data_ptr(), mem.peer_bases.data_ptr(),
-                                      self._state.data_ptr(), self._err_dev.data_ptr(), self._err[1],
-                                      float(timeout_s), max(1, sms))
+        try:
+            self.ll = self.mod.LowLatency(lay.kernel_geometry(self.rank), mem.local.data_ptr(),
+                                          mem.peer_bases.data_ptr(), self._state.data_ptr(), self._err_dev.data_ptr(),
+                                          self._err[1], float(timeout_s), max(1, num_sms))
+        except ValueError as e:  # the kernels' limits (shared memory for T_max), named by the module
+            self.mod.host_free(self._err[0])
+            raise CapacityError(f"low_latency_dispatch: {e}") from None
         self._closed = False
+
+    def shapes(self) -> dict[str, int]:
+        return dict(self.ll.shapes())
+
+    def set_stamps(self, stamps: torch.Tensor | None) -> None:
+        """Phase stamps of the kernels launched after this call (None: off): ``stamps`` int64
+        ``[4, 3]`` on this device, per kernel (dispatch send, dispatch receive, combine send,
+        combine receive) the global-timer ns of the first block's start, of the last block
+        done waiting (receive kernels) and of the last block's end. Reset it before each
+        measured call: -1 in the start column, 0 in the others. Eager calls only (a graph
+        captured while stamps were on keeps the pointer)."""
+        if stamps is not None and (stamps.dtype != torch.int64 or stamps.numel() != 12 or not stamps.is_contiguous()
+                                   or stamps.device != self.device):
+            raise InputError(f"set_stamps: expected a contiguous int64 tensor of 12 values on {self.device}")
+        self._stamps = stamps
+        self.ll.set_stamps(stamps.data_ptr() if stamps is not None else 0)
 
     def check(self, synchronize: bool = False) -> None:
         if synchronize:
@@ -236,7 +260,7 @@ class CudaLowLatency(_Engine):
         stage, peer, value = int(word[0]), int(word[1]), int(word[2])
         name = self.STAGE_NAMES.get(stage, f"stage {stage}")
         what = (f"rank {peer}'s rows of call {value} never arrived" if stage == 101
-                else f"expert {peer}'s rows of call {value} never came back")
+                else f"rank {peer}'s rows of call {value} never came back")
         self.mem.mark_broken()
         raise StallError(self.rank, name, self.timeout_s, f"{what}; this Buffer's low-latency mode is unusable now")
 
@@ -249,12 +273,13 @@ class CudaLowLatency(_Engine):
         stream = stream_handle(self.device)
         self.ll.dispatch_send(x.data_ptr(), topk_idx.data_ptr(), T, stream)
         recv_x, count, info, slot, rng = self._outputs(x.shape[1])
-        handle = LowLatencyHandle(info, rng, lay.max_tokens, x.shape[1], lay.num_experts, slot, T, K, id(self))
 
         def receive() -> None:
             self.ll.dispatch_recv(recv_x.data_ptr(), count.data_ptr(), info.data_ptr(), slot.data_ptr(),
                                   rng.data_ptr(), stream_handle(self.device))
-        return recv_x, count, handle, self._hook("low_latency_dispatch", receive, deferred)
+        hook = self._hook("low_latency_dispatch", receive, deferred)  # without hooks: the receive launches here
+        handle = LowLatencyHandle(info, rng, lay.max_tokens, x.shape[1], lay.num_experts, slot, T, K, id(self))
+        return recv_x, count, handle, hook
 
     def combine(self, y: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor, handle: LowLatencyHandle,
                 out: torch.Tensor | None, deferred: bool):
@@ -289,8 +314,19 @@ class CudaLowLatency(_Engine):
             pass
 
 
+def grid_blocks(num_sms: int, usable: int, gpu_sms: int, share: int) -> int:
+    """Blocks of every low-latency kernel (``low_latency.num_sms``; 0 = the budget): at most
+    the SMs this rank may use (``usable``: the GPU's or its MPS share) and at most its part of
+    the GPU's ``gpu_sms`` when ``share`` ranks run on one GPU. The receive kernels spin while
+    they wait; the budget keeps the spinning blocks of all ranks on a GPU at about one per SM,
+    and a block takes at most half an SM (ll::kMinBlocksPerSm), so every sender finds room."""
+    budget = max(1, min(usable, gpu_sms // max(1, share)))
+    return budget if num_sms <= 0 else min(num_sms, budget)
+
+
 def make_engine(mem: SymmetricMemory, lay: LowLatencyLayout, timeout_s: float, num_sms: int) -> _Engine:
-    """The engine for ``mem``: torch on the host, the CUDA kernels where every peer is mapped."""
+    """The engine for ``mem``: torch on the host, the CUDA kernels where every peer is mapped.
+    ``num_sms``: ``low_latency.num_sms`` (collective on a GPU: the ranks compare their GPUs)."""
     if mem.device.type != "cuda":
         return HostLowLatency(mem, lay, timeout_s)
     from . import _maps_every_peer
@@ -298,4 +334,6 @@ def make_engine(mem: SymmetricMemory, lay: LowLatencyLayout, timeout_s: float, n
         raise InputError(f"low-latency mode: backend '{mem.name}' does not map every peer for load/store (peers "
                          "across nodes); its kernels store rows straight into the peers' buffers, so keep the "
                          "group inside one NVLink domain")
-    return CudaLowLatency(mem, lay, timeout_s, num_sms)
+    from .cuda import _gpu_sharing
+    share, gpu_sms = _gpu_sharing(mem)
+    return CudaLowLatency(mem, lay, timeout_s, grid_blocks(num_sms, usable_sms(mem.device), gpu_sms, share))

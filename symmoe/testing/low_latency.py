@@ -20,6 +20,28 @@ def expert_op(recv_x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     return recv_x * scale.view(-1, 1, 1)
 
 
+def masked_expert_op(recv_x: torch.Tensor, recv_count: torch.Tensor, scale: torch.Tensor,
+                     blocks_per_expert: int = 0) -> torch.Tensor:
+    """``expert_op`` over the received rows only (``q < recv_count[j]``; the rows past them are
+    left undefined, as a masked grouped GEMM leaves them), with no host sync on a GPU: one
+    kernel (``symmoe_ll.masked_scale``), bitwise equal to ``expert_op`` on those rows.
+    ``scale``: bfloat16 ``[L]``. The benchmark's step uses it, so its time is the rows moved."""
+    L, rows, H = recv_x.shape
+    out = torch.empty_like(recv_x)
+    if recv_x.device.type != "cuda":
+        for j, n in enumerate(recv_count.tolist()):
+            out[j, :n] = recv_x[j, :n] * scale[j]
+        return out
+    from .. import build
+    from ..protocol.base import stream_handle, usable_sms
+    if scale.dtype != torch.bfloat16 or scale.numel() != L or not scale.is_contiguous() or not recv_x.is_contiguous():
+        raise ValueError("masked_expert_op: contiguous bfloat16 recv_x [L, rows, H] and scale [L] expected")
+    blocks = blocks_per_expert or max(1, 4 * usable_sms(recv_x.device) // max(1, L))
+    build.load("symmoe_ll").masked_scale(recv_x.data_ptr(), recv_count.data_ptr(), scale.data_ptr(), out.data_ptr(),
+                                         L, rows, H, blocks, stream_handle(recv_x.device))
+    return out
+
+
 def _inputs(routing: Routing, world_size: int, cfg: Config, T_max: int, seed: int, full: bool = False):
     b = cfg.buffer
     counts = _tokens_per_rank(world_size, T_max, seed, full)
@@ -69,6 +91,11 @@ def check_low_latency(rank: int, world_size: int, config: dict[str, Any], seed: 
                     L = b.num_experts // world_size
                     scales = [torch.linspace(0.5, 2.0, L).to(torch.bfloat16) + r for r in range(world_size)]
                     y = expert_op(recv_x, scales[rank].to(dev))
+                    if dev.type == "cuda":  # the benchmark's op: the received rows only, the rest undefined
+                        y_rows = masked_expert_op(recv_x, count, scales[rank].to(dev))
+                        for j, n in enumerate(count.tolist()):
+                            assert_bitwise(f"masked_expert_op[{j}][:{n}]", y_rows[j, :n], y[j, :n], ctx)
+                        y = y_rows
                     ys = [expert_op(ref.recv[r].recv_x, scales[r]) for r in range(world_size)]
                     want = reference.low_latency_combine(ys, ref, [r.topk_idx for r in ins],
                                                          [r.topk_weights for r in ins], b.num_experts)[rank]
