@@ -264,7 +264,8 @@ class Buffer:
     def low_latency_dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, num_max_dispatch_tokens_per_rank: int,
                              num_experts: int, use_fp8: bool = False, round_scale: bool = False,
                              use_ue8m0: bool = False, async_finish: bool = False, return_recv_hook: bool = False
-                             ) -> tuple[torch.Tensor, torch.Tensor, LowLatencyHandle, EventOverlap, Callable[[], None] | None]:
+                             ) -> tuple[torch.Tensor | tuple[torch.Tensor, torch.Tensor], torch.Tensor, LowLatencyHandle,
+                                        EventOverlap, Callable[[], None] | None]:
         """Masked expert-major dispatch with no host wait (DeepEP V1's ``low_latency_dispatch``).
 
         Returns ``(recv_x [L, W * T_max, H] bfloat16, recv_count [L] int32, handle, event, hook)``:
@@ -275,18 +276,33 @@ class Buffer:
         passes the same ``num_max_dispatch_tokens_per_rank`` and ``num_experts``. The first call
         (and one with new sizes) allocates this mode's symmetric buffer, so make it eagerly before
         capturing a CUDA graph; later calls allocate only their outputs and are capturable.
-        ``use_fp8`` is not implemented (UnsupportedArgument names the way out)."""
+
+        ``use_fp8=True``: x (bfloat16) is cast to e4m3 per token and 128 channels
+        (``symmoe.fp8.quantize``: scale = amax / 448, ``round_scale``: rounded up to a power of
+        two) and only the e4m3 bytes and scales move; ``recv_x`` is then DeepEP's ``(data e4m3
+        [L, W * T_max, H], scales)`` with column-major float32 scales ``[L, W * T_max, H / 128]``
+        or, with ``use_ue8m0`` (needs ``round_scale``), UE8M0 exponents packed four to an int32
+        ``[L, W * T_max, ceil(H / 512)]``. ``data`` is a view whose rows lie 2H bytes apart."""
         self._check_open("low_latency_dispatch")
-        if use_fp8 or round_scale or use_ue8m0:
-            from .compat._common import UnsupportedArgument
-            raise UnsupportedArgument("low_latency_dispatch", "use_fp8" if use_fp8 else
-                                      ("round_scale" if round_scale else "use_ue8m0"), True,
-                                      "the low-latency mode moves bfloat16 rows only; pass use_fp8=False, "
-                                      "round_scale=False, use_ue8m0=False and quantise after the dispatch")
         lowlat.check_dispatch(x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts, self.world_size, self.device)
+        lowlat.check_fp8(x.shape[1], use_fp8, round_scale, use_ue8m0)
         engine = self._low_latency(num_max_dispatch_tokens_per_rank, x.shape[1], num_experts, topk_idx.shape[1])
-        recv_x, count, handle, hook = engine.dispatch(x, topk_idx, return_recv_hook)
-        return recv_x, count, handle, self._event(async_finish), hook
+        if not use_fp8:
+            recv_x, count, handle, hook = engine.dispatch(x, topk_idx, return_recv_hook)
+            return recv_x, count, handle, self._event(async_finish), hook
+        data, scales = fp8.quantize(x, "float32", round_scale)
+        rows, count, handle, hook = engine.dispatch(fp8.pack(data, scales, torch.empty_like(x)), topk_idx,
+                                                    return_recv_hook, lowlat.fp8_row_bytes(x.shape[1]))
+        recv_data, recv_scales, finish = lowlat.fp8_outputs(rows, use_ue8m0)
+        if hook is None:
+            finish()
+        else:
+            receive = hook
+
+            def hook() -> None:
+                receive()
+                finish()
+        return (recv_data, recv_scales), count, handle, self._event(async_finish), hook
 
     def low_latency_combine(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                             handle: LowLatencyHandle, zero_copy: bool = False, async_finish: bool = False,

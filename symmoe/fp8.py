@@ -169,10 +169,12 @@ def grouped_layout(expert_offsets: torch.Tensor, src_rank: torch.Tensor, psum: b
     return (offsets[:-1] + counts[:L]).to(torch.int32)
 
 
-def quantize(x: torch.Tensor, scale_format: str = "float32") -> tuple[torch.Tensor, torch.Tensor]:
+def quantize(x: torch.Tensor, scale_format: str = "float32", round_scale: bool = False) -> tuple[
+        torch.Tensor, torch.Tensor]:
     """``x`` [T, H] -> ``(x_e4m3, scales)`` per token and 128 channels, as DeepGEMM's
-    ``per_token_cast_to_fp8``: scale = amax / 448 (``float32``), or rounded up to a power of
-    two and packed as UE8M0 exponents four to an int32 (``ue8m0``). For workloads and tests."""
+    ``per_token_cast_to_fp8``: scale = amax / 448 (``float32``; ``round_scale``: rounded up to
+    a power of two, as DeepEP's low-latency ``round_scale``), or a power of two packed as UE8M0
+    exponents four to an int32 (``ue8m0``). The low-latency dispatch's ``use_fp8`` casts with it."""
     if scale_format not in ("float32", "ue8m0"):
         raise InputError(f"scale_format={scale_format!r}; allowed: 'float32', 'ue8m0'")
     T, H = x.shape
@@ -180,15 +182,24 @@ def quantize(x: torch.Tensor, scale_format: str = "float32") -> tuple[torch.Tens
         raise InputError(f"x has hidden size {H}; FP8 needs a multiple of {BLOCK}")
     blocks = x.float().view(T, H // BLOCK, BLOCK)
     amax = blocks.abs().amax(dim=2).clamp(min=1e-4)
-    if scale_format == "float32":
+    if scale_format == "float32" and not round_scale:
         scale, mul = amax / 448.0, 448.0 / amax
     else:
-        scale = torch.pow(2.0, torch.ceil(torch.log2(amax / 448.0)))
+        # 2^ceil(log2(amax / 448)) from the exponent (frexp: v = m * 2^e, m in [0.5, 1)), exact
+        # on every device where a rounded log2 might not be.
+        m, e = torch.frexp(amax / 448.0)
+        scale = torch.ldexp(torch.ones_like(m), torch.where(m == 0.5, e - 1, e))
         mul = 1.0 / scale
     data = (blocks * mul.unsqueeze(2)).to(FP8_DTYPE).view(T, H)
     if scale_format == "float32":
         return data, scale.contiguous()
-    cols = formats(H)["ue8m0"].scale_cols
-    exps = torch.zeros((T, 4 * cols), dtype=torch.uint8, device=x.device)
-    exps[:, :H // BLOCK] = (scale.view(torch.int32) >> 23).to(torch.uint8)
-    return data, exps.view(torch.int32)
+    return data, ue8m0(scale)
+
+
+def ue8m0(scale: torch.Tensor) -> torch.Tensor:
+    """Power-of-two float32 scales ``[..., H / 128]`` -> their exponent bytes packed four to an
+    int32 ``[..., ceil(H / 512)]`` (the low byte holds the first)."""
+    n = scale.shape[-1]
+    exps = torch.zeros((*scale.shape[:-1], -(-n // 4) * 4), dtype=torch.uint8, device=scale.device)
+    exps[..., :n] = (scale.contiguous().view(torch.int32) >> 23).to(torch.uint8)
+    return exps.view(torch.int32)

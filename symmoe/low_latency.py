@@ -21,6 +21,7 @@ Per rank, in this order (each piece 256-byte aligned)::
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -179,3 +180,45 @@ def check_combine(x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.T
         if not t.is_contiguous():
             raise InputError(f"{api}: {name} is not contiguous; pass {name}.contiguous()")
     return handle
+
+
+def check_fp8(hidden: int, use_fp8: bool, round_scale: bool, use_ue8m0: bool) -> None:
+    """The FP8 options of a low-latency dispatch, as DeepEP allows them."""
+    api = "low_latency_dispatch"
+    for name, v in (("use_fp8", use_fp8), ("round_scale", round_scale), ("use_ue8m0", use_ue8m0)):
+        if not isinstance(v, bool):
+            raise InputError(f"{api}: {name}={v!r}; expected True or False")
+    if (round_scale or use_ue8m0) and not use_fp8:
+        raise InputError(f"{api}: round_scale={round_scale}, use_ue8m0={use_ue8m0} with use_fp8=False; they shape "
+                         "the FP8 scales, so pass use_fp8=True or leave them False")
+    if use_ue8m0 and not round_scale:
+        raise InputError(f"{api}: use_ue8m0=True needs round_scale=True (UE8M0 holds powers of two only)")
+    if use_fp8 and hidden % 128:
+        raise InputError(f"{api}: hidden={hidden} with use_fp8=True; FP8 rows scale per 128 channels, so hidden "
+                         "must be a multiple of 128")
+
+
+def fp8_row_bytes(hidden: int) -> int:
+    """Bytes an FP8 row moves: the e4m3 data, then one float32 scale per 128 channels, in 16-byte pieces."""
+    return -(-(hidden + 4 * (hidden // 128)) // 16) * 16
+
+
+def fp8_outputs(recv_x: torch.Tensor, use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor, Any]:
+    """Views and outputs of FP8 rows received in ``recv_x`` [L, N, H] bfloat16 (data in each
+    row's first H bytes, float32 scales behind): ``(data e4m3 [L, N, H], scales, finish)``.
+    ``scales`` is DeepEP's: column-major (stride 1 along N) float32 ``[L, N, H / 128]``, or
+    UE8M0 exponents packed four to an int32 ``[L, N, ceil(H / 512)]``; ``finish()`` fills it
+    once the rows are in (after the receive). ``data`` is a view with rows 2H bytes apart."""
+    from . import fp8
+    L, N, H = recv_x.shape
+    S = H // 128
+    data = recv_x.view(torch.uint8)[..., :H].view(fp8.FP8_DTYPE)
+    src = recv_x.view(torch.int32)[..., H // 4:H // 4 + S].view(torch.float32)
+    cols = -(-S // 4) if use_ue8m0 else S
+    scales = torch.empty((L, cols, N), dtype=torch.int32 if use_ue8m0 else torch.float32,
+                         device=recv_x.device).transpose(1, 2)
+
+    def finish() -> None:
+        scales.copy_(fp8.ue8m0(src) if use_ue8m0 else src)
+    return data, scales, finish
+

@@ -10,7 +10,8 @@ from symmoe.compat import UnsupportedArgument, UnsupportedCall
 from symmoe.errors import CapacityError, InputError
 from symmoe.launch import spawn
 from symmoe.low_latency import LowLatencyLayout
-from symmoe.testing.low_latency import check_deep_ep_v1_low_latency, check_layer_low_latency, check_low_latency
+from symmoe.testing.low_latency import (check_deep_ep_v1_low_latency, check_layer_low_latency, check_low_latency,
+                                       check_low_latency_fp8)
 from symmoe.workload import Routing
 
 import symmoe.compat.deep_ep_v1 as deep_ep
@@ -52,6 +53,12 @@ def test_repeated_calls_alternate_the_two_halves_of_the_buffer_and_stay_exact(se
         == [12, 12]
 
 
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_fp8_dispatch_moves_deepeps_e4m3_rows_and_column_major_scales_bitwise(world_size, seed):
+    cfg = small_config(**{"buffer.hidden": 256})
+    assert spawn(check_low_latency_fp8, world_size, args=(cfg.to_dict(), seed + 3, T_MAX)) == [6] * world_size
+
+
 def test_deep_ep_v1_shim_low_latency_mode_matches_the_reference(seed):
     cfg = small_config()
     assert spawn(check_deep_ep_v1_low_latency, 2, args=(cfg.to_dict(), seed + 5, T_MAX)) == [6, 6]
@@ -76,8 +83,12 @@ def test_bad_arguments_raise_naming_the_value_before_anything_moves(seed):
             buf.low_latency_dispatch(x, idx, 5, 32)
         with pytest.raises(InputError, match="hidden=60.*multiple of 8"):
             buf.low_latency_dispatch(x[:, :60].contiguous(), idx, T_MAX, 32)
-        with pytest.raises(UnsupportedArgument, match="use_fp8=True.*bfloat16 rows only"):
+        with pytest.raises(InputError, match="hidden=64 with use_fp8=True.*multiple of 128"):
             buf.low_latency_dispatch(x, idx, T_MAX, 32, use_fp8=True)
+        with pytest.raises(InputError, match="use_ue8m0=True needs round_scale=True"):
+            buf.low_latency_dispatch(x, idx, T_MAX, 32, use_fp8=True, use_ue8m0=True)
+        with pytest.raises(InputError, match="round_scale=True, use_ue8m0=False with use_fp8=False"):
+            buf.low_latency_dispatch(x, idx, T_MAX, 32, round_scale=True)
         assert buf._ll is None  # nothing was allocated by the refused calls
         recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, idx, T_MAX, 32)
         with pytest.raises(UnsupportedArgument, match="zero_copy=True"):
@@ -128,8 +139,8 @@ def test_deep_ep_v1_low_latency_calls_follow_deepeps_defaults_and_refuse_what_sy
         normal.destroy()
     buf = deep_ep.Buffer(None, 0, 1 << 20, low_latency_mode=True, symmoe_config=cfg)
     try:
-        with pytest.raises(UnsupportedArgument, match="use_fp8=True.*pass use_fp8=False"):
-            buf.low_latency_dispatch(x, idx, T_MAX, 32)  # DeepEP's default
+        with pytest.raises(InputError, match="hidden=64 with use_fp8=True"):
+            buf.low_latency_dispatch(x, idx, T_MAX, 32)  # DeepEP's default: FP8
         with pytest.raises(UnsupportedArgument, match="dispatch_wait_recv_cost_stats"):
             buf.low_latency_dispatch(x, idx, T_MAX, 32, dispatch_wait_recv_cost_stats=torch.zeros(1, 1), use_fp8=False)
         recv_x, count, handle, event, hook = buf.low_latency_dispatch(x, idx, T_MAX, 32, use_fp8=False)

@@ -71,16 +71,26 @@ struct LowLatency {
 
   int expert_grid() const { return std::max(1, std::min(sms, g.L * parts)); }
 
-  void dispatch_send(uintptr_t x, uintptr_t topk_idx, int T, uintptr_t stream) {
-    const int grid = std::min(sms, g.E);
+  // The int4 of each row a dispatch moves: row_bytes (FP8 rows: data then scales), 0 = whole rows.
+  int row16(int64_t row_bytes) const {
+    if (row_bytes == 0) return g.H / 8;
+    if (row_bytes < 0 || row_bytes % 16 || row_bytes > int64_t(g.H) * 2)
+      throw std::invalid_argument("symmoe_ll: row_bytes=" + std::to_string(row_bytes) +
+                                  "; allowed: a multiple of 16 up to the row's " + std::to_string(2 * g.H) + " bytes");
+    return int(row_bytes / 16);
+  }
+
+  void dispatch_send(uintptr_t x, uintptr_t topk_idx, int T, uintptr_t stream, int64_t row_bytes) {
+    const int grid = std::min(sms, g.E), m16 = row16(row_bytes);
     ll::dispatch_send_kernel<<<grid, ll::kThreads, size_t(ce) * T * sizeof(int), P<CUstream_st>(stream)>>>(
-        g, d, P<const int4>(x), P<const int64_t>(topk_idx), T, ce);
+        g, d, P<const int4>(x), P<const int64_t>(topk_idx), T, ce, m16);
     check(cudaGetLastError(), "dispatch_send_kernel launch");
   }
   void dispatch_recv(uintptr_t recv_x, uintptr_t count, uintptr_t info, uintptr_t slot, uintptr_t range,
-                     uintptr_t stream) {
+                     uintptr_t stream, int64_t row_bytes) {
+    const int m16 = row16(row_bytes);
     ll::dispatch_recv_kernel<<<expert_grid(), ll::kThreads, 0, P<CUstream_st>(stream)>>>(
-        g, d, P<int4>(recv_x), P<int>(count), P<int>(info), P<int>(slot), P<int64_t>(range), parts);
+        g, d, P<int4>(recv_x), P<int>(count), P<int>(info), P<int>(slot), P<int64_t>(range), parts, m16);
     check(cudaGetLastError(), "dispatch_recv_kernel launch");
   }
   void combine_send(uintptr_t y, uintptr_t info, uintptr_t slot, uintptr_t range, uintptr_t stream) {

@@ -186,7 +186,7 @@ __device__ __forceinline__ int list_rows(const int64_t* ids, int TK, int K, int 
 // and its dmeta region, then every warp copies pieces of the listed rows into the experts'
 // slot regions, then each expert's flag gets (seq << 32) | rows.
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    dispatch_send_kernel(Geometry g, Device d, const int4* x, const int64_t* topk_idx, int T, int ce) {
+    dispatch_send_kernel(Geometry g, Device d, const int4* x, const int64_t* topk_idx, int T, int ce, int m16) {
   int* s_list = reinterpret_cast<int*>(dyn_smem());
   __shared__ int s_cnt[kWarps], s_pre[kWarps + 1];
   __shared__ int s_seq;
@@ -195,7 +195,8 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
   __syncthreads();
   const int seq = s_seq, par = seq & 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n16 = g.H / 8, pieces = (n16 + kPiece - 1) / kPiece;
+  // Rows lie n16 int4 apart; the first m16 of each move (FP8 rows: data and scales only).
+  const int n16 = g.H / 8, pieces = (m16 + kPiece - 1) / kPiece;
   const int G = gridDim.x, TK = T * g.K;
   const int mine = (g.E - int(blockIdx.x) + G - 1) / G;  // experts this block owns
   for (int c0 = 0; c0 < mine; c0 += ce) {
@@ -227,7 +228,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       const int e = blockIdx.x + (c0 + w) * G;
       const int64_t region = int64_t(e % g.L) * g.W + g.rank;
       int4* slot_x = reinterpret_cast<int4*>(d.map(e / g.L, g.dx + par * g.dx_p)) + (region * g.T_max + r) * n16;
-      warp_copy_piece<true>(slot_x + pc * kPiece, x + int64_t(t) * n16 + pc * kPiece, min(kPiece, n16 - pc * kPiece),
+      warp_copy_piece<true>(slot_x + pc * kPiece, x + int64_t(t) * n16 + pc * kPiece, min(kPiece, m16 - pc * kPiece),
                             lane);
     }
     __syncthreads();  // every row (and dmeta entry) of these experts is stored
@@ -248,12 +249,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
 // part p of its rows (pieces p, p + parts, ... per warp) in source order into recv_x[j].
 __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
     dispatch_recv_kernel(Geometry g, Device d, int4* recv_x, int* recv_count, int* src_info, int* src_slot,
-                         int64_t* layout_range, int parts) {
+                         int64_t* layout_range, int parts, int m16) {
   __shared__ int s_cnt[kMaxWorld], s_begin[kMaxWorld + 1];
   stamp(d, kStampDispatchRecv, kStampStart);
   const int seq = ld_volatile_i32(d.state), par = seq & 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int n16 = g.H / 8, pieces = (n16 + kPiece - 1) / kPiece;
+  const int n16 = g.H / 8, pieces = (m16 + kPiece - 1) / kPiece;  // as the send: m16 of each n16
   const int64_t rows = int64_t(g.W) * g.T_max;
   const int64_t* flags = reinterpret_cast<const int64_t*>(d.local + g.dflag + par * g.dflag_p);
   const int4* dx = reinterpret_cast<const int4*>(d.local + g.dx + par * g.dx_p);
@@ -291,7 +292,7 @@ __global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
       const int s = source_of(s_begin, q);
       const int64_t from = (int64_t(j) * g.W + s) * g.T_max + (q - s_begin[s]);
       warp_copy_piece<false>(recv_x + (int64_t(j) * rows + q) * n16 + pc * kPiece, dx + from * n16 + pc * kPiece,
-                             min(kPiece, n16 - pc * kPiece), lane);
+                             min(kPiece, m16 - pc * kPiece), lane);
     }
     __syncthreads();
   }

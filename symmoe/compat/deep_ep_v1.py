@@ -26,8 +26,8 @@ unchanged (``symmoe.fp8``; buffer.dtype bfloat16); combine takes bfloat16.
 
 What symmoe cannot honour raises ``UnsupportedArgument``/``UnsupportedCall`` (an FP8 ``x`` to
 combine, ``num_rdma_bytes > 0`` without the low-latency mode, ``enable_shrink``, an mpi4py
-``comm``, ``bias`` in combine, layout-only dispatch without ``topk_idx``, FP8/LogFMT low-latency
-rows, zero-copy combine, the mask buffer, internode methods). Pure performance hints are accepted and ignored: ``num_nvl_bytes``, ``config``,
+``comm``, ``bias`` in combine, layout-only dispatch without ``topk_idx``, LogFMT low-latency
+combine, zero-copy combine, the mask buffer, internode methods). Pure performance hints are accepted and ignored: ``num_nvl_bytes``, ``config``,
 ``set_num_sms``, ``allocate_on_comm_stream``, ``num_qps_per_rank``,
 ``allow_nvlink_for_low_latency_mode``, ``allow_mnnvl``, ``explicitly_destroy``; ``async_finish=False``
 (the default) returns an event without a CUDA event, as DeepEP does.
@@ -402,22 +402,20 @@ class Buffer:
                              dispatch_wait_recv_cost_stats: torch.Tensor | None = None, use_fp8: bool = True,
                              round_scale: bool = False, use_ue8m0: bool = False, async_finish: bool = False,
                              return_recv_hook: bool = False
-                             ) -> tuple[torch.Tensor, torch.Tensor, "LowLatencyHandle", EventOverlap, Any]:
-        """``(recv_x [L, W * T_max, H] bfloat16, recv_count [L] int32, handle, event, hook)``, as
-        DeepEP's. ``use_fp8`` defaults to True there, and symmoe moves bfloat16 rows only: pass
-        ``use_fp8=False``. ``cumulative_local_expert_recv_stats`` gets recv_count added once the
-        rows are in (after the hook with ``return_recv_hook``)."""
+                             ) -> tuple[Any, torch.Tensor, "LowLatencyHandle", EventOverlap, Any]:
+        """``(recv_x, recv_count [L] int32, handle, event, hook)``, as DeepEP's: ``recv_x`` is
+        ``[L, W * T_max, H]`` bfloat16, or with ``use_fp8`` (DeepEP's default) the tuple of e4m3
+        data and column-major scales (``symmoe.Buffer.low_latency_dispatch``).
+        ``cumulative_local_expert_recv_stats`` gets recv_count added once the rows are in (after
+        the hook with ``return_recv_hook``)."""
         api = f"{_API}.low_latency_dispatch"
         self._check_low_latency(api)
-        reject(api, "use_fp8", use_fp8, bool(use_fp8),
-               "the low-latency mode moves bfloat16 rows only; pass use_fp8=False (DeepEP's default is True) "
-               "and quantise after the dispatch")
         reject(api, "dispatch_wait_recv_cost_stats", dispatch_wait_recv_cost_stats,
                dispatch_wait_recv_cost_stats is not None, "symmoe does not time its waits per rank; pass None")
         stats = cumulative_local_expert_recv_stats
         recv_x, count, sh, event, hook = self.symmoe.low_latency_dispatch(
-            x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts, round_scale=round_scale, use_ue8m0=use_ue8m0,
-            async_finish=async_finish, return_recv_hook=return_recv_hook)
+            x, topk_idx, num_max_dispatch_tokens_per_rank, num_experts, use_fp8=use_fp8, round_scale=round_scale,
+            use_ue8m0=use_ue8m0, async_finish=async_finish, return_recv_hook=return_recv_hook)
         if stats is not None:
             if hook is None:
                 stats.add_(count)

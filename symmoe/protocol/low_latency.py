@@ -103,7 +103,8 @@ class HostLowLatency(_Engine):
     def _barrier(self, stage: str) -> None:
         self.mem.barrier(stage, flags_offset=self._off["barrier"])
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, deferred: bool):
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, deferred: bool, row_bytes: int = 0):
+        """Whole rows move whatever ``row_bytes`` says (it only saves bandwidth on the GPU)."""
         self._begin("low_latency_dispatch")
         lay, me = self.lay, self.rank
         W, L, T_max = lay.world_size, lay.local_experts, lay.max_tokens
@@ -264,19 +265,20 @@ class CudaLowLatency(_Engine):
         self.mem.mark_broken()
         raise StallError(self.rank, name, self.timeout_s, f"{what}; this Buffer's low-latency mode is unusable now")
 
-    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, deferred: bool):
+    def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, deferred: bool, row_bytes: int = 0):
+        """``row_bytes`` > 0: only the first ``row_bytes`` of each row move (FP8 rows)."""
         self._begin("low_latency_dispatch")
         lay = self.lay
         T, K = topk_idx.shape
         if K != lay.topk:
             raise InputError(f"low_latency_dispatch: topk={K}; this buffer was sized for topk={lay.topk}")
         stream = stream_handle(self.device)
-        self.ll.dispatch_send(x.data_ptr(), topk_idx.data_ptr(), T, stream)
+        self.ll.dispatch_send(x.data_ptr(), topk_idx.data_ptr(), T, stream, row_bytes)
         recv_x, count, info, slot, rng = self._outputs(x.shape[1])
 
         def receive() -> None:
             self.ll.dispatch_recv(recv_x.data_ptr(), count.data_ptr(), info.data_ptr(), slot.data_ptr(),
-                                  rng.data_ptr(), stream_handle(self.device))
+                                  rng.data_ptr(), stream_handle(self.device), row_bytes)
         hook = self._hook("low_latency_dispatch", receive, deferred)  # without hooks: the receive launches here
         handle = LowLatencyHandle(info, rng, lay.max_tokens, x.shape[1], lay.num_experts, slot, T, K, id(self))
         return recv_x, count, handle, hook

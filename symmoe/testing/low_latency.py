@@ -108,6 +108,69 @@ def check_low_latency(rank: int, world_size: int, config: dict[str, Any], seed: 
     return checked
 
 
+def check_low_latency_fp8(rank: int, world_size: int, config: dict[str, Any], seed: int, T_max: int,
+                          device: str = "cpu", modes: tuple[tuple[bool, bool], ...] = ((False, False), (True, False),
+                                                                                       (True, True)),
+                          hooks: tuple[bool, ...] = (False, True)) -> int:
+    """``use_fp8=True`` for each (round_scale, use_ue8m0) in ``modes``, with and without hooks:
+    the received e4m3 bytes and scales of every received row, bitwise against the reference
+    dispatch of the rows ``symmoe.fp8.quantize`` makes (cast on this rank's device, as the
+    Buffer casts), the scales column-major as DeepEP returns them; then the combine of bfloat16
+    expert outputs after it, bitwise. Returns the number of cases."""
+    from .. import fp8
+    cfg = from_dict(config)
+    dev = torch.device(device)
+    b = cfg.buffer
+    L, S = b.num_experts // world_size, b.hidden // 128
+    checked = 0
+    with Buffer(None, cfg) as buf:
+        for m, (round_scale, ue8m0) in enumerate(modes):
+            for hook in hooks:
+                case_seed = seed + 101 * m + (17 if hook else 0)
+                ins = _inputs(Routing("masked", mask_prob=0.2, masked_tokens=0.05), world_size, cfg, T_max, case_seed)
+                ctx = (f"rank {rank}/{world_size} {cfg.backend} low-latency FP8 round_scale={round_scale} "
+                       f"use_ue8m0={ue8m0} hook={hook} seed={case_seed}")
+                casts = [fp8.quantize(r.x.to(dev), "float32", round_scale) for r in ins]
+                packed = [fp8.pack(d, sc, torch.empty_like(r.x.to(dev))).cpu() for (d, sc), r in zip(casts, ins)]
+                ref = reference.low_latency_dispatch(packed, [r.topk_idx for r in ins], b.num_experts, T_max)
+                want = ref.recv[rank]
+                mine = ins[rank]
+                x, idx, w = mine.x.to(dev), mine.topk_idx.to(dev), mine.topk_weights.to(dev)
+                (data, scales), count, handle, _, hk = buf.low_latency_dispatch(
+                    x, idx, T_max, b.num_experts, use_fp8=True, round_scale=round_scale, use_ue8m0=ue8m0,
+                    return_recv_hook=hook)
+                if hook:
+                    hk()
+                buf.check_low_latency(synchronize=dev.type == "cuda")
+                cols = -(-S // 4) if ue8m0 else S
+                assert data.dtype == fp8.FP8_DTYPE and tuple(data.shape) == (L, world_size * T_max, b.hidden), ctx
+                assert scales.dtype == (torch.int32 if ue8m0 else torch.float32), ctx
+                assert tuple(scales.shape) == (L, world_size * T_max, cols) and scales.stride(1) == 1, ctx
+                assert_bitwise("recv_count", count.cpu(), want.recv_count, ctx)
+                for j, n in enumerate(want.recv_count.tolist()):
+                    rows = want.recv_x[j, :n]
+                    want_data = rows.view(torch.uint8)[:, :b.hidden]
+                    want_scales = rows.view(torch.int32)[:, b.hidden // 4:b.hidden // 4 + S].view(torch.float32)
+                    if ue8m0:
+                        want_scales = fp8.ue8m0(want_scales)
+                    assert_bitwise(f"data[{j}][:{n}]", data[j, :n].cpu().view(torch.uint8), want_data, ctx)
+                    assert_bitwise(f"scales[{j}][:{n}]", scales[j, :n].cpu(), want_scales, ctx)
+                # the combine after an FP8 dispatch: bfloat16 rows of the same shape
+                scale_l = [torch.linspace(0.5, 2.0, L).to(torch.bfloat16) + r for r in range(world_size)]
+                y = expert_op(data.to(torch.bfloat16), scale_l[rank].to(dev))  # e4m3 values are exact in bfloat16
+                ys = [expert_op(ref.recv[r].recv_x.view(torch.uint8)[..., :b.hidden].view(fp8.FP8_DTYPE)
+                                .to(torch.bfloat16), scale_l[r]) for r in range(world_size)]
+                want_out = reference.low_latency_combine(ys, ref, [r.topk_idx for r in ins],
+                                                         [r.topk_weights for r in ins], b.num_experts)[rank]
+                out, _, hk = buf.low_latency_combine(y, idx, w, handle, return_recv_hook=hook)
+                if hook:
+                    hk()
+                buf.check_low_latency(synchronize=dev.type == "cuda")
+                assert_bitwise("combined_x after an FP8 dispatch", out, want_out, ctx)
+                checked += 1
+    return checked
+
+
 def _cpu(handle):
     from dataclasses import replace
     return replace(handle, src_info=handle.src_info.cpu(), layout_range=handle.layout_range.cpu())

@@ -1,6 +1,6 @@
 """The low-latency mode on the GPU (torch backend): the kernels bitwise against the reference
 at world size 1, 2 and 4 (processes sharing the GPU under MPS), with and without receive
-hooks; a captured CUDA graph of dispatch -> expert op -> combine replayed 1000 times; the MoE
+hooks, FP8 rows included; a captured CUDA graph of dispatch -> expert op -> combine replayed 1000 times; the MoE
 layer's inference forward captured and replayed; and a rank that never sends making the
 others raise StallError naming the stage."""
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 
 from symmoe.testing.checks import CHECK_ROUTINGS
 from symmoe.testing.low_latency import (absent_rank_low_latency, check_graph_replay, check_layer_low_latency,
-                                       check_low_latency)
+                                       check_low_latency, check_low_latency_fp8)
 
 from test_torch_backend import _on_ranks, _usable, gpu_config  # noqa: F401  (the fixture too)
 
@@ -23,6 +23,12 @@ def test_low_latency_dispatch_and_combine_match_the_reference_bitwise(world_size
     counts = _on_ranks(check_low_latency, world_size, (cfg, seed + world_size, T_max, CHECK_ROUTINGS, "cuda",
                                                       (False, True), 1))
     assert counts == [len(CHECK_ROUTINGS) * 2] * world_size
+
+
+@pytest.mark.parametrize("world_size, hidden", [(2, 2048), (4, 7168)])
+def test_fp8_dispatch_moves_e4m3_rows_and_scales_bitwise(world_size, hidden, seed):
+    cfg = gpu_config(**{"buffer.hidden": hidden})
+    assert _on_ranks(check_low_latency_fp8, world_size, (cfg, seed + 21, 64, "cuda")) == [6] * world_size
 
 
 @pytest.mark.parametrize("hooks", [False, True])
