@@ -5,6 +5,7 @@ Every rank drives, at each token count (DeepSeek-V3's shape: hidden 7168 bf16, t
 * ``deepep``: DeepEP V1's normal-mode ``dispatch`` / ``combine`` (when ``deep_ep`` imports);
 * ``symmoe-normal``: symmoe's normal mode through the same DeepEP-shaped calls (torch push);
 * ``symmoe-ll``: symmoe's ``low_latency_dispatch`` / ``low_latency_combine`` (T_max = tokens);
+  ``symmoe-ll-fp8``: its dispatch with ``use_fp8=True`` (the cast included; hidden % 128 == 0);
 * a step, dispatch -> a per-expert scale of the received rows only (``recv_count``; one
   kernel, ``symmoe.testing.low_latency.masked_expert_op``) -> combine: ``step-eager`` (three
   calls from Python) and ``step-graph`` (the same step captured once in a CUDA graph,
@@ -87,6 +88,9 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
             st["d"] = buf.low_latency_dispatch(x, idx, T, E)
             return st["d"]
 
+        def ll_dispatch_fp8() -> Any:  # DeepEP's default: cast to e4m3, move data + scales
+            return buf.low_latency_dispatch(x, idx, T, E, use_fp8=True)
+
         def ll_combine() -> Any:
             recv_x, _, handle, _, _ = st["d"]
             return buf.low_latency_combine(recv_x, idx, w, handle)
@@ -97,6 +101,9 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
             recv_x, count, handle, _, _ = buf.low_latency_dispatch(x, idx, T, E)
             return buf.low_latency_combine(masked_expert_op(recv_x, count, scale, op_blocks), idx, w, handle)[0]
 
+        fp8_ok = x.shape[1] % 128 == 0
+        if fp8_ok:
+            ll_dispatch_fp8()
         ll_dispatch()
         ll_combine()
         eager = step().clone()
@@ -111,6 +118,8 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
         bitwise = bool(torch.equal(graph_out.view(torch.int16), eager.view(torch.int16)))
         times: dict[str, dict[str, list[float]]] = {im.name: {"dispatch": [], "combine": []} for im in impls}
         times["symmoe-ll"] = {"dispatch": [], "combine": []}
+        if fp8_ok:
+            times["symmoe-ll-fp8"] = {"dispatch": []}
         times["step-eager"], times["step-graph"] = {"step": []}, {"step": []}
         for _ in range(spec["warmup"]):
             for im in impls:
@@ -123,6 +132,8 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
                     times[im.name][op].append(_timed(lambda: im.call(op), sync))
             times["symmoe-ll"]["dispatch"].append(_timed(ll_dispatch, sync))
             times["symmoe-ll"]["combine"].append(_timed(ll_combine, sync))
+            if fp8_ok:
+                times["symmoe-ll-fp8"]["dispatch"].append(_timed(ll_dispatch_fp8, sync))
             times["step-eager"]["step"].append(_timed(step, sync))
             times["step-graph"]["step"].append(_timed(graph.replay, sync))
             bitwise &= bool(torch.equal(graph_out.view(torch.int16), eager.view(torch.int16)))
