@@ -35,14 +35,11 @@ def test_with_peers_grid_is_not_refused_the_phases_run_alone_only():
 
 def test_a_stall_names_what_its_stage_waited_for():
     """The words every GPU protocol raises StallError with (CUDA and nvshmem alike): a bulk load
-    names its warp, a grid phase its number, the routing its chunk (or its end: peer -1), any
-    other stage the rank that never arrived."""
+    names its warp, a grid phase its number, the routing its chunk, any other stage the rank
+    that never arrived."""
     from symmoe.protocol.base import stall_detail
     assert stall_detail("bulk copy", 37, 5) == "a bulk (TMA) load of warp 37 never completed in the kernel of barrier epoch 5"
     assert "reached its phase 2" in stall_detail("dispatch.phase", 2, 9) and "epoch 9" in stall_detail("dispatch.phase", 2, 9)
     assert stall_detail("dispatch.data", 3, 4) == "no arrival from rank 3 at barrier epoch 4"
     assert stall_detail("dispatch.route", 7, 2) == ("chunk 7 of the routing kernel was never counted (its block did not "
                                                     "run) in the dispatch of epoch 2")
-    assert stall_detail("dispatch.route", -1, 3) == ("the routing's end (the last block of the routed dispatch kernel) "
-                                                     "never wrote the counts row (that block did not run) in the "
-                                                     "dispatch of epoch 3")

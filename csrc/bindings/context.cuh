@@ -63,8 +63,7 @@ struct Ctx {
   int64_t* counts_ready = nullptr;
   CountsSummary summary;  // what the host reads after its wait (summary.host nullptr: none)
   BadInput bad{nullptr, nullptr};  // in-kernel expert-id checks of dispatch (set_input_check)
-  uint64_t* stamps = nullptr;         // the dispatch data kernels' timeline (set_stamps; stamps.cuh)
-  uint64_t* routed_stamps = nullptr;  // ... or the W=1 routed kernel's (set_stamps routed)
+  uint64_t* stamps = nullptr;  // the dispatch data kernels' timeline (set_stamps; stamps.cuh)
   // The last dispatch routing (route_kernel) queued: its chunks' placed marks, their number, its
   // epoch and tokens, for a data kernel alone that starts on the marks (Ctx::alone).
   struct Routed {
@@ -210,18 +209,10 @@ struct Ctx {
     return int(std::max<int64_t>(1, std::min<int64_t>(route_max_blocks(), (T + 127) / 128)));
   }
   // Bytes of global routing scratch the caller allocates once, zeroed (RouteScratch: the
-  // chunks' counted epochs, then their placed epochs, then the int32 tables; alone, then
-  // the routed kernels' RouteScratch::summed and sums_readers and the int64 ended (4 words),
-  // sums and its chunks' counts, own_stride() int32 each, 16-byte aligned).
+  // chunks' counted epochs, then their placed epochs, then the int32 tables; a multiple of 16).
   int64_t layout_scratch_bytes() const {
-    const int64_t B = route_max_blocks();
-    return 4 * (L.world_size == 1 ? own_part_words() + 4 + (1 + B) * own_stride() : own_part_words());
-  }
-  int own_stride() const { return int(RoutedScratch::stride(route_columns())); }
-  // int32 words before those chunk counts (RouteScratch's part): a multiple of 4.
-  int64_t own_part_words() const {
     const int64_t C = route_columns(), B = route_max_blocks();
-    return 4 * B + (B * C + C + (route_big() ? B * (kRouteWarps + 1) * C : 0) + 3) / 4 * 4;
+    return 4 * (4 * B + (B * C + C + (route_big() ? B * (kRouteWarps + 1) * C : 0) + 3) / 4 * 4);
   }
 
   // The routing kernels' arguments for `scratch`: publish, a dispatch's (ids, weights and
@@ -269,59 +260,6 @@ struct Ctx {
     routed = Routed{sc.placed, B, epoch, T, sc.totals};
   }
 
-  // World size 1, a dispatch that routes: the routing inside the data kernel (expert-major
-  // alone_fan_routed_kernel in place of route_kernel and alone_fan_kernel, rank-major
-  // alone_rows_routed_kernel and its repair in place of route_kernel and alone_rows_kernel); it
-  // leaves what those leave (the published routing and its copy, is_token_in_rank, the counts
-  // matrix, the host's copy and summary, the bad-id record); rank-major with `tail` (routed_tail)
-  // the repair also does num_worst_tokens' tail. False, launching nothing, where it does not
-  // apply (a timeline, fan_phases off, no token, one block, the routing's tables in global
-  // memory, or a row of the fan-out's it would cost): the caller runs layout, alone and the tail.
-  template <typename Idx>
-  bool route_alone_as(const Idx* idx, const float* w, int64_t T, int32_t* scratch, bool* in_rank, uintptr_t x,
-                      const py::dict& out, bool expert_major, int alignment, int64_t route_epoch, int64_t epoch,
-                      const RoutedTail& tail, cudaStream_t st) {
-    const int64_t MB = route_max_blocks();
-    const int chunks = int(std::min<int64_t>({int64_t(grid) - 1, MB, (T + kOwnChunkTokens - 1) / kOwnChunkTokens}));
-    if (L.world_size != 1 || stamps || !fan_phases || route_big() || T < 1 || chunks < 1) return false;
-    OwnRouting<Idx> f{};
-    f.a = routing_args(idx, w, T, in_rank, true);
-    f.a.chunks = chunks;
-    f.sc = route_scratch(scratch, true);
-    f.sc.summed = reinterpret_cast<unsigned int*>(scratch + own_part_words());
-    f.sc.sums_readers = f.sc.summed + 1;
-    f.sc.ended = reinterpret_cast<int64_t*>(scratch + own_part_words() + 2);  // 8-byte aligned
-    f.sc.sums = scratch + own_part_words() + 4;
-    f.sc.part = f.sc.sums + own_stride();  // layout_scratch_bytes' last part: 16-byte aligned
-    f.stride = own_stride();
-    f.epoch = route_epoch;
-    f.counts_row = reinterpret_cast<int32_t*>(tp.local + L.counts);
-    AloneArgs a{};
-    a.lay = L;
-    a.alignment = alignment;
-    a.x = P<const uint8_t>(x);
-    a.idx = f.a.pub_idx;
-    a.w = f.a.pub_w;
-    a.pos = f.a.pos;
-    a.o = outputs(out);
-    a.sy = sync(epoch, 2);
-    a.routed.tokens = T;
-    const bool launched = launch_alone_routed(a, f, expert_major, fan_phases, grid, st, tail, routed_stamps);
-    data_early = launched;  // the counts are final only at the grid's end
-    return launched;
-  }
-  bool route_alone(uintptr_t idx, bool idx64, uintptr_t w, int64_t T, uintptr_t scratch, uintptr_t in_rank, uintptr_t x,
-                   const py::dict& out, bool expert_major, int alignment, int64_t route_epoch, int64_t epoch,
-                   uintptr_t stream, int64_t worst, uintptr_t per_expert, uintptr_t deferred) {
-    if (!scratch) throw std::invalid_argument("route_alone: scratch of layout_scratch_bytes() bytes is required");
-    const RoutedTail tail = routed_tail("route_alone", expert_major, worst, per_expert, deferred, epoch);
-    if (idx64)
-      return route_alone_as(P<const int64_t>(idx), P<const float>(w), T, P<int32_t>(scratch), P<bool>(in_rank), x, out,
-                            expert_major, alignment, route_epoch, epoch, tail, S(stream));
-    return route_alone_as(P<const int32_t>(idx), P<const float>(w), T, P<int32_t>(scratch), P<bool>(in_rank), x, out,
-                          expert_major, alignment, route_epoch, epoch, tail, S(stream));
-  }
-
   // Where the next dispatch's routing kernels leave the counts matrix ([W][1 + W + E] int32:
   // host, the device-side address of host-mapped memory; snap, device memory), a copy of the
   // routing they publish (copy: the bytes from in_idx to the last position; 0: none), the
@@ -341,16 +279,13 @@ struct Ctx {
 
   // Device memory of `words` int64 words, symmoe.bench.timeline.words(STAMP_WARPS) per block of
   // `grid`: the next pull/push launches are the kernels built with stamps and leave their
-  // timeline there (scripts/timeline_probe.py); 0: the normal kernels again. `routed`: instead
-  // the next W=1 dispatches that route run the routed kernels' stamped builds (what their
-  // marks mean: symmoe.bench.timeline.ROUTED_PHASES); the others run as with no timeline.
-  void set_stamps(uintptr_t s, int64_t words, bool routed) {
+  // timeline there (scripts/timeline_probe.py); 0: the normal kernels again.
+  void set_stamps(uintptr_t s, int64_t words) {
     const int64_t need = int64_t(grid) * kStampWarps * kStampMarks * 2;
     if (s != 0 && words < need)
       throw std::invalid_argument("set_stamps: words=" + std::to_string(words) + ", the timeline of " +
                                   std::to_string(grid) + " blocks needs " + std::to_string(need));
-    (routed ? routed_stamps : stamps) = P<uint64_t>(s);
-    (routed ? stamps : routed_stamps) = nullptr;
+    stamps = P<uint64_t>(s);
   }
 
   // flag: device int32 (zero); info: device-side address of host-mapped int64[4].
@@ -417,8 +352,7 @@ struct Ctx {
     if (L.world_size != 1 || stamps || (expert_major && !fan_phases)) return false;
     AloneArgs a{};
     if (after_route)
-      a.routed = AloneArgs::Routed{routed.placed, routed.chunks, routed.epoch, routed.tokens, routed.totals,
-                                   nullptr};  // route_kernel keeps no sums: the plan waits for every chunk
+      a.routed = AloneArgs::Routed{routed.placed, routed.chunks, routed.epoch, routed.tokens, routed.totals};
     a.lay = L;
     a.alignment = alignment;
     a.x = P<const uint8_t>(x);
@@ -570,7 +504,7 @@ void bind_context(py::module_& m, Init init) {
       .def("set_copy_depth", &C::set_copy_depth, py::arg("depth"))
       .def("set_fan_phases", &C::set_fan_phases, py::arg("mode"))
       .def("set_input_check", &C::set_input_check, py::arg("flag"), py::arg("info"))
-      .def("set_stamps", &C::set_stamps, py::arg("stamps"), py::arg("words") = 0, py::arg("routed") = false)
+      .def("set_stamps", &C::set_stamps, py::arg("stamps"), py::arg("words") = 0)
       .def("set_routing_outputs", &C::set_routing_outputs, py::arg("host"), py::arg("snap"), py::arg("copy"),
            py::arg("ready"), py::arg("summary") = 0, py::arg("alignment") = 1)
       .def("layout", &C::layout, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"), py::arg("scratch"),
@@ -582,10 +516,6 @@ void bind_context(py::module_& m, Init init) {
            py::arg("epoch"), py::arg("stream"))
       .def("alone", &C::alone, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("counts"), py::arg("epoch"), py::arg("after_route"), py::arg("stream"))
-      .def("route_alone", &C::route_alone, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"),
-           py::arg("scratch"), py::arg("in_rank"), py::arg("x"), py::arg("out"), py::arg("expert_major"),
-           py::arg("alignment"), py::arg("route_epoch"), py::arg("epoch"), py::arg("stream"), py::arg("worst") = 0,
-           py::arg("per_expert") = 0, py::arg("deferred") = 0)
       .def("push_stream", &C::push_stream, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("senders"), py::arg("receivers"), py::arg("epoch"), py::arg("stream"))
       .def("unpack", &C::unpack, py::arg("counts"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"), py::arg("stream"))

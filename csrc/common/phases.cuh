@@ -79,10 +79,9 @@ __device__ __forceinline__ void phase_load(uint8_t* tile, const uint8_t* row, in
 // fan_in_phases' mbarriers and its round 0's loads, issued ahead: a kernel that follows its own
 // routing grid calls this before it waits for that grid (x was final before the routing kernel
 // started), then fan_in_phases<.., true> with the same T waits for those loads. The rows must
-// not lie over a table the caller still builds (mc.phase_base past them), except the rows of
-// warps >= `upto`: those load in fan_begin_rest, once the caller is done there. Whole block.
+// not lie over a table the caller still builds (mc.phase_base past them). Whole block.
 __device__ __forceinline__ void fan_begin(const uint8_t* x, int64_t T, int64_t rb, const MoveCfg& mc, uint8_t* smem_raw,
-                                          int warp, int lane, int upto = kMaxMoverWarps) {
+                                          int warp, int lane) {
   uint8_t* tile = smem_raw + mc.phase_base + int64_t(warp) * rb;
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + mc.phase_base + int64_t(mc.phase_rows) * rb) + warp;
   if (lane == 0) {
@@ -91,23 +90,9 @@ __device__ __forceinline__ void fan_begin(const uint8_t* x, int64_t T, int64_t r
     mbar_init_fence();
     int64_t b0, b1;
     phase_round0(T, mc, b0, b1);
-    if (warp < upto && b0 + warp < b1) phase_load(tile, x + (b0 + warp) * rb, rb, bar);
+    if (b0 + warp < b1) phase_load(tile, x + (b0 + warp) * rb, rb, bar);
   }
   __syncwarp();
-}
-
-// The round 0 loads fan_begin left to warps >= `from`, once the block's generic accesses to
-// their rows are over. Whole block.
-__device__ __forceinline__ void fan_begin_rest(const uint8_t* x, int64_t T, int64_t rb, const MoveCfg& mc,
-                                               uint8_t* smem_raw, int warp, int lane, int from) {
-  __syncthreads();
-  if (warp < from || lane != 0) return;
-  int64_t b0, b1;
-  phase_round0(T, mc, b0, b1);
-  if (b0 + warp >= b1) return;
-  uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + mc.phase_base + int64_t(mc.phase_rows) * rb) + warp;
-  fence_proxy_async_shared();  // the tables' generic writes before the bulk load's
-  phase_load(smem_raw + mc.phase_base + int64_t(warp) * rb, x + (b0 + warp) * rb, rb, bar);
 }
 
 // After fan_begin, a block that leaves without fan_in_phases waits for its round 0's loads first

@@ -287,10 +287,8 @@ __global__ void pe_kernel(int* out) {
 // num_worst_tokens, after the dispatch kernel: kernels/tail.cuh's tail (the outputs past the
 // received rows, the per-expert counts, the DeferredError), as on the CUDA protocols.
 // ptrs: counts, out_x, out_idx, out_w, out_rank, out_tok, out_slot, per_expert, deferred
-// counts_late: the data kernel wrote the counts itself (symmoe_cuda's alone_routed), so they are
-// final only at its end.
 void launch_tail(const std::vector<int64_t>& lay, int me, int expert_major, int alignment, int64_t worst,
-                 int64_t epoch, const std::vector<int64_t>& p, bool counts_late, int64_t stream) {
+                 int64_t epoch, const std::vector<int64_t>& p, int64_t stream) {
   if (p.size() != 9) throw std::runtime_error("tail: expected 9 pointers");
   Layout l = layout_from(lay);
   const std::string e = launch_recv_tail(
@@ -298,8 +296,7 @@ void launch_tail(const std::vector<int64_t>& lay, int me, int expert_major, int 
       TailOutputs{ptr<uint8_t>(p[1]), ptr<int64_t>(p[2]), ptr<float>(p[3]), ptr<int32_t>(p[4]), ptr<int32_t>(p[5]),
                   ptr<int32_t>(p[6])},
       worst, expert_major != 0, alignment, me, ptr<int32_t>(p[7]), ptr<DeferredError>(p[8]), epoch,
-      counts_late,
-      route_max_blocks(), route_smem_limit(), ptr<CUstream_st>(stream));
+      /*counts_late=*/false, route_max_blocks(), route_smem_limit(), ptr<CUstream_st>(stream));
   if (!e.empty()) throw std::runtime_error(e);
 }
 

@@ -79,9 +79,6 @@ def stall_detail(stage: str, peer: int, epoch: int) -> str:
     if stage == "bulk copy":
         return f"a bulk (TMA) load of warp {peer} never completed in the kernel of barrier epoch {epoch}"
     if stage == "dispatch.route":
-        if peer < 0:  # the W=1 rank-major repair kernel's wait for the routing's end
-            return (f"the routing's end (the last block of the routed dispatch kernel) never wrote the counts row "
-                    f"(that block did not run) in the dispatch of epoch {epoch}")
         return f"chunk {peer} of the routing kernel was never counted (its block did not run) in the dispatch of epoch {epoch}"
     if stage == "dispatch.phase":
         return (f"not every block of the dispatch kernel reached its phase {peer} (grid-wide kernel.fan_phases "

@@ -20,13 +20,8 @@ dispatch (both protocols)
      receiver blocks copy the rows out of the pool as they land.
      Alone (world size 1) both protocols move the rows with ``kernels/alone.cuh``'s kernels,
      as nvshmem does (the rank-major mover, the expert-major phased fan-out), except when
-     ``kernel.fan_phases`` is off (expert-major) or a timeline is recording. A dispatch that
-     routes does it there too (with ``kernel.fan_phases`` on): no routing kernel runs before
-     it. Expert-major ``alone_fan_routed_kernel`` fans the rows out in phases; rank-major
-     ``alone_rows_routed_kernel`` moves each row with the mover to row t at once (its row
-     whenever every earlier token has one) and ``alone_rows_repair_kernel`` behind it moves
-     again the rows a token without a row shifts; with num_worst_tokens it also does the
-     tail's work (below), so no third kernel runs.
+     ``kernel.fan_phases`` is off (expert-major) or a timeline is recording; right behind the
+     routing kernel they start on its chunks' placed marks, not on its grid's end.
   4. the host reads the routing kernel's summary of the matrix (its rows, the most any
      receiver gets, its per-expert counts: ``counts.summary_of``), and only when it names bad
      ids (tokens = -1 in a row: nothing moved) or a receiver over capacity reads the matrix to
@@ -174,8 +169,6 @@ class _CudaProtocol(Protocol):
         self._stream_blocks = self._push_stream_blocks(config, mem)
         self._stream_receivers = config.kernel.stream_receivers
         self._epoch = 0
-        self.routed_in_fan_out = False  # the last dispatch routed inside its fan-out kernel (Ctx::route_alone)
-        self._tail_folded = False  # and its repair kernel did num_worst_tokens' tail
         W, E = layout.world_size, layout.num_experts
         self._published: torch.Tensor | None = None  # the routing copy now in the input region
         # zeroed: route_kernel's chunk marks start below every epoch
@@ -305,14 +298,15 @@ class _CudaProtocol(Protocol):
                                      0 if worst else self._counts_ready[1], 0 if worst else self._summary[1],
                                      alignment)
         per_expert = self._per_expert() if worst else None
-        epoch = self._route_and_move(x, topk_idx, topk_weights, in_rank, args, expert_major, alignment, counts_dev, sp,
-                                     worst, per_expert)
+        self._layout(topk_idx, topk_weights, True, None, None, in_rank, sp)
+        epoch = self._epoch  # the routing's, which its kernel writes to _counts_ready after the counts matrix
+        self._move(x, args, expert_major, alignment, counts_dev, True, sp)
         if not worst:  # after the data kernel: nothing may come between it and the routing kernel it follows
             self._counts_event.record(stream)
         self._published = routing
         cache = _RoutingState(routing, counts_dev, selfmap)
         if worst:  # DeepEP's num_worst_tokens: the device finishes what the host would read
-            recv = self._tail(out, counts_dev, worst, expert_major, alignment, per_expert, self._tail_folded)
+            recv = self._tail(out, counts_dev, worst, expert_major, alignment, per_expert)
             return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, counts_dev, out, recv,
                                      self.buffer_id, alignment, cache, worst)
 
@@ -334,17 +328,15 @@ class _CudaProtocol(Protocol):
         return stream_blocks(mode, share, sms, config.kernel.num_sms)
 
     def _tail(self, out: dict[str, torch.Tensor | None], counts_dev: torch.Tensor, worst: int, expert_major: bool,
-              alignment: int, per_expert: torch.Tensor | None = None, folded: bool = False) -> RecvResult:
+              alignment: int, per_expert: torch.Tensor | None = None) -> RecvResult:
         """The ``worst`` rows of a dispatch that does not wait on the host: after the data
         kernels, a kernel fills the rows past the received ones and counts the rows per local
         expert (into ``per_expert``) from the device's counts matrix; errors come back at a later
-        call (check). ``folded``: the data kernels did it already (``Ctx::route_alone``)."""
+        call (check)."""
         if per_expert is None:
             per_expert = self._per_expert()
-        if not folded:
-            self.ctx.recv_tail(counts_dev.data_ptr(), _kernel_outputs(out, worst, None), worst, expert_major,
-                               alignment, per_expert.data_ptr(), self._deferred[1], self._epoch,
-                               stream_handle(self.device))
+        self.ctx.recv_tail(counts_dev.data_ptr(), _kernel_outputs(out, worst, None), worst, expert_major,
+                           alignment, per_expert.data_ptr(), self._deferred[1], self._epoch, stream_handle(self.device))
         return recv_views(out, worst, per_expert)  # the tail's kernel filled what the host would
 
     def _publish_x(self, x: torch.Tensor) -> None:
@@ -352,31 +344,6 @@ class _CudaProtocol(Protocol):
         from x itself); nothing when x was built there (Buffer.input_view)."""
         if self.name == "pull" and self.world_size > 1 and x.shape[0] and not self._in_input_region(x):
             self.input_view(x.shape[0], x.dtype).copy_(x)
-
-    def _route_and_move(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
-                        in_rank: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
-                        counts_dev: torch.Tensor, sp: int, worst: int = 0,
-                        per_expert: torch.Tensor | None = None) -> int:
-        """A dispatch's routing and data kernels; returns the routing's epoch, which its kernel
-        writes to ``_counts_ready`` after the counts matrix. Alone, one kernel does both where it
-        applies (``Ctx::route_alone``: no routing grid before the data kernel); rank-major its
-        repair kernel then also does num_worst_tokens' tail (``worst`` rows, ``per_expert``), and
-        ``_tail_folded`` says so."""
-        self.routed_in_fan_out = self._tail_folded = False
-        if self.world_size == 1:
-            route_epoch, epoch = self._next_epoch(), self._next_epoch()
-            fold = worst and not expert_major
-            self.routed_in_fan_out = self.ctx.route_alone(
-                _ptr(topk_idx), topk_idx.dtype == torch.int64, _ptr(topk_weights), topk_idx.shape[0],
-                _ptr(self._route_scratch), _ptr(in_rank), _ptr(x), args, expert_major, alignment, route_epoch, epoch, sp,
-                worst if fold else 0, _ptr(per_expert) if fold else 0, self._deferred[1] if fold else 0)
-            if self.routed_in_fan_out:
-                self._tail_folded = bool(fold)
-                return route_epoch
-        self._layout(topk_idx, topk_weights, True, None, None, in_rank, sp)
-        route_epoch = self._epoch
-        self._move(x, args, expert_major, alignment, counts_dev, True, sp)
-        return route_epoch
 
     def _move(self, x: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
               counts_dev: torch.Tensor, after_route: bool, sp: int) -> None:

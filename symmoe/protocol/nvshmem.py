@@ -29,9 +29,7 @@ dispatch
      token's row to its output row by the CUDA protocols' bulk-copy mover; expert-major, with
      ``kernel.fan_phases`` on, their phased fan-out, whole rows from x into shared memory, then
      bulk-stored to every slot's row (stages ``bulk copy``, ``dispatch.phase``; they record in
-     the ErrorWord and its device mirror as these kernels do). With ``kernel.fan_phases`` on,
-     steps 1-3 are one launch there (``alone_routed``: the routing in the data kernel's first
-     blocks, rank-major rows in phases too), which leaves every table but the send list.
+     the ErrorWord and its device mirror as these kernels do).
   4. the host waits for the counts (the one host wait, as DeepEP's normal mode; the data
      kernel runs meanwhile), raises InputError / CapacityError on every rank together, and
      returns views of the first ``rows`` rows.
@@ -185,8 +183,6 @@ class NvshmemPush(Protocol):
         self.alone_blocks = min(k.num_sms, sms_all)
         self._alone_done = torch.zeros(1, dtype=torch.int32, device=mem.device)
         self._alone_mod: Any = None
-        self._routed_scratch: torch.Tensor | None = None  # alone_routed's, zeroed once (its chunk marks)
-        self.routed_in_fan_out = False  # the last dispatch routed inside its data kernel (alone_routed)
         self.timeout_ns = int(k.timeout_s * 1e9)
         self.err = mem.error_word()
         self.me, self.W = mem.rank, W
@@ -298,24 +294,18 @@ class NvshmemPush(Protocol):
         # num_worst_tokens: no host wait, so no host copy of the counts either.
         host = {} if worst else {"counts_host": self._counts_host.data_ptr(),
                                  "counts_ready": self._counts_ready.data_ptr(), "summary": self._summary.data_ptr()}
-        # Rank-major, the routed kernels' repair also does num_worst_tokens' tail (no tail kernel).
-        fold = bool(worst) and not em
         per_expert = self._per_expert() if worst else None
-        self.routed_in_fan_out = self._route_alone(src, topk_idx, topk_weights, in_rank, plan, out, cap, em,
-                                                   alignment, epoch, host, worst if fold else 0, per_expert)
-        if not self.routed_in_fan_out:
-            self._route(topk_idx, True, epoch, {
-                "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": plan["pub_idx"].data_ptr(),
-                "pub_w": plan["pub_w"].data_ptr(), "pos": plan["pos"].data_ptr(), "send_ent": plan["send_ent"].data_ptr(),
-                "counts_snap": plan["counts"].data_ptr(), **host,
-                "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream.cuda_stream,
-                alignment)
-            self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
+        self._route(topk_idx, True, epoch, {
+            "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": plan["pub_idx"].data_ptr(),
+            "pub_w": plan["pub_w"].data_ptr(), "pos": plan["pos"].data_ptr(), "send_ent": plan["send_ent"].data_ptr(),
+            "counts_snap": plan["counts"].data_ptr(), **host,
+            "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream.cuda_stream,
+            alignment)
+        self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
         if not worst:  # after the dispatch kernel: nothing may come between it and the plan kernel it follows
             self._counts_event.record(stream)
         if worst:  # DeepEP V1's num_worst_tokens: the device finishes what the host would read
-            recv = self._tail(out, plan["counts"], worst, em, alignment, self.routed_in_fan_out, per_expert,
-                              fold and self.routed_in_fan_out)
+            recv = self._tail(out, plan["counts"], worst, em, alignment, per_expert)
             return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, plan["counts"], out, recv,
                                      self.buffer_id, alignment, plan, worst)
 
@@ -329,21 +319,18 @@ class NvshmemPush(Protocol):
                                  self._bad_info.tolist, out, topk_idx, topk_weights, in_rank, self.buffer_id, plan)
 
     def _tail(self, out: dict[str, torch.Tensor | None], counts: torch.Tensor, worst: int, em: bool,
-              alignment: int, counts_late: bool = False, per_expert: torch.Tensor | None = None,
-              folded: bool = False) -> RecvResult:
+              alignment: int, per_expert: torch.Tensor | None = None) -> RecvResult:
         """The ``worst`` rows of a dispatch that does not wait on the host: kernels/tail.cuh
         after the dispatch kernel fills the rows past the received ones and counts the rows
         per local expert (into ``per_expert``); errors come back at a later call
-        (_raise_if_failed). ``counts_late``: the data kernel wrote ``counts`` itself
-        (``alone_routed``), final only at its end. ``folded``: its repair kernel did it already."""
+        (_raise_if_failed)."""
         if per_expert is None:
             per_expert = self._per_expert()
-        if not folded:
-            self.ext.tail(self.args, self.me, int(em), alignment, worst, self._dispatches,
-                          [counts.data_ptr(), *(out[k].data_ptr() for k in ("x", "idx", "w", "src_rank", "src_token",
-                                                                              "src_slot")),
-                           per_expert.data_ptr(), self._deferred.data_ptr()],
-                          counts_late, stream_handle(self.device))
+        self.ext.tail(self.args, self.me, int(em), alignment, worst, self._dispatches,
+                      [counts.data_ptr(), *(out[k].data_ptr() for k in ("x", "idx", "w", "src_rank", "src_token",
+                                                                          "src_slot")),
+                       per_expert.data_ptr(), self._deferred.data_ptr()],
+                      stream_handle(self.device))
         return recv_views(out, worst, per_expert)  # the tail's kernel filled what the host would
 
     def _source(self, x: torch.Tensor) -> torch.Tensor:
@@ -361,36 +348,11 @@ class NvshmemPush(Protocol):
     @staticmethod
     def _alone_ptrs(src: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], em: bool,
                     selfmap: torch.Tensor | None) -> list[int]:
-        """The 13 pointers of symmoe_cuda's ``alone`` (and the first 13 of ``alone_routed``)."""
+        """The 13 pointers of symmoe_cuda's ``alone``."""
         return [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(), plan["pos"].data_ptr(),
                 plan["counts"].data_ptr(), o["x"].data_ptr(), o["idx"].data_ptr(), o["w"].data_ptr(),
                 o["src_rank"].data_ptr(), o["src_token"].data_ptr(), o["src_slot"].data_ptr(),
                 o["expert_offsets"].data_ptr() if em else 0, selfmap.data_ptr() if selfmap is not None else 0]
-
-    def _route_alone(self, src: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
-                     in_rank: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], cap: int, em: bool,
-                     alignment: int, epoch: int, host: dict[str, int], worst: int = 0,
-                     per_expert: torch.Tensor | None = None) -> bool:
-        """One PE with kernel.fan_phases on: symmoe_cuda's ``alone_routed``, the routing inside the
-        data kernel (alone_fan_routed_kernel / alone_rows_routed_kernel, no plan kernel before it),
-        leaving the plan's tables but ``send_ent``, which no one-PE kernel reads (the cached
-        dispatch runs the same alone kernels). False where it does not apply: the plan kernel and
-        ``_send`` run instead. ``worst`` > 0 (rank-major): the repair kernel also does
-        num_worst_tokens' tail into ``per_expert`` and the deferred error record."""
-        if self.W != 1 or not self.fan_phases:
-            return False
-        mod = self._alone()
-        if self._routed_scratch is None:
-            words = mod.routed_scratch_words(self.alone_blocks, self.layout.num_experts)
-            self._routed_scratch = torch.zeros(words, dtype=torch.int32, device=self.device)
-        return mod.alone_routed(
-            self.args, em, topk_idx.dtype == torch.int64, topk_idx.shape[0], alignment, cap, epoch, self.timeout_ns,
-            [*self._alone_ptrs(src, plan, o, em, plan["selfmap"]), topk_idx.data_ptr(), topk_weights.data_ptr(),
-             in_rank.data_ptr(), self._routed_scratch.data_ptr(), self._bad_flag.data_ptr(), self._bad_info.data_ptr(),
-             host.get("counts_host", 0), host.get("counts_ready", 0), host.get("summary", 0)],
-            self.fan_phases, self.alone_blocks, self._alone_done.data_ptr(), self.ext.error_mirror(),
-            self.err.data_ptr(), stream_handle(self.device), worst, per_expert.data_ptr() if worst else 0,
-            self._deferred.data_ptr() if worst else 0)
 
     def _send(self, src: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], cap: int, em: bool,
               alignment: int, epoch: int, selfmap: torch.Tensor | None) -> None:
