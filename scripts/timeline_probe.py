@@ -22,6 +22,7 @@ from symmoe.bench import timeline
 from symmoe.bench.gpu import _time, bench_config, probe_inputs
 from symmoe.bench.timing import sleep_cycles_for
 from symmoe.config import parse_key_value
+from symmoe.launch_shape import gpu_sms
 
 
 def main() -> None:
@@ -47,7 +48,7 @@ def main() -> None:
            + "".join(f" --variant {v}" for v in a.variant),
            "copy_us": copy_us, "kernels": {}}
     lines = [f"copy of the rank-major bytes (dst.copy_): {copy_us:.1f} us (event)"]
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = gpu_sms(torch.device("cuda", 0)).total
     cases = [(b, p, lay, v) for v in ["", *a.variant] for b in a.backends.split(",") for p in a.protocols.split(",")
              for lay in a.layouts.split(",") if p in BACKENDS[b].protocols and b != "nvshmem"]
     for backend, proto, layout, variant in cases:
@@ -59,7 +60,8 @@ def main() -> None:
             call = lambda: pr.dispatch_cached(x, handle)  # noqa: E731
             for _ in range(5):
                 call()
-            stamps = torch.zeros(ctx.grid * timeline.words(mod.STAMP_WARPS), dtype=torch.int64, device="cuda")
+            stamps = torch.zeros(pr.shape.dispatch * timeline.words(mod.STAMP_WARPS), dtype=torch.int64,
+                                 device="cuda")
             ctx.set_stamps(stamps.data_ptr(), stamps.numel())
             runs, event = [], []
             try:

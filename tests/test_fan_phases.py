@@ -7,7 +7,7 @@ import pytest
 
 from symmoe import ConfigError
 from symmoe.config import Config
-from symmoe.protocol.base import fan_phases_mode
+from symmoe.launch_shape import GpuSms, fan_phases_mode
 
 
 def _config(phases: str, num_sms: int = 132) -> Config:
@@ -16,21 +16,21 @@ def _config(phases: str, num_sms: int = 132) -> Config:
 
 @pytest.mark.parametrize("phases,mode", [("off", 0), ("block", 1), ("grid", 2), ("steal", 3)])
 def test_each_name_is_the_kernels_mode(phases, mode):
-    assert fan_phases_mode(_config(phases), 1, sms=132, sms_held=132) == mode
+    assert fan_phases_mode(_config(phases), 1, GpuSms(132, 132)) == mode
 
 
 def test_steal_is_the_default():
-    assert fan_phases_mode(Config(), 1, sms=132, sms_held=132) == 3
+    assert fan_phases_mode(Config(), 1, GpuSms(132, 132)) == 3
 
 
 def test_grid_needs_every_block_resident_and_names_the_share():
     with pytest.raises(ConfigError, match="132 blocks, this process holds 33 SMs"):
-        fan_phases_mode(_config("grid"), 1, sms=132, sms_held=33)
-    assert fan_phases_mode(_config("grid", num_sms=33), 1, sms=132, sms_held=33) == 2
+        fan_phases_mode(_config("grid"), 1, GpuSms(132, 33))
+    assert fan_phases_mode(_config("grid", num_sms=33), 1, GpuSms(132, 33)) == 2
 
 
 def test_with_peers_grid_is_not_refused_the_phases_run_alone_only():
-    assert fan_phases_mode(_config("grid"), 4, sms=132, sms_held=33) == 2
+    assert fan_phases_mode(_config("grid"), 4, GpuSms(132, 33)) == 2
 
 
 def test_a_stall_names_what_its_stage_waited_for():

@@ -41,13 +41,14 @@ inline bool fan_geometry(MoveCfg& m, int64_t E, int64_t rb, int limit, bool grid
 }
 
 // The launch of a one-rank dispatch whose arguments `a` (all but the mover's geometry) are
-// set: expert-major the phased fan-out with mode kernel.fan_phases (1 block, 2 grid, 3 steal;
+// set, on `blocks` blocks of a GPU of `sms` SMs (LaunchShape.alone, .sms): expert-major the
+// phased fan-out with mode kernel.fan_phases (1 block, 2 grid, 3 steal;
 // sy.done: a zeroed grid counter), else the rows by the mover, in pieces of at most `row_piece` bytes
 // with `row_depth` slots a warp (depth_auto as fit_mover's). False, launching nothing, when the
 // layout has peers or, expert-major, not one row fits in shared memory: the caller runs its
 // own kernel.
-inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int blocks, int64_t row_piece, int row_depth,
-                              bool depth_auto, cudaStream_t s) {
+inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int blocks, int sms, int64_t row_piece,
+                              int row_depth, bool depth_auto, cudaStream_t s) {
   if (expert_major && (mode < 1 || mode > 3))
     throw std::invalid_argument("alone: fan_phases mode " + std::to_string(mode) + ", must be 1, 2 or 3");
   if (a.lay.world_size != 1) return false;
@@ -71,7 +72,7 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
     m.phase_steal = mode == 3;
     if (m.phase_grid) {
       const std::string refusal =
-          phase_grid_refusal(early ? alone_fan_kernel<true> : alone_fan_kernel<false>, m, rb, blocks);
+          phase_grid_refusal(early ? alone_fan_kernel<true> : alone_fan_kernel<false>, m, rb, blocks, sms);
       if (!refusal.empty()) throw std::invalid_argument(refusal);
     }
     smem = size_t(phase_smem(m, rb));
@@ -123,12 +124,15 @@ inline AloneArgs alone_args(const std::vector<int64_t>& layout, int alignment, i
 }
 
 // The binding for protocols that have no Context of this module (nvshmem alone), with the
-// mover's default geometry; ptrs as alone_args'.
+// mover's default geometry; ptrs as alone_args'; blocks and sms: LaunchShape.alone and .sms.
 inline bool launch_alone(const std::vector<int64_t>& layout, bool expert_major, int alignment, int64_t capacity,
                          int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int mode, int blocks,
-                         uintptr_t done, uintptr_t err, uintptr_t err_host, uintptr_t stream) {
+                         int sms, uintptr_t done, uintptr_t err, uintptr_t err_host, uintptr_t stream) {
   const AloneArgs a = alone_args(layout, alignment, capacity, epoch, timeout_ns, p, done, err, err_host);
-  return launch_alone_args(a, expert_major, mode, blocks, kMaxSlotBytes, kRowDepth, true,
+  if (blocks < 1 || blocks > sms)
+    throw std::invalid_argument("alone: blocks=" + std::to_string(blocks) + ", outside 1.." + std::to_string(sms) +
+                                " (the GPU's SMs); symmoe/launch_shape.py decides it");
+  return launch_alone_args(a, expert_major, mode, blocks, sms, kMaxSlotBytes, kRowDepth, true,
                            reinterpret_cast<cudaStream_t>(stream));
 }
 

@@ -21,6 +21,7 @@
 #include "alone_launch.cuh"
 #include "../common/follow_launch.h"
 #include "host_wait.h"
+#include "launch_geometry.h"
 
 namespace symmoe {
 namespace py = pybind11;
@@ -49,7 +50,7 @@ struct Ctx {
   ErrorWord* err;       // device memory
   ErrorWord* err_host;  // host-mapped (device-side address)
   uint64_t timeout_ns;
-  int grid;      // blocks of the persistent kernels (config kernel.num_sms, clamped to the device)
+  LaunchGeometry shape;  // every launch's blocks (symmoe/launch_shape.py)
   int max_smem;   // opt-in shared memory per block, less every kernel's static tables
   int data_smem;  // ... less the data kernels' (pull, push) only: what their dynamic part may take
   unsigned int* done;  // [8] grid completion counters, zeroed by the caller (one per kernel kind: 0-6 used)
@@ -77,7 +78,7 @@ struct Ctx {
   bool data_early = false;
 
   Ctx(const std::vector<int64_t>& layout, int rank_, Transport tp_, uintptr_t err_dev, uintptr_t err_host_dev,
-      double timeout_s, int num_sms, uintptr_t counters)
+      double timeout_s, const std::vector<int64_t>& geometry, uintptr_t counters)
       : rank(rank_), tp(tp_), err(P<ErrorWord>(err_dev)), err_host(P<ErrorWord>(err_host_dev)),
         done(P<unsigned int>(counters)) {
     if (layout.size() != size_t(kLayoutArgs))
@@ -89,7 +90,7 @@ struct Ctx {
     check(cudaGetDevice(&dev), "cudaGetDevice");
     check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "multiprocessor count");
     check(cudaDeviceGetAttribute(&max_smem, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "shared memory limit");
-    grid = std::max(1, std::min(num_sms, sms));
+    shape = launch_geometry(geometry, sms);
     move.plan_bytes = 0;
     move.warps = 8;
     set_copy_bytes(0);
@@ -193,7 +194,7 @@ struct Ctx {
   template <typename K>
   void phase_cfg(MoveCfg& m, K kernel, int64_t kept) const {
     if (!phase_geometry(m, kept, data_smem, L.row_bytes(), fan_phases == 2) || !m.phase_grid) return;
-    const std::string refusal = phase_grid_refusal(kernel, m, L.row_bytes(), grid);
+    const std::string refusal = phase_grid_refusal(kernel, m, L.row_bytes(), shape.dispatch, shape.sms);
     if (!refusal.empty()) throw std::invalid_argument(refusal);
   }
 
@@ -204,7 +205,7 @@ struct Ctx {
   // per-warp tables do not fit in shared memory they go to global scratch, for at most 8 blocks.
   int64_t route_columns() const { return L.world_size + L.num_experts; }
   bool route_big() const { return int64_t(kRouteWarps + 1) * route_columns() * 4 > max_smem; }
-  int route_max_blocks() const { return route_big() ? std::min(grid, 8) : grid; }
+  int route_max_blocks() const { return route_big() ? std::min(shape.route, 8) : shape.route; }
   int route_blocks(int64_t T) const {
     return int(std::max<int64_t>(1, std::min<int64_t>(route_max_blocks(), (T + 127) / 128)));
   }
@@ -278,13 +279,13 @@ struct Ctx {
   }
 
   // Device memory of `words` int64 words, symmoe.bench.timeline.words(STAMP_WARPS) per block of
-  // `grid`: the next pull/push launches are the kernels built with stamps and leave their
+  // the data kernels (shape.dispatch): the next pull/push launches are the kernels built with stamps and leave their
   // timeline there (scripts/timeline_probe.py); 0: the normal kernels again.
   void set_stamps(uintptr_t s, int64_t words) {
-    const int64_t need = int64_t(grid) * kStampWarps * kStampMarks * 2;
+    const int64_t need = int64_t(shape.dispatch) * kStampWarps * kStampMarks * 2;
     if (s != 0 && words < need)
       throw std::invalid_argument("set_stamps: words=" + std::to_string(words) + ", the timeline of " +
-                                  std::to_string(grid) + " blocks needs " + std::to_string(need));
+                                  std::to_string(shape.dispatch) + " blocks needs " + std::to_string(need));
     stamps = P<uint64_t>(s);
   }
 
@@ -318,7 +319,7 @@ struct Ctx {
     if (expert_major && L.world_size == 1 && fan_phases) phase_cfg(m, kernel, kept);
     m.stamps = stamps;
     data_early = false;
-    check(launch_following(kernel, grid, m.warps * 32, smem_of(m), S(stream), tp, L, P<const uint8_t>(x), outputs(out),
+    check(launch_following(kernel, shape.dispatch, m.warps * 32, smem_of(m), S(stream), tp, L, P<const uint8_t>(x), outputs(out),
                            expert_major, alignment, m, sy),
           what);
   }
@@ -363,7 +364,8 @@ struct Ctx {
     a.o = outputs(out);
     a.sy = sync(epoch, 2);
     const bool launched =
-        launch_alone_args(a, expert_major, fan_phases, grid, move.slot_bytes, move.depth, depth_auto, S(stream));
+        launch_alone_args(a, expert_major, fan_phases, shape.alone, shape.sms, move.slot_bytes, move.depth, depth_auto,
+                          S(stream));
     data_early = launched && a.routed.placed != nullptr;  // expert-major: also where it did not start early
     return launched;
   }
@@ -392,7 +394,7 @@ struct Ctx {
 
   void unpack(uintptr_t counts, const py::dict& out, bool expert_major, int alignment, uintptr_t stream) {
     const size_t smem = size_t(RecvPlan::bytes(int(L.world_size), int(L.local_experts())));
-    unpack_kernel<Transport><<<grid, kUnpackThreads, smem, S(stream)>>>(tp, L, P<const int32_t>(counts), outputs(out), expert_major,
+    unpack_kernel<Transport><<<shape.dispatch, kUnpackThreads, smem, S(stream)>>>(tp, L, P<const int32_t>(counts), outputs(out), expert_major,
                                                              alignment, err, rank);
     check(cudaGetLastError(), "unpack_kernel launch");
   }
@@ -406,7 +408,7 @@ struct Ctx {
     const std::string e = launch_recv_tail(L, P<const int32_t>(counts),
                                            TailOutputs{o.x, o.idx, o.w, o.src_rank, o.src_token, o.src_slot}, worst,
                                            expert_major, alignment, rank, P<int32_t>(per_expert),
-                                           P<DeferredError>(deferred), epoch, data_early, grid, max_smem - 128,
+                                           P<DeferredError>(deferred), epoch, data_early, shape.tail, max_smem - 128,
                                            S(stream));
     if (!e.empty()) throw std::invalid_argument(e);
   }
@@ -415,7 +417,7 @@ struct Ctx {
                     int64_t epoch, uintptr_t stream) {
     const MoveCfg m = move_cfg(0);
     RecvRows rr{P<const int32_t>(src_rank), P<const int32_t>(src_token), P<const int32_t>(src_slot), rows};
-    combine_send_kernel<Transport><<<grid, m.warps * 32, smem_of(m), S(stream)>>>(
+    combine_send_kernel<Transport><<<shape.combine, m.warps * 32, smem_of(m), S(stream)>>>(
         tp, L, P<const uint8_t>(y), P<const float>(rw), rr, m, sync(epoch, 3));
     check(cudaGetLastError(), "combine_send_kernel launch");
   }
@@ -431,7 +433,7 @@ struct Ctx {
                             int(L.local_experts()), rank, expert_major};
     const Sync sy = sync(epoch, 4);
     auto launch = [&](auto kernel, auto* o) {
-      const ReduceLaunch rl = reduce_launch(kernel, grid, T, L.world_size == 1);
+      const ReduceLaunch rl = reduce_launch(kernel, shape.reduce, T, L.world_size == 1);
       kernel<<<rl.blocks, kReduceThreads, 0, S(stream)>>>(tp, L, cs, o, P<float>(out_w), rl.parts, sy);
     };
     if (elem_size == 4)
@@ -448,7 +450,7 @@ struct Ctx {
   void republish(uintptr_t routing, int64_t nbytes, uintptr_t counts, int64_t epoch, uintptr_t stream) {
     if (nbytes < 0 || nbytes % 16) throw std::invalid_argument("republish: routing bytes must be a multiple of 16");
     const int64_t vecs = nbytes / 16;
-    const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(grid, (vecs + kRouteThreads - 1) / kRouteThreads)));
+    const int blocks = int(std::max<int64_t>(1, std::min<int64_t>(shape.dispatch, (vecs + kRouteThreads - 1) / kRouteThreads)));
     republish_kernel<Transport><<<blocks, kRouteThreads, 0, S(stream)>>>(tp, L, P<const int4>(routing), vecs,
                                                                          P<const int32_t>(counts), sync(epoch, 6));
     check(cudaGetLastError(), "republish_kernel launch");
@@ -489,15 +491,12 @@ void bind_context(py::module_& m, Init init) {
     return py::make_tuple(reinterpret_cast<uintptr_t>(h), reinterpret_cast<uintptr_t>(d));
   }, "Pinned host memory the device can write: (host pointer, device pointer).");
   m.def("host_free", [](uintptr_t h) { check(cudaFreeHost(reinterpret_cast<void*>(h)), "cudaFreeHost"); });
-  m.def("device_sms", []() {
-    int dev = 0, sms = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "multiprocessor count");
-    return sms;
-  });
+  m.def("check_launch_shape", [](const std::vector<int64_t>& shape, int device_sms) { launch_geometry(shape, device_sms); },
+        py::arg("shape"), py::arg("device_sms"),
+        "The check a Context makes of LaunchShape.kernel_args() on a GPU of device_sms SMs: ValueError naming the "
+        "field when launch_shape.py could not have made the shape.");
   py::class_<C>(m, "Context")
       .def(py::init(init))
-      .def_readonly("grid", &C::grid)
       .def_readonly("max_smem", &C::max_smem)
       .def("layout_scratch_bytes", &C::layout_scratch_bytes)
       .def("set_copy_bytes", &C::set_copy_bytes, py::arg("max_piece"))

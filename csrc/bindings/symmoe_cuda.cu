@@ -12,13 +12,14 @@ using namespace symmoe;
 PYBIND11_MODULE(symmoe_cuda, m) {
   m.doc() = "symmoe CUDA kernels over the load/store (LSA) transport";
   bind_context<LsaTransport>(m, [](const std::vector<int64_t>& layout, int rank, uintptr_t local, uintptr_t peer_bases,
-                                   uintptr_t err, uintptr_t err_host, double timeout_s, int num_sms, uintptr_t counters) {
+                                   uintptr_t err, uintptr_t err_host, double timeout_s,
+                                   const std::vector<int64_t>& geometry, uintptr_t counters) {
     return new Ctx<LsaTransport>(layout, rank, LsaTransport{P<uint8_t>(local), P<const int64_t>(peer_bases)}, err,
-                                 err_host, timeout_s, num_sms, counters);
+                                 err_host, timeout_s, geometry, counters);
   });
   m.def("alone", &launch_alone, py::arg("layout"), py::arg("expert_major"), py::arg("alignment"), py::arg("capacity"),
-        py::arg("epoch"), py::arg("timeout_ns"), py::arg("ptrs"), py::arg("mode"), py::arg("blocks"), py::arg("done"),
-        py::arg("err"), py::arg("err_host"), py::arg("stream"),
+        py::arg("epoch"), py::arg("timeout_ns"), py::arg("ptrs"), py::arg("mode"), py::arg("blocks"), py::arg("sms"),
+        py::arg("done"), py::arg("err"), py::arg("err_host"), py::arg("stream"),
         "A one-rank dispatch (kernels/alone.cuh) from a protocol's own routing tables: expert-major the phased "
         "fan-out, rank-major the mover. False: not launched (peers, or no row fits in shared memory).");
 }

@@ -223,14 +223,12 @@ inline int64_t phase_smem(const MoveCfg& m, int64_t row_bytes) {
 }
 
 // Grid-wide phases need every block resident at once: the message that refuses a launch whose
-// `grid` blocks of `kernel` are not (empty when they are).
+// `grid` blocks of `kernel` are not on a GPU of `sms` SMs (empty when they are).
 template <typename K>
-std::string phase_grid_refusal(K kernel, const MoveCfg& m, int64_t row_bytes, int grid) {
-  int per_sm = 0, dev = 0, sms = 0;
+std::string phase_grid_refusal(K kernel, const MoveCfg& m, int64_t row_bytes, int grid, int sms) {
+  int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, m.warps * 32, size_t(phase_smem(m, row_bytes))) !=
-          cudaSuccess ||
-      cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
+      cudaSuccess)
     return "fan_phases=grid: the occupancy query failed";
   if (int64_t(per_sm) * sms >= grid) return "";
   return "fan_phases=grid: the dispatch kernel's " + std::to_string(grid) + " blocks are not all resident at once (" +

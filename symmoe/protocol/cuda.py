@@ -67,7 +67,8 @@ from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..results import DispatchLayout, RecvResult
-from .base import Protocol, check_combine_slots, fan_phases_mode, stall_detail, stream_handle, usable_sms
+from ..launch_shape import GpuSms, LaunchShape, cuda_shape, fan_phases_mode, gpu_sms, may_stream, stream_split
+from .base import Protocol, check_combine_slots, stall_detail, stream_handle
 from .counts import (SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
                      recv_views, summarized_result)
 
@@ -84,40 +85,10 @@ def _kernel_outputs(out: dict[str, torch.Tensor | None], cap: int, selfmap: torc
     return {**{k: _ptr(v) for k, v in out.items()}, "capacity": cap, "selfmap": _ptr(selfmap)}
 
 
-def stream_blocks(mode: str, share: int, sms: int, num_sms: int) -> int:
-    """Blocks of the streamed push for ``kernel.push_mode`` = ``mode`` when at most ``share``
-    ranks run on one GPU and every GPU has at least ``sms`` SMs; 0 = push then unpack. The
-    inputs are the same on every rank, so is the result (receivers wait for their channels'
-    senders on every peer). Receivers wait inside the kernel, so the grids of all ranks sharing
-    a GPU must be resident at once: one block per SM at least, a sender and a receiver each.
-    "auto" streams only when every rank has a GPU of its own (under MPS the receivers would
-    spin on the SMs the senders need)."""
-    if mode == "unpack" or (mode == "auto" and share > 1):
-        return 0
-    fit = sms // share
-    if fit < 2:
-        if mode == "stream":
-            raise InputError(f"kernel.push_mode=stream: {share} ranks share a GPU of {sms} SMs, and each needs "
-                             "2 blocks resident at once; use push_mode unpack (or auto)")
-        return 0
-    return max(2, min(num_sms, fit))
-
-
-def stream_split(blocks: int, max_senders: int, receivers: int) -> tuple[int, int]:
-    """(senders, receivers) of a streamed push over at most ``blocks`` blocks; ``receivers``
-    = ``kernel.stream_receivers`` (0: half the blocks; at W=2 every smaller share measured
-    was slower, in both layouts). Senders are the channels, at
-    most ``max_senders`` (the layout's tail words); receivers never outnumber them."""
-    r = max(1, min(receivers or blocks // 2, blocks // 2))
-    s = min(max_senders, blocks - r)
-    return s, min(r, s)
-
-
-def _gpu_sharing(mem: SymmetricMemory) -> tuple[int, int]:
+def _gpu_sharing(mem: SymmetricMemory, gpu: GpuSms) -> tuple[int, int]:
     """(most ranks of the group on one GPU, fewest SMs of their GPUs): the same on every rank;
     collective."""
-    props = torch.cuda.get_device_properties(mem.device)
-    every = mem.all_gather((str(props.uuid), props.multi_processor_count))
+    every = mem.all_gather((str(torch.cuda.get_device_properties(mem.device).uuid), gpu.total))
     gpus = [u for u, _ in every]
     return max(gpus.count(u) for u in gpus), min(n for _, n in every)
 
@@ -157,16 +128,17 @@ class _CudaProtocol(Protocol):
         self._err_dev = torch.zeros(8, dtype=torch.int64, device=self.device)  # the copy kernels poll
         self._counters = torch.zeros(8, dtype=torch.int32, device=self.device)
         args = layout.kernel_args()
+        gpu = gpu_sms(self.device)
+        # may_stream is the same on every rank: so is the collective gather.
+        sharing = _gpu_sharing(mem, gpu) if may_stream(config.kernel, self.name, self.world_size) else None
+        self.shape: LaunchShape = cuda_shape(config.kernel, gpu, sharing)
         # Peers by the pointers in peer_bases (torch, nccl's LSA team, nvshmem_ptr on one node).
         self.ctx = self.mod.Context(args, self.rank, mem.local.data_ptr(), mem.peer_bases.data_ptr(),
-                                    self._err_dev.data_ptr(), self._err[1], self.timeout_s, config.kernel.num_sms,
+                                    self._err_dev.data_ptr(), self._err[1], self.timeout_s, self.shape.kernel_args(),
                                     self._counters.data_ptr())
         self.ctx.set_copy_bytes(config.kernel.copy_bytes)
         self.ctx.set_copy_depth(config.kernel.copy_depth)
-        self.ctx.set_fan_phases(fan_phases_mode(config, self.world_size,
-                                                torch.cuda.get_device_properties(self.device).multi_processor_count,
-                                                usable_sms(self.device)))
-        self._stream_blocks = self._push_stream_blocks(config, mem)
+        self.ctx.set_fan_phases(fan_phases_mode(config, self.world_size, gpu))
         self._stream_receivers = config.kernel.stream_receivers
         self._epoch = 0
         W, E = layout.world_size, layout.num_experts
@@ -319,14 +291,6 @@ class _CudaProtocol(Protocol):
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment, self._bad_record,
                                  out, topk_idx, topk_weights, in_rank, self.buffer_id, cache)
 
-    def _push_stream_blocks(self, config: Config, mem: SymmetricMemory) -> int:
-        """Blocks of the streamed push, 0 for push then unpack (``stream_blocks``)."""
-        mode = config.kernel.push_mode
-        if self.name != "push" or self.world_size == 1 or mode == "unpack":
-            return 0
-        share, sms = _gpu_sharing(mem)  # collective; the condition above is the same on every rank
-        return stream_blocks(mode, share, sms, config.kernel.num_sms)
-
     def _tail(self, out: dict[str, torch.Tensor | None], counts_dev: torch.Tensor, worst: int, expert_major: bool,
               alignment: int, per_expert: torch.Tensor | None = None) -> RecvResult:
         """The ``worst`` rows of a dispatch that does not wait on the host: after the data
@@ -358,8 +322,8 @@ class _CudaProtocol(Protocol):
             return
         if self.name == "pull":
             self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
-        elif self._stream_blocks:
-            senders, receivers = stream_split(self._stream_blocks, self.layout.num_channels, self._stream_receivers)
+        elif self.shape.stream:
+            senders, receivers = stream_split(self.shape.stream, self.layout.num_channels, self._stream_receivers)
             self.ctx.push_stream(_ptr(x), args, expert_major, alignment, senders, receivers, epoch, sp)
         else:
             self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)

@@ -26,10 +26,12 @@ from typing import Callable
 import torch
 
 from .. import build
+from ..config import KernelConfig
 from ..errors import InputError, StallError
 from ..low_latency import LowLatencyHandle, LowLatencyLayout
 from ..memory import SymmetricMemory
-from .base import stream_handle, usable_sms
+from ..launch_shape import gpu_sms, low_latency_blocks
+from .base import stream_handle
 
 Hook = Callable[[], None]
 
@@ -204,7 +206,8 @@ class CudaLowLatency(_Engine):
     STAGE_NAMES = {101: "low_latency_dispatch.receive", 102: "low_latency_combine.receive"}
     BAD_EXPERT = 103
 
-    def __init__(self, mem: SymmetricMemory, lay: LowLatencyLayout, timeout_s: float, num_sms: int):
+    def __init__(self, mem: SymmetricMemory, lay: LowLatencyLayout, timeout_s: float, blocks: int):
+        """``blocks``: the most blocks of a kernel (launch_shape.low_latency_blocks)."""
         super().__init__(mem, lay, timeout_s)
         if not mem.maps_every_peer:
             raise InputError(f"low-latency mode: backend '{mem.name}' does not reach every peer by load/store, "
@@ -215,10 +218,9 @@ class CudaLowLatency(_Engine):
         self._state = torch.zeros(8, dtype=torch.int32, device=self.device)  # seqs and grid tickets
         self._err_rec = (ctypes.c_int64 * 4).from_address(self._err[0])
         self._bad_rec = (ctypes.c_int64 * 4).from_address(self._err[0] + 32)  # bad expert ids, beside it
-        sms = min(num_sms, usable_sms(self.device))
         self.ll = self.mod.LowLatency(lay.kernel_geometry(self.rank), mem.local.data_ptr(), mem.peer_bases.data_ptr(),
                                       self._state.data_ptr(), self._err_dev.data_ptr(), self._err[1],
-                                      float(timeout_s), max(1, sms))
+                                      float(timeout_s), blocks)
         self._closed = False
 
     def check(self, synchronize: bool = False) -> None:
@@ -289,13 +291,13 @@ class CudaLowLatency(_Engine):
             pass
 
 
-def make_engine(mem: SymmetricMemory, lay: LowLatencyLayout, timeout_s: float, num_sms: int) -> _Engine:
+def make_engine(mem: SymmetricMemory, lay: LowLatencyLayout, kernel: KernelConfig) -> _Engine:
     """The engine for ``mem``: torch on the host, the CUDA kernels where every peer is mapped."""
     if mem.device.type != "cuda":
-        return HostLowLatency(mem, lay, timeout_s)
+        return HostLowLatency(mem, lay, kernel.timeout_s)
     from . import _maps_every_peer
     if not _maps_every_peer(mem):
         raise InputError(f"low-latency mode: backend '{mem.name}' does not map every peer for load/store (peers "
                          "across nodes); its kernels store rows straight into the peers' buffers, so keep the "
                          "group inside one NVLink domain")
-    return CudaLowLatency(mem, lay, timeout_s, num_sms)
+    return CudaLowLatency(mem, lay, kernel.timeout_s, low_latency_blocks(kernel, gpu_sms(mem.device)))

@@ -50,7 +50,7 @@ combine
 No host wait follows a kernel: a wait that timed out is raised by the next call or by
 ``check()`` / ``Buffer.synchronize()``, as in the CUDA protocols. All 2C blocks of a kernel
 must be resident at once (dispatch receivers and combine senders wait for the peers' senders),
-so C is capped by the SMs this process holds (``usable_sms``).
+so C is capped by the SMs this process holds (``symmoe/launch_shape.py``'s ``nvshmem_shape``).
 
 Each receiver's pool (W * (T + C) rows: a source sends it each token once at most; fewer with a
 smaller ``buffer.recv_capacity``) is cut into W * C rings of ``kernel.ring_rows`` rows (0: the
@@ -72,7 +72,8 @@ import torch
 from .. import build
 from ..errors import ConfigError, InputError, StallError
 from ..results import DispatchLayout, RecvResult
-from .base import Protocol, check_combine_slots, fan_phases_mode, stream_handle, usable_sms
+from ..launch_shape import LaunchShape, fan_phases_mode, gpu_sms, nvshmem_shape
+from .base import Protocol, check_combine_slots, stream_handle
 from .counts import (SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
                      recv_views, summarized_result)
 
@@ -163,24 +164,16 @@ class NvshmemPush(Protocol):
         self.offs = layout.offsets()
         mem.use_layout(self.args, self.offs["barrier"])
         k = config.kernel
-        # One sender and one receiver block per channel, and the combine senders wait for the
-        # peers' senders: all 2 * C blocks must be resident at once, on the SMs this process
-        # has (under MPS, its active thread percentage of them), or the ranks deadlock.
-        self.channels = max(1, min(k.num_channels, layout.num_channels, k.num_sms // 2,
-                                   usable_sms(mem.device) // 2))
-        self.ring_rows = ring_rows(k.ring_rows, layout.pool_rows, W, self.channels)
-        # The combine's send kernel is alone on the GPU: one block (channel) per SM it holds,
-        # all resident at once (each waits for its channel from the peers). The reduction
-        # runs after it as its own grid: 16 blocks of 128 per SM.
-        sms = min(k.num_sms, usable_sms(mem.device))
-        self.combine_channels = max(1, min(layout.num_channels, sms))
-        self.reduce_blocks = 16 * sms
+        # The blocks of every kernel (launch_shape.nvshmem_shape): the dispatch's channels (a
+        # sender and a receiver block each) and the combine's send blocks all resident at once
+        # on the SMs this process holds, or the ranks deadlock.
+        gpu = gpu_sms(mem.device)
+        self.shape: LaunchShape = nvshmem_shape(k, gpu, layout.num_channels)
+        self.ring_rows = ring_rows(k.ring_rows, layout.pool_rows, W, self.shape.channels)
         # Alone, the dispatch runs symmoe_cuda's alone kernels (kernels/alone.cuh): the mode of
-        # the expert-major phased fan-out, the blocks, and the grid counter grid-wide phases meet
-        # on. The module is loaded (built) only when it will run.
-        sms_all = torch.cuda.get_device_properties(mem.device).multi_processor_count
-        self.fan_phases = fan_phases_mode(config, W, sms_all, usable_sms(mem.device)) if W == 1 else 0
-        self.alone_blocks = min(k.num_sms, sms_all)
+        # the expert-major phased fan-out and the grid counter grid-wide phases meet on. The
+        # module is loaded (built) only when it will run.
+        self.fan_phases = fan_phases_mode(config, W, gpu) if W == 1 else 0
         self._alone_done = torch.zeros(1, dtype=torch.int32, device=mem.device)
         self._alone_mod: Any = None
         self.timeout_ns = int(k.timeout_s * 1e9)
@@ -191,7 +184,8 @@ class NvshmemPush(Protocol):
         self._combines = 0
         self._last_op = ""  # "dispatch" | "combine": a combine right after a combine needs a barrier
         # zeroed: the plan's chunk marks start below every epoch, its ticket at 0
-        self._route_scratch = torch.zeros(self.ext.route_scratch_ints(self.args), dtype=torch.int32, device=dev)
+        self._route_scratch = torch.zeros(self.ext.route_scratch_ints(self.args, self.shape.route), dtype=torch.int32,
+                                          device=dev)
         self._done = torch.zeros(1, dtype=torch.int32, device=dev)  # grid completion counter of the routing
         self._bad_flag = torch.zeros(1, dtype=torch.int32, device=dev)
         # Pinned host memory is device-accessible at the same address (unified addressing):
@@ -251,7 +245,7 @@ class NvshmemPush(Protocol):
                 "done": self._done.data_ptr(), **ptrs}
         self.ext.route(self.mem.local.data_ptr(), self.args, self.me, topk_idx.dtype == torch.int64, topk_idx.shape[0],
                        plan, epoch, self.timeout_ns, [ptrs.get(n, 0) for n in _ROUTE_PTRS],
-                       sp, alignment)
+                       sp, alignment, self.shape.route)
 
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:
         self._raise_if_failed("dispatch")
@@ -330,7 +324,7 @@ class NvshmemPush(Protocol):
                       [counts.data_ptr(), *(out[k].data_ptr() for k in ("x", "idx", "w", "src_rank", "src_token",
                                                                           "src_slot")),
                        per_expert.data_ptr(), self._deferred.data_ptr()],
-                      stream_handle(self.device))
+                      self.shape.tail, stream_handle(self.device))
         return recv_views(out, worst, per_expert)  # the tail's kernel filled what the host would
 
     def _source(self, x: torch.Tensor) -> torch.Tensor:
@@ -363,10 +357,11 @@ class NvshmemPush(Protocol):
         stream = stream_handle(self.device)
         if self.W == 1 and (not em or self.fan_phases):
             if self._alone().alone(self.args, em, alignment, cap, epoch, self.timeout_ns,
-                                   self._alone_ptrs(src, plan, o, em, selfmap), self.fan_phases, self.alone_blocks,
-                                   self._alone_done.data_ptr(), self.ext.error_mirror(), self.err.data_ptr(), stream):
+                                   self._alone_ptrs(src, plan, o, em, selfmap), self.fan_phases, self.shape.alone,
+                                   self.shape.sms, self._alone_done.data_ptr(), self.ext.error_mirror(),
+                                   self.err.data_ptr(), stream):
                 return
-        self.ext.dispatch(self.mem.local.data_ptr(), self.args, self.me, self.channels, self.ring_rows, int(em),
+        self.ext.dispatch(self.mem.local.data_ptr(), self.args, self.me, self.shape.channels, self.ring_rows, int(em),
                           self.direct, alignment, cap, epoch, self.timeout_ns,
                           [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(),
                            plan["send_ent"].data_ptr(), plan["pos"].data_ptr(), plan["counts"].data_ptr(),
@@ -444,9 +439,9 @@ class NvshmemPush(Protocol):
                 handle.recv_src_token.data_ptr(), handle.recv_src_slot.data_ptr(), handle.cache["selfmap"].data_ptr(),
                 handle.is_token_in_rank.data_ptr(), handle.topk_idx.data_ptr(), handle.topk_weights.data_ptr(),
                 out_x.data_ptr(), out_w.data_ptr() if out_w is not None else 0, self.err.data_ptr()]
-        self.ext.combine(self.mem.local.data_ptr(), self.args, me, self.combine_channels,
+        self.ext.combine(self.mem.local.data_ptr(), self.args, me, self.shape.combine,
                          int(handle.output_layout == "expert"), self.direct, T, rows, _ELEM_KIND[y.dtype],
-                         self.reduce_blocks, self._combines, self.timeout_ns, ptrs, stream_handle(dev))
+                         self.shape.reduce, self._combines, self.timeout_ns, ptrs, stream_handle(dev))
         return out_x, out_w
 
 

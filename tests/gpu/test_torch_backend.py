@@ -291,7 +291,7 @@ def test_a_timeline_buffer_smaller_than_the_grid_needs_is_refused():
 
     with mock.patch.dict(os.environ, ENV), Buffer(None, from_dict(gpu_config())) as buf:
         ctx = buf._protocol.ctx
-        need = ctx.grid * timeline.words(buf._protocol.mod.STAMP_WARPS)
+        need = buf._protocol.shape.dispatch * timeline.words(buf._protocol.mod.STAMP_WARPS)
         with pytest.raises(ValueError, match=f"words={need - 1}.*needs {need}"):
             ctx.set_stamps(1 << 20, need - 1)
         ctx.set_stamps(0)  # the normal kernels: nothing to size
