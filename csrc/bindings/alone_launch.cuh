@@ -1,6 +1,6 @@
-// The launch of kernels/alone.cuh's kernels: by a Context at world size 1 (Ctx::alone), and
-// bound by symmoe_cuda as `alone` for protocols that have no Context of this module (nvshmem
-// alone).
+// The launch of kernels/alone.cuh's kernels: by a Context at world size 1 (ctx_dispatch.cuh's
+// ctx_alone), and bound by symmoe_cuda as `alone` for protocols that have no Context of this
+// module (nvshmem alone).
 #pragma once
 #include <cuda_runtime.h>
 

@@ -4,10 +4,12 @@
 // Also `alone`, a one-rank dispatch from plain routing tables, which the nvshmem protocol
 // launches alone.
 #include "../common/transport.cuh"
-#include "context.cuh"
 #include "alone_launch.cuh"
+#include "bind_context.cuh"
 
 using namespace symmoe;
+
+namespace py = pybind11;
 
 PYBIND11_MODULE(symmoe_cuda, m) {
   m.doc() = "symmoe CUDA kernels over the load/store (LSA) transport";

@@ -48,7 +48,7 @@
 #include "notify.cuh"
 #include "../common/follow_launch.h"
 #include "../bindings/host_wait.h"
-#include "../kernels/tail.cuh"
+#include "../bindings/tail_launch.cuh"
 
 namespace py = pybind11;
 

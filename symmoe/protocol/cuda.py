@@ -312,10 +312,11 @@ class _CudaProtocol(Protocol):
     def _move(self, x: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
               counts_dev: torch.Tensor, after_route: bool, sp: int) -> None:
         """The data kernels, after the routing (or its republication) and the counts barrier.
-        Alone, the alone kernels where they apply (``Ctx::alone``), as nvshmem runs them;
-        ``after_route`` (right behind this dispatch's routing kernel): they start on the
-        routing's placed chunks, before its last block hands the counts over (the expert-major
-        one loads its first rows even before that). ``sp``: the current stream's handle."""
+        Alone, the alone kernels where they apply (``ctx_alone`` in csrc/bindings/ctx_dispatch.cuh),
+        as nvshmem runs them; ``after_route`` (right behind this dispatch's routing kernel): they
+        start on the routing's placed chunks, before its last block hands the counts over (the
+        expert-major one loads its first rows even before that). ``sp``: the current stream's
+        handle."""
         epoch = self._next_epoch()
         if self.world_size == 1 and self.ctx.alone(_ptr(x), args, expert_major, alignment, counts_dev.data_ptr(), epoch,
                                                    after_route, sp):
