@@ -13,6 +13,7 @@
 
 #include "../kernels/alone.cuh"
 #include "../common/follow_launch.h"
+#include "refusals.h"
 
 namespace symmoe {
 
@@ -70,17 +71,15 @@ inline bool launch_alone_args(AloneArgs a, bool expert_major, int mode, int bloc
       if (early) m = past;
     }
     m.phase_steal = mode == 3;
-    if (m.phase_grid) {
-      const std::string refusal =
-          phase_grid_refusal(early ? alone_fan_kernel<true> : alone_fan_kernel<false>, m, rb, blocks, sms);
-      if (!refusal.empty()) throw std::invalid_argument(refusal);
-    }
+    if (m.phase_grid)
+      refuse_phase_grid(phase_grid_fit(early ? alone_fan_kernel<true> : alone_fan_kernel<false>, m, rb, blocks, sms),
+                        blocks, sms);
     smem = size_t(phase_smem(m, rb));
   } else {
     // Both instances get the opt-in (the same static part).
     static const int limit = std::min(alone_smem_limit(alone_rows_kernel<false>, "alone_rows_kernel"),
                                       alone_smem_limit(alone_rows_kernel<true>, "alone_rows_kernel"));
-    m = row_mover(rb, row_piece, row_depth, limit, depth_auto);
+    m = refuse_unfit(row_mover(rb, row_piece, row_depth, limit, depth_auto), 0);
     smem = size_t(m.warps) * WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth);
   }
   a.mc = m;

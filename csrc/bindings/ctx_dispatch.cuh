@@ -13,6 +13,7 @@
 #include "../kernels/push_stream.cuh"
 #include "alone_launch.cuh"
 #include "ctx_state.cuh"
+#include "refusals.h"
 #include "tail_launch.cuh"
 
 namespace symmoe {
@@ -34,8 +35,8 @@ inline Outputs outputs(const pybind11::dict& o) {
 template <class T, typename K>
 void phase_cfg(const Ctx<T>& c, MoveCfg& m, K kernel, int64_t kept) {
   if (!phase_geometry(m, kept, c.smem.data, c.L.row_bytes(), c.mover.fan_phases == 2) || !m.phase_grid) return;
-  const std::string refusal = phase_grid_refusal(kernel, m, c.L.row_bytes(), c.shape.dispatch, c.shape.sms);
-  if (!refusal.empty()) throw std::invalid_argument(refusal);
+  refuse_phase_grid(phase_grid_fit(kernel, m, c.L.row_bytes(), c.shape.dispatch, c.shape.sms), c.shape.dispatch,
+                    c.shape.sms);
 }
 
 // pull_kernel and push_kernel share one signature; the stamped build while a timeline is set.

@@ -19,6 +19,7 @@
 #include "ctx_smem.cuh"
 #include "ctx_watch.h"
 #include "launch_geometry.h"
+#include "refusals.h"
 
 namespace symmoe {
 
@@ -133,7 +134,9 @@ struct Ctx {
   // fan: the expert-major dispatch's mover (small pieces, 16 warps), else whole rows.
   // data: the pull and push kernels' budget (smem.data), else every kernel's (smem.max).
   MoveCfg move_cfg(int64_t plan, bool fan = false, bool data = false) const {
-    return fit_mover(fan ? mover.move_fan : mover.move, plan, data ? smem.data : smem.max, mover.depth_auto);
+    return refuse_unfit(fit_mover(fan ? mover.move_fan : mover.move, plan, data ? smem.data : smem.max,
+                                  mover.depth_auto),
+                        plan);
   }
   size_t smem_of(const MoveCfg& m) const {
     if (m.phase_rows > 0) return size_t(phase_smem(m, L.row_bytes()));

@@ -1,4 +1,4 @@
-// The phased fan-out (kernel.fan_phases) of a world-size-1 expert-major dispatch: whole rows
+// The phased fan-out (the fan-phases mode) of a world-size-1 expert-major dispatch: whole rows
 // loaded into shared memory, then bulk-stored to every destination row, block by block or with
 // the whole grid meeting between phases. Shared by the CUDA protocols' pull and push kernels
 // and kernels/alone.cuh's alone_fan_kernel (nvshmem alone), with the host's geometry for them.
@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <string>
 
 #include "barrier.cuh"
 #include "mover.cuh"
@@ -107,7 +106,7 @@ __device__ __forceinline__ void fan_abandon(int64_t T, const MoveCfg& mc, uint8_
   __syncthreads();
 }
 
-// The world-size-1 expert-major dispatch in phases (kernel.fan_phases): tokens [0, T) in
+// The world-size-1 expert-major dispatch in phases (the fan-phases mode): tokens [0, T) in
 // rounds shared evenly, block b's part of each round loaded whole into shared memory (warp w:
 // one token's row, one bulk load), then each row bulk-stored to the rows dests(t) names (it
 // writes their metadata too, while the load is in flight). With phase_grid every block meets the
@@ -222,17 +221,20 @@ inline int64_t phase_smem(const MoveCfg& m, int64_t row_bytes) {
   return std::max<int64_t>(m.plan_bytes, m.phase_base + int64_t(m.phase_rows) * row_bytes + kPhaseBarBytes);
 }
 
-// Grid-wide phases need every block resident at once: the message that refuses a launch whose
-// `grid` blocks of `kernel` are not on a GPU of `sms` SMs (empty when they are).
+// Grid-wide phases need every block resident at once: whether `grid` blocks of `kernel` are on a
+// GPU of `sms` SMs, and the kernel's blocks per SM (per_sm -1: the occupancy query failed). The
+// bindings word a refusal (csrc/bindings/refusals.h).
+struct GridFit {
+  bool fits;
+  int per_sm;
+};
 template <typename K>
-std::string phase_grid_refusal(K kernel, const MoveCfg& m, int64_t row_bytes, int grid, int sms) {
+GridFit phase_grid_fit(K kernel, const MoveCfg& m, int64_t row_bytes, int grid, int sms) {
   int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, m.warps * 32, size_t(phase_smem(m, row_bytes))) !=
       cudaSuccess)
-    return "fan_phases=grid: the occupancy query failed";
-  if (int64_t(per_sm) * sms >= grid) return "";
-  return "fan_phases=grid: the dispatch kernel's " + std::to_string(grid) + " blocks are not all resident at once (" +
-         std::to_string(per_sm) + " per SM x " + std::to_string(sms) + " SMs); lower kernel.num_sms or use fan_phases=block";
+    return GridFit{false, -1};
+  return GridFit{int64_t(per_sm) * sms >= grid, per_sm};
 }
 
 }  // namespace symmoe

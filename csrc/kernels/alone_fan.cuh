@@ -1,6 +1,6 @@
 // The world-size-1 expert-major dispatch (alone_fan_kernel): the phased fan-out
-// (common/phases.cuh, kernel.fan_phases), whole rows loaded into shared memory, then bulk-stored
-// to every slot's row.
+// (common/phases.cuh), whole rows loaded into shared memory, then bulk-stored to every slot's
+// row.
 #pragma once
 #include <cstdint>
 
