@@ -117,7 +117,8 @@ struct Ctx {
     std::memcpy(&L, layout.data(), sizeof(Layout));
     int dev = 0, sms = 0, optin = 0;
     check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "multiprocessor count");  // the check's
+    // The SM count only checks the shape (launch_geometry): every block count comes from Python.
+    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "multiprocessor count");
     check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "shared memory limit");
     shape = launch_geometry(geometry, sms);
     mover.move.plan_bytes = 0;
