@@ -79,9 +79,10 @@ def main() -> None:
     from symmoe.backends import probe
     from symmoe.backends.nccl import NcclMemory, describe
     from symmoe.bench.gpu import bench_config, provenance, run_gpu_bench, table
+    from symmoe.launch_shape import gpu_sms
 
     torch.cuda.init()
-    sms = a.num_sms or torch.cuda.get_device_properties(0).multi_processor_count
+    sms = a.num_sms or gpu_sms(torch.device("cuda", 0)).total
     report: dict[str, Any] = {
         **provenance(" ".join(["python3", *sys.argv])),
         "dirty": bool(git("status", "--porcelain", "--untracked-files=no")),

@@ -172,10 +172,7 @@ for s in "${SECTIONS[@]}"; do
       rc=${PIPESTATUS[0]}; note "ab push_vs_pull (W=4, MPS): exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     timeline)  # W=1 cached dispatch, warp by warp: launch skew, prologue, copy loop, drain
       # TIMELINE_BACKENDS, TIMELINE_LAYOUTS; TIMELINE_VARIANTS="kernel.copy_depth=3 kernel.copy_bytes=7168": each again
-      # TIMELINE_ROUTED=1: the W=1 dispatch that routes instead (its routed kernel's marks); TIMELINE_EXACT=1 with it: exact sizes
       vargs=(); for v in ${TIMELINE_VARIANTS:-}; do vargs+=(--variant "$v"); done
-      [ "${TIMELINE_ROUTED:-0}" = 1 ] && vargs+=(--routed)
-      [ "${TIMELINE_EXACT:-0}" = 1 ] && vargs+=(--exact)  # with TIMELINE_ROUTED=1: exact sizes (the host waits)
       python3 scripts/timeline_probe.py --backends "${TIMELINE_BACKENDS:-torch,nccl}" --protocols "${BENCH_PROTOCOLS:-push,pull}" \
         --layouts "${TIMELINE_LAYOUTS:-rank,expert}" "${vargs[@]}" --json "$LOG/timeline.json" 2>&1 | tee "$LOG/timeline.txt"
       rc=${PIPESTATUS[0]}; note "timeline probe exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;

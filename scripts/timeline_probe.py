@@ -6,12 +6,6 @@ the call's event time and a same-size copy's. The bench's shape (DeepSeek-V3, 40
 nvshmem's dispatch kernel has no stamps: it is not probed. The stamped kernels are a build of
 their own (kStamps, csrc/common/stamps.cuh): up to 16 warps per block let them keep their
 stamps in registers (push 80, pull 96, no spills), where the kernels of a normal call have 64.
-    --routed   the W=1 dispatch that routes instead (the routed kernels' stamped builds,
-               timeline.ROUTED_PHASES, each mark on the grid's clock too, and block by block in
-               ticket order): where its time over the cached dispatch goes (rank-major with
-               num_worst_tokens: no host wait)
-    --exact    with --routed: the exact-size dispatch instead (the host waits for the counts;
-               the last ticket's "built" mark is when it handed them over)
 """
 from __future__ import annotations
 
@@ -28,6 +22,7 @@ from symmoe.bench import timeline
 from symmoe.bench.gpu import _time, bench_config, probe_inputs
 from symmoe.bench.timing import sleep_cycles_for
 from symmoe.config import parse_key_value
+from symmoe.launch_shape import gpu_sms
 
 
 def main() -> None:
@@ -37,13 +32,8 @@ def main() -> None:
     p.add_argument("--layouts", default="rank")
     p.add_argument("--repeats", type=int, default=9)
     p.add_argument("--variant", action="append", default=[], help="k=v,k=v: every kernel again with these")
-    p.add_argument("--routed", action="store_true", help="the W=1 dispatch that routes (its routed kernel)")
-    p.add_argument("--exact", action="store_true", help="with --routed: exact sizes (the host waits for the counts)")
     p.add_argument("--json", default=None)
     a = p.parse_args()
-    if a.exact and not a.routed:
-        p.error("--exact times the routed kernel at exact sizes: it needs --routed (the cached dispatch has no "
-                "host wait to time)")
     os.environ.setdefault("TORCH_SYMM_MEM_ALLOW_OVERLAPPING_DEVICES", "1")
     from symmoe.buffer import Buffer
 
@@ -58,7 +48,7 @@ def main() -> None:
            + "".join(f" --variant {v}" for v in a.variant),
            "copy_us": copy_us, "kernels": {}}
     lines = [f"copy of the rank-major bytes (dst.copy_): {copy_us:.1f} us (event)"]
-    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    sms = gpu_sms(torch.device("cuda", 0)).total
     cases = [(b, p, lay, v) for v in ["", *a.variant] for b in a.backends.split(",") for p in a.protocols.split(",")
              for lay in a.layouts.split(",") if p in BACKENDS[b].protocols and b != "nvshmem"]
     for backend, proto, layout, variant in cases:
@@ -67,38 +57,26 @@ def main() -> None:
             pr = buf._protocol
             mod, ctx = pr.mod, pr.ctx
             _, handle = pr.dispatch(x, idx, w, layout, 1)
-            if a.routed:  # rank-major with num_worst_tokens unless --exact: no host wait in the event time
-                worst = x.shape[0] if layout == "rank" and not a.exact else 0
-                call = lambda: pr.dispatch(x, idx, w, layout, 1, worst)  # noqa: E731
-            else:
-                call = lambda: pr.dispatch_cached(x, handle)  # noqa: E731
+            call = lambda: pr.dispatch_cached(x, handle)  # noqa: E731
             for _ in range(5):
                 call()
-            stamps = torch.zeros(ctx.grid * timeline.words(mod.STAMP_WARPS), dtype=torch.int64, device="cuda")
-            ctx.set_stamps(stamps.data_ptr(), stamps.numel(), a.routed)
-            spans = timeline.ROUTED_PHASES if a.routed else timeline.PHASES
-            marks = timeline.ROUTED_MARKS if a.routed else timeline.MARKS
+            stamps = torch.zeros(pr.shape.dispatch * timeline.words(mod.STAMP_WARPS), dtype=torch.int64,
+                                 device="cuda")
+            ctx.set_stamps(stamps.data_ptr(), stamps.numel())
             runs, event = [], []
             try:
                 for _ in range(a.repeats):
                     event.append(_time(call, 0, 1, sleep, stamps.zero_)[0] * 1e6)  # stamps cleared first
-                    if a.routed and not pr.routed_in_fan_out:
-                        raise SystemExit(f"{backend}/{proto} {layout}: the dispatch did not take the routed kernel")
-                    runs.append(timeline.phases(stamps, mod.STAMP_WARPS, marks, spans))
-                    if a.routed:
-                        runs[-1]["rows"] = timeline.rows_at(stamps, mod.STAMP_WARPS, timeline.ROUTED_ROW_MARKS, marks)
+                    runs.append(timeline.phases(stamps, mod.STAMP_WARPS))
             finally:
                 ctx.set_stamps(0)
             # the run whose span is the median one, whole (its numbers belong together)
             mid = sorted(runs, key=lambda r: r["span"])[len(runs) // 2]
-            what = "dispatch with routing" if a.routed else "cached dispatch"
-            name = f"{backend}/{proto} {layout} {what}" + (f" [{variant}]" if variant else "")
+            name = f"{backend}/{proto} {layout} cached dispatch" + (f" [{variant}]" if variant else "")
             ev = statistics.median(event)
             out["kernels"][name] = {"event_us": ev, "median_run": mid,
                                     "spans_us": [r["span"] for r in runs]}
-            lines += [""] + timeline.table(name, mid, at=a.routed)
-            if a.routed:
-                lines += timeline.rows_table(mid["rows"])
+            lines += [""] + timeline.table(name, mid)
             lines.append(f"  event {ev:.1f} us; ratio to the copy {copy_us / ev:.3f}")
     print("\n".join(lines))
     if a.json:

@@ -247,7 +247,7 @@ class Buffer:
         from .protocol.low_latency import make_engine
         mem = backends.create(self.config, self.group, lay.total_bytes)
         try:
-            engine = make_engine(mem, lay, self.config.kernel.timeout_s, self.config.low_latency.num_sms)
+            engine = make_engine(mem, lay, self.config)
         except BaseException:
             mem.close()
             raise

@@ -54,8 +54,8 @@ class BufferConfig:
 
 @dataclass(frozen=True)
 class KernelConfig:
-    """How the GPU kernels run: the one place that decides SMs and launch shapes. The host
-    backend reads only `timeout_s`."""
+    """How the GPU kernels run; `symmoe/launch_shape.py` turns it and the GPU's SMs into each
+    kernel's blocks. The host backend reads only `timeout_s`."""
 
     num_sms: int = _doc(24, "SMs the kernels of a call may use (capped by what the GPU, or the rank's MPS "
                             "share, holds); the low-latency mode has its own, `low_latency.num_sms`.")

@@ -109,7 +109,7 @@ def test_a_call_s_kernels_read_as_the_time_some_kernel_ran_where_the_file_has_it
     summed."""
     docs = [_doc("base", 40.0, 34.0), _doc("change", 40.0, 34.0)]
     kernels = docs[1]["results"][0]["ranks"][0]["rank"]["kernels_us"]["dispatch"]
-    kernels.update({"repair_kernel": 27.0, ops.BUSY: 35.5})  # the repair waited 26 µs of its 27
+    kernels.update({"recv_tail_kernel": 27.0, ops.BUSY: 35.5})  # the tail waited 26 µs of its 27
     text = bench_compare.compare(docs, ["base", "change"])
     assert _line(text, "torch", "dispatch", section=1)[5:] == ["34.0", "35.5"]
 

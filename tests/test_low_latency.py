@@ -205,16 +205,10 @@ def test_the_layers_low_latency_forward_refuses_a_buffer_that_is_not_bfloat16(se
             layer.forward_low_latency(torch.randn(4, cfg.buffer.hidden), T_MAX)
 
 
-def test_the_kernels_grid_is_the_ranks_share_of_the_gpu_and_the_config_key_is_checked():
+def test_the_low_latency_config_key_is_checked():
     from symmoe.config import Config
     from symmoe.errors import ConfigError
-    from symmoe.protocol.low_latency import grid_blocks
-    assert Config().low_latency.num_sms == 0
-    assert grid_blocks(0, usable=132, gpu_sms=132, share=1) == 132  # every SM, one rank per GPU
-    assert grid_blocks(0, usable=132, gpu_sms=132, share=4) == 33  # four ranks split one GPU
-    assert grid_blocks(0, usable=66, gpu_sms=132, share=1) == 66  # an MPS share
-    assert grid_blocks(40, usable=132, gpu_sms=132, share=2) == 40
-    assert grid_blocks(132, usable=132, gpu_sms=132, share=2) == 66  # capped: receivers spin beside senders
+    assert Config().low_latency.num_sms == 0  # the rank's share of the GPU (symmoe.launch_shape.low_latency_blocks)
     assert Config().replace(**{"low_latency.num_sms": 64}).low_latency.num_sms == 64
     with pytest.raises(ConfigError, match=r"low_latency.num_sms.*must be in \[0, 1024\]"):
         Config().replace(**{"low_latency.num_sms": -1})

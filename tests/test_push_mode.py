@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from symmoe import InputError
-from symmoe.protocol.cuda import stream_blocks, stream_split
+from symmoe.launch_shape import stream_blocks, stream_split
 
 
 def test_auto_streams_with_a_gpu_per_rank_and_unpacks_under_mps():

@@ -44,6 +44,9 @@ struct LowLatency {
     for (int i = 0; i < 10; ++i) *go[i] = geo[7 + i];
     if (g.W > ll::kMaxWorld || g.K > ll::kMaxTopk || g.H % 8)
       throw std::invalid_argument("symmoe_ll: world_size, topk or hidden out of range");
+    if (num_sms < 1)  // symmoe/launch_shape.py's low_latency_blocks gives at least 1
+      throw std::invalid_argument("symmoe_ll: num_sms=" + std::to_string(num_sms) + ", the most blocks a kernel "
+                                  "launches must be >= 1 (symmoe/launch_shape.py decides it)");
     d = ll::Device{P<uint8_t>(local), P<const int64_t>(peer_bases), P<int>(state), P<ErrorWord>(err),
                    P<ErrorWord>(err_host), uint64_t(timeout_s * 1e9), nullptr};
     // Dispatch send: a block owns ceil(E / grid) experts and lists up to ce of them at a time.

@@ -7,7 +7,7 @@
 namespace symmoe {
 
 struct Layout {
-  // KERNEL_FIELDS. recv_rows: the most rows a receiver's outputs take (buffer.recv_capacity);
+  // KERNEL_FIELDS. recv_rows: the most rows a receiver's outputs take (the receive capacity);
   // pool_rows: rows of the recv region (the receive pool), never more.
   int64_t world_size, max_tokens, hidden, topk, num_experts, elem_size, recv_rows, pool_rows, num_channels,
       combine_slots;
@@ -25,7 +25,7 @@ constexpr int kLayoutArgs = 10 + 16;
 // combine_slots = max(world_size, topk) <= kMaxSlots (checked on the host, protocol/base.py's
 // MAX_SLOTS): per-token slot lists and per-rank tables in shared memory are sized by it.
 constexpr int kMaxSlots = 64;
-static_assert(sizeof(Layout) == kLayoutArgs * sizeof(int64_t), "Layout must be a flat int64 array");
+static_assert(sizeof(Layout) == kLayoutArgs * sizeof(int64_t));  // Layout is a flat int64 array
 
 // Stages named in errors; the Python side maps the code back to the name (symmoe/protocol/cuda.py).
 enum Stage : int {

@@ -16,8 +16,6 @@
 #include <cstdint>
 
 #include <algorithm>
-#include <stdexcept>
-#include <string>
 
 #include "barrier.cuh"
 #include "ptx.cuh"
@@ -26,10 +24,10 @@ namespace symmoe {
 
 constexpr int kMaxDst = 32;  // topk <= 32 (config) bounds the destinations of one row
 constexpr int kMaxDepth = 16;  // slots per warp (phase bits of one uint32)
-constexpr int kRowDepth = 4;   // kernel.copy_depth 0: slots per warp for whole rows
+constexpr int kRowDepth = 4;   // the automatic copy depth: slots per warp for whole rows
 constexpr uint32_t kSlotAlign = 128;
 constexpr int kMaxMoverWarps = 16;  // warps per block of the data kernels (as many as their slots fit)
-constexpr uint32_t kMaxSlotBytes = 16384;  // default piece of whole-row copies (kernel.copy_bytes 0)
+constexpr uint32_t kMaxSlotBytes = 16384;  // default piece of whole-row copies (copy bytes 0)
 
 struct WarpMoverSmem {
   // Per slot: the piece, its mbarrier, its destinations, its (ndst, bytes).
@@ -46,11 +44,11 @@ struct MoveCfg {
   int64_t plan_bytes;   // shared bytes before the warps' areas
   int depth;            // the mover's slots per warp (WarpMover)
   uint64_t* stamps = nullptr;  // timeline of the call (stamps.cuh): the kStamps kernels' only
-  // kernel.fan_phases (W = 1 expert-major only; 0: the mover): rows a block holds per phase
+  // The phased fan-out (W = 1 expert-major only; 0: the mover): rows a block holds per phase
   // (one per warp; warps == phase_rows), and whether all blocks meet between phases.
   int phase_rows = 0;
   bool phase_grid = false;
-  // kernel.fan_phases=steal (alone kernels, block phases): after round 0 a block takes the next
+  // The steal mode (alone kernels, block phases): after round 0 a block takes the next
   // group of phase_rows tokens from a grid counter instead of its fixed share of each round.
   bool phase_steal = false;
   int64_t phase_base = 0;  // where those rows start: the end of the plan tables the phases still read
@@ -189,15 +187,12 @@ inline uint32_t piece_bytes(int64_t rb, int64_t cap) {
 // m (slot_bytes, depth) with its warps per block: as many as fit next to `plan` bytes of
 // tables in `limit` bytes of shared memory, at most kMaxMoverWarps. depth_auto: deep slots
 // give way to 2 where they would leave one warp a block (one warp costs more than depth wins).
+// warps 0: not one slot fits (the bindings refuse it: csrc/bindings/refusals.h).
 inline MoveCfg fit_mover(MoveCfg m, int64_t plan, int64_t limit, bool depth_auto) {
   m.plan_bytes = (plan + kSlotAlign - 1) / kSlotAlign * kSlotAlign;
   auto fits = [&] { return (limit - m.plan_bytes) / int64_t(WarpMoverSmem::per_warp_bytes(m.slot_bytes, m.depth)); };
   if (depth_auto && m.depth > 2 && fits() < 2) m.depth = 2;
-  const int64_t fit = fits();
-  if (fit < 1)
-    throw std::invalid_argument("shared memory: plan tables of " + std::to_string(plan) +
-                                " bytes leave no room for a bulk-copy slot (fewer experts per rank needed)");
-  m.warps = int(std::min<int64_t>(kMaxMoverWarps, fit));
+  m.warps = int(std::max<int64_t>(0, std::min<int64_t>(kMaxMoverWarps, fits())));
   return m;
 }
 

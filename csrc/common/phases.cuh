@@ -1,4 +1,4 @@
-// The phased fan-out (kernel.fan_phases) of a world-size-1 expert-major dispatch: whole rows
+// The phased fan-out (the fan-phases mode) of a world-size-1 expert-major dispatch: whole rows
 // loaded into shared memory, then bulk-stored to every destination row, block by block or with
 // the whole grid meeting between phases. Shared by the CUDA protocols' pull and push kernels
 // and kernels/alone.cuh's alone_fan_kernel (nvshmem alone), with the host's geometry for them.
@@ -7,7 +7,6 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
-#include <string>
 
 #include "barrier.cuh"
 #include "mover.cuh"
@@ -79,10 +78,9 @@ __device__ __forceinline__ void phase_load(uint8_t* tile, const uint8_t* row, in
 // fan_in_phases' mbarriers and its round 0's loads, issued ahead: a kernel that follows its own
 // routing grid calls this before it waits for that grid (x was final before the routing kernel
 // started), then fan_in_phases<.., true> with the same T waits for those loads. The rows must
-// not lie over a table the caller still builds (mc.phase_base past them), except the rows of
-// warps >= `upto`: those load in fan_begin_rest, once the caller is done there. Whole block.
+// not lie over a table the caller still builds (mc.phase_base past them). Whole block.
 __device__ __forceinline__ void fan_begin(const uint8_t* x, int64_t T, int64_t rb, const MoveCfg& mc, uint8_t* smem_raw,
-                                          int warp, int lane, int upto = kMaxMoverWarps) {
+                                          int warp, int lane) {
   uint8_t* tile = smem_raw + mc.phase_base + int64_t(warp) * rb;
   uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + mc.phase_base + int64_t(mc.phase_rows) * rb) + warp;
   if (lane == 0) {
@@ -91,23 +89,9 @@ __device__ __forceinline__ void fan_begin(const uint8_t* x, int64_t T, int64_t r
     mbar_init_fence();
     int64_t b0, b1;
     phase_round0(T, mc, b0, b1);
-    if (warp < upto && b0 + warp < b1) phase_load(tile, x + (b0 + warp) * rb, rb, bar);
+    if (b0 + warp < b1) phase_load(tile, x + (b0 + warp) * rb, rb, bar);
   }
   __syncwarp();
-}
-
-// The round 0 loads fan_begin left to warps >= `from`, once the block's generic accesses to
-// their rows are over. Whole block.
-__device__ __forceinline__ void fan_begin_rest(const uint8_t* x, int64_t T, int64_t rb, const MoveCfg& mc,
-                                               uint8_t* smem_raw, int warp, int lane, int from) {
-  __syncthreads();
-  if (warp < from || lane != 0) return;
-  int64_t b0, b1;
-  phase_round0(T, mc, b0, b1);
-  if (b0 + warp >= b1) return;
-  uint64_t* bar = reinterpret_cast<uint64_t*>(smem_raw + mc.phase_base + int64_t(mc.phase_rows) * rb) + warp;
-  fence_proxy_async_shared();  // the tables' generic writes before the bulk load's
-  phase_load(smem_raw + mc.phase_base + int64_t(warp) * rb, x + (b0 + warp) * rb, rb, bar);
 }
 
 // After fan_begin, a block that leaves without fan_in_phases waits for its round 0's loads first
@@ -122,7 +106,7 @@ __device__ __forceinline__ void fan_abandon(int64_t T, const MoveCfg& mc, uint8_
   __syncthreads();
 }
 
-// The world-size-1 expert-major dispatch in phases (kernel.fan_phases): tokens [0, T) in
+// The world-size-1 expert-major dispatch in phases (the fan-phases mode): tokens [0, T) in
 // rounds shared evenly, block b's part of each round loaded whole into shared memory (warp w:
 // one token's row, one bulk load), then each row bulk-stored to the rows dests(t) names (it
 // writes their metadata too, while the load is in flight). With phase_grid every block meets the
@@ -237,19 +221,20 @@ inline int64_t phase_smem(const MoveCfg& m, int64_t row_bytes) {
   return std::max<int64_t>(m.plan_bytes, m.phase_base + int64_t(m.phase_rows) * row_bytes + kPhaseBarBytes);
 }
 
-// Grid-wide phases need every block resident at once: the message that refuses a launch whose
-// `grid` blocks of `kernel` are not (empty when they are).
+// Grid-wide phases need every block resident at once: whether `grid` blocks of `kernel` are on a
+// GPU of `sms` SMs, and the kernel's blocks per SM (per_sm -1: the occupancy query failed). The
+// bindings word a refusal (csrc/bindings/refusals.h).
+struct GridFit {
+  bool fits;
+  int per_sm;
+};
 template <typename K>
-std::string phase_grid_refusal(K kernel, const MoveCfg& m, int64_t row_bytes, int grid) {
-  int per_sm = 0, dev = 0, sms = 0;
+GridFit phase_grid_fit(K kernel, const MoveCfg& m, int64_t row_bytes, int grid, int sms) {
+  int per_sm = 0;
   if (cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, m.warps * 32, size_t(phase_smem(m, row_bytes))) !=
-          cudaSuccess ||
-      cudaGetDevice(&dev) != cudaSuccess ||
-      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) != cudaSuccess)
-    return "fan_phases=grid: the occupancy query failed";
-  if (int64_t(per_sm) * sms >= grid) return "";
-  return "fan_phases=grid: the dispatch kernel's " + std::to_string(grid) + " blocks are not all resident at once (" +
-         std::to_string(per_sm) + " per SM x " + std::to_string(sms) + " SMs); lower kernel.num_sms or use fan_phases=block";
+      cudaSuccess)
+    return GridFit{false, -1};
+  return GridFit{int64_t(per_sm) * sms >= grid, per_sm};
 }
 
 }  // namespace symmoe

@@ -139,16 +139,6 @@ __device__ __forceinline__ void start_following_grid() { asm volatile("griddepco
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
-// As named_barrier, and true where every thread's p is.
-__device__ __forceinline__ bool named_barrier_and(int id, int threads, bool p) {
-  uint32_t r;
-  asm volatile(
-      "{\n .reg .pred q, a;\n setp.ne.u32 q, %1, 0;\n bar.red.and.pred a, %2, %3, q;\n selp.u32 %0, 1, 0, a;\n}\n"
-      : "=r"(r)
-      : "r"(uint32_t(p)), "r"(id), "r"(threads)
-      : "memory");
-  return r != 0;
-}
 
 __device__ __forceinline__ uint32_t lanemask_lt() {
   uint32_t m;

@@ -17,7 +17,6 @@
 #include <cstdint>
 
 #include "ptx.cuh"
-#include "team.cuh"
 
 namespace symmoe {
 
@@ -45,9 +44,6 @@ struct RoutingArgs {
   // writing it here saves a copy launch (nullptr: no copy).
   uint8_t* mirror = nullptr;
   const uint8_t* pub_base = nullptr;
-  // Chunks the tokens are split into: 0, one a block of the grid; else fewer than its blocks
-  // (the W=1 expert-major kernel that routes its own dispatch: alone.cuh).
-  int chunks = 0;
 
   template <typename T>
   __device__ __forceinline__ void publish(T* at, T v) const {
@@ -56,9 +52,9 @@ struct RoutingArgs {
   }
 
   __device__ __forceinline__ int columns() const { return W + E; }
-  // Block b's tokens [first, last): contiguous chunks, the same split in both passes.
+  // Block b's tokens [first, last): contiguous chunks, one a block, the same split in both passes.
   __device__ __forceinline__ int chunk_begin(int b) const {
-    const int n = chunks ? chunks : int(gridDim.x);
+    const int n = int(gridDim.x);
     const int per = (T + n - 1) / n;
     return min(T, b * per);
   }
@@ -134,14 +130,14 @@ __device__ __forceinline__ void pair_columns(const RoutingArgs<Idx>& a, int64_t 
   }
 }
 
-// Clears is_token_in_rank for chunk b's tokens (a.in_rank nullptr: none), whole team; the
+// Clears is_token_in_rank for chunk b's tokens (a.in_rank nullptr: none), whole block; the
 // first look at the pairs then marks the (token, rank) hits, after a barrier. A token's first
 // slot owned by a rank is a hit, so the marks are exactly the pairs' rank columns.
-template <typename Idx, class Team = WholeBlock>
-__device__ __forceinline__ void in_rank_clear(const RoutingArgs<Idx>& a, int b, Team team = {}) {
+template <typename Idx>
+__device__ __forceinline__ void in_rank_clear(const RoutingArgs<Idx>& a, int b) {
   if (a.in_rank == nullptr) return;
   const int64_t t0 = a.chunk_begin(b), t1 = a.chunk_begin(b + 1);
-  for (int64_t i = t0 * a.W + team.tid(); i < t1 * a.W; i += team.size()) a.in_rank[i] = false;
+  for (int64_t i = t0 * a.W + int(threadIdx.x); i < t1 * a.W; i += int(blockDim.x)) a.in_rank[i] = false;
 }
 
 // Pass 1, whole warp: the pairs [start, start + 32) ∩ [.., p1), one per lane, numbered among
@@ -176,33 +172,24 @@ __device__ __forceinline__ void place_final(const RoutingArgs<Idx>& a, const int
   if (q.cr >= 0) a.publish(a.pos + row + q.cr, base[q.cr] + hw[q.cr] + q.lr);
 }
 
-// The points of a chunk's routing a caller may hook (the routed kernel's timeline stamps there):
-// every warp's pairs numbered (walked), the warps' counts scanned into the chunk's totals and
-// sums (scanned), the chunk's counted mark published (counted).
-enum class RouteStep : int { kWalked, kScanned, kCounted };
-struct NoStep {
-  __device__ void operator()(RouteStep) const {}
-};
-
-// Positions of chunk b's pairs, whole team (the block, or the warps of a WarpTeam); hist: [the
-// team's warps][C] scratch (shared, or global when C is large). Pass 1 numbers each warp's pairs;
-// then each column's per-warp counts become the warps' starts inside the chunk and its chunk
-// total goes to `total` (nullptr: not kept); `between()` (whole team) then leaves in base[C] the
-// pairs of each column in the chunks before b, or returns false (a wait failed: no position is
-// written); pass 2 publishes the positions. The first kKeep steps of a warp stay in registers (at
-// 128 tokens a chunk, top-8, 32 warps: one step); later ones park their ranks in `pos`.
+// Positions of chunk b's pairs, whole block; hist: [the block's warps][C] scratch (shared, or
+// global when C is large). Pass 1 numbers each warp's pairs; then each column's per-warp counts
+// become the warps' starts inside the chunk and its chunk total goes to `total` (nullptr: not
+// kept); `between()` (whole block) then leaves in base[C] the pairs of each column in the chunks
+// before b, or returns false (a wait failed: no position is written); pass 2 publishes the
+// positions. The first kKeep steps of a warp stay in registers (at 128 tokens a chunk, top-8,
+// 32 warps: one step); later ones park their ranks in `pos`.
 // kCount: this is the routing's only look at the ids (route_kernel): it also publishes them,
-// checks them and writes is_token_in_rank. sums (nullptr: none): the chunk total is also added
-// there, before `between()`. on_step: each thread at RouteStep::kWalked and kScanned.
-template <bool kCount, typename Idx, typename Between, class OnStep = NoStep, class Team = WholeBlock>
+// checks them and writes is_token_in_rank.
+template <bool kCount, typename Idx, typename Between>
 __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int32_t* hist, int32_t* total, int b,
-                            Between&& between, int32_t* sums = nullptr, OnStep on_step = {}, Team team = {}) {
+                            Between&& between) {
   constexpr int kKeep = 2;
-  const int tid = team.tid(), lane = tid & 31, warp = tid >> 5, nw = team.size() >> 5;
+  const int tid = int(threadIdx.x), nt = int(blockDim.x), lane = tid & 31, warp = tid >> 5, nw = nt >> 5;
   const int C = a.columns(), PC = a.W + a.K;
-  for (int i = tid; i < nw * C; i += team.size()) hist[i] = 0;
-  if (kCount) in_rank_clear(a, b, team);
-  team.sync();
+  for (int i = tid; i < nw * C; i += nt) hist[i] = 0;
+  if (kCount) in_rank_clear(a, b);
+  __syncthreads();
   int64_t p0, p1;
   warp_pairs(a, b, warp, nw, p0, p1);
   int32_t* h = hist + int64_t(warp) * C;
@@ -215,9 +202,8 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
     if (q.ce >= 0) a.pos[int64_t(q.t) * PC + a.W + q.k] = q.le;
     if (q.cr >= 0) a.pos[int64_t(q.t) * PC + q.cr] = q.lr;
   }
-  on_step(RouteStep::kWalked);
-  team.sync();
-  for (int c = tid; c < C; c += team.size()) {
+  __syncthreads();
+  for (int c = tid; c < C; c += nt) {
     int32_t run = 0;
     for (int w = 0; w < nw; ++w) {
       const int32_t v = hist[int64_t(w) * C + c];
@@ -225,12 +211,10 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
       run += v;
     }
     if (total) total[c] = run;
-    if (sums && run) atomicAdd(sums + c, run);
   }
-  team.sync();
-  on_step(RouteStep::kScanned);
+  __syncthreads();
   if (!between()) return;  // a wait failed: the host raises; no position is written
-  team.sync();
+  __syncthreads();
 #pragma unroll
   for (int s = 0; s < kKeep; ++s)
     if (p0 + 32 * s < p1) place_final(a, base, h, kept[s]);
@@ -241,7 +225,7 @@ __device__ void route_chunk(const RoutingArgs<Idx>& a, const int32_t* base, int3
     if (q.cr >= 0) q.lr = a.pos[int64_t(q.t) * PC + q.cr];
     place_final(a, base, h, q);
   }
-  team.sync();
+  __syncthreads();
 }
 
 // The count pass alone (get_dispatch_layout), whole

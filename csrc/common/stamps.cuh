@@ -20,8 +20,6 @@ enum StampMark : int {
   kStampFirstPush,  // ... and its first bulk load issued
   kStampLoopEnd,
   kStampFlushed,    // the warp's stores complete
-  kStampWalked,     // the routed kernel's routing chunk: its pairs numbered (route_chunk's first walk)
-  kStampScanned,    // ... and its counts scanned and added to the sums (before the counted mark)
   kStampMarks
 };
 constexpr int kStampWarps = 16;  // warps per block a timeline holds room for (kMaxMoverWarps)
@@ -46,14 +44,6 @@ __device__ __forceinline__ void stamp(uint64_t* s, int mark) {
   if constexpr (!kOn) return;
   if ((threadIdx.x & 31) != 0) return;
   stamp_at(s, blockIdx.x, mark, StampTime::now());
-}
-
-// A kernel whose blocks take tickets keeps its rows in ticket order: the stamps of block
-// blockIdx.x land in row `row` once every later stamp goes through the returned base.
-__device__ __forceinline__ uint64_t* stamp_rows_as(uint64_t* s, int64_t row) {
-  // integer arithmetic: the moved base may lie before s (only ever offset back into it)
-  const int64_t shift = (row - int64_t(blockIdx.x)) * kStampWarps * kStampMarks * 2 * int64_t(sizeof(uint64_t));
-  return reinterpret_cast<uint64_t*>(reinterpret_cast<uintptr_t>(s) + uintptr_t(shift));
 }
 
 }  // namespace symmoe

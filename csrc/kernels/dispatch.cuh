@@ -32,7 +32,7 @@
 
 namespace symmoe {
 
-static_assert(kStampWarps >= kMaxMoverWarps, "a timeline holds every warp of a data kernel");
+static_assert(kStampWarps >= kMaxMoverWarps);  // a timeline holds every warp of a data kernel
 
 // The closing barrier of a data kernel: its last block waits for every rank. Alone there is
 // no one to wait for, and the ticket and system fences would only lengthen the kernel's tail

@@ -1,4 +1,4 @@
-// Push with peers, streamed (kernel.push_mode "stream"; DeepEP V1's normal-mode shape on any
+// Push with peers, streamed (the stream push mode; DeepEP V1's normal-mode shape on any
 // transport): one kernel of C sender blocks (the channels) and R <= C receiver blocks.
 //
 //   sender c    tokens [chan_begin(T, c, C), chan_begin(T, c + 1, C)) of this rank, in
@@ -13,10 +13,10 @@
 //               unpack_kernel): the fan-out of expert-major rows and the copy out of the pool
 //               overlap the link instead of following it.
 //
-// The host sizes C + R from kernel.num_sms so that the grids of ranks sharing a GPU fit at
-// once (receivers wait inside the kernel for peers' senders), R half of them unless
-// kernel.stream_receivers says (symmoe/protocol/cuda.py: stream_blocks, stream_split). Waits are
-// bounded: a peer whose rows stop coming is reported as stage "dispatch.data".
+// The host sizes C + R so that the grids of ranks sharing a GPU fit at once (receivers wait
+// inside the kernel for peers' senders), R half of them unless configured otherwise
+// (symmoe/launch_shape.py: stream_blocks, stream_split). Waits are bounded: a peer whose rows
+// stop coming is reported as stage "dispatch.data".
 #pragma once
 #include <cstdint>
 

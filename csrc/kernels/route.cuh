@@ -4,7 +4,6 @@
 // counts to the host. Each protocol's kernel publishes the counts row in its own way.
 #pragma once
 #include <cstdint>
-#include <type_traits>
 
 #include "../common/barrier.cuh"
 #include "../common/layout.cuh"
@@ -51,15 +50,6 @@ struct RouteScratch {  // global scratch of the routing kernels (sized by the ho
   // [blocks] the epoch once chunk i's positions are published (zeroed once; nullptr: no marks):
   // a data kernel alone may start on them instead of on the routing grid's end.
   int64_t* placed = nullptr;
-  // [C] the column totals as each chunk adds its counts, and `summed` the chunks that have (all
-  // three zero at launch; nullptr: not kept): complete as soon as every chunk is counted, where
-  // `totals` waits for the last chunk's sums over the others. Their readers count themselves in
-  // sums_readers, and the last zeroes all three (AloneArgs::Routed).
-  int32_t* sums = nullptr;
-  unsigned int *summed = nullptr, *sums_readers = nullptr;
-  // The epoch once the routed kernels' end wrote this rank's counts row (nullptr: not kept): the
-  // W=1 rank-major repair starts on it instead of on that kernel's grid end (alone.cuh).
-  int64_t* ended = nullptr;
 };
 
 // The exchanged counts matrix m ([W][1 + W + E], W <= kMaxSlots) into host-mapped memory
@@ -143,49 +133,6 @@ __device__ __forceinline__ void chunk_base(const RouteScratch& sc, int C, int32_
   __syncthreads();
 }
 
-// Whole team: out[c] = sum of part[i * Cp + c] over chunks i < n, for c < Cp (Cp % 4 == 0,
-// part 16-byte aligned). Each thread keeps one group of 4 columns and every L-th chunk in
-// registers (L: the threads a group gets), 16 vector loads in flight (the sums wait behind the data
-// kernel's loads: one round of them, not two, at 64 chunks): at 128 chunks of 257 columns
-// chunk_base's scalar loads and shared atomics would take several L2 round trips more.
-template <class Team = WholeBlock>
-__device__ __forceinline__ void chunk_sum_vec(const int32_t* part, int Cp, int n, int32_t* out, Team team = {}) {
-  const int G = Cp / 4, L = max(1, team.size() / G);
-  for (int c = team.tid(); c < Cp; c += team.size()) out[c] = 0;
-  team.sync();
-  constexpr int kLoads = 16;
-  for (int i = team.tid(); i < G * L; i += team.size()) {
-    const int g = i % G, j = i / G;
-    int4 s = make_int4(0, 0, 0, 0);
-    for (int k0 = j; k0 < n; k0 += kLoads * L) {
-      int4 v[kLoads];
-#pragma unroll
-      for (int u = 0; u < kLoads; ++u)
-        v[u] = k0 + u * L < n ? __ldcg(reinterpret_cast<const int4*>(part + int64_t(k0 + u * L) * Cp) + g)
-                              : make_int4(0, 0, 0, 0);
-#pragma unroll
-      for (int u = 0; u < kLoads; ++u) {
-        s.x += v[u].x;
-        s.y += v[u].y;
-        s.z += v[u].z;
-        s.w += v[u].w;
-      }
-    }
-    if (L == 1) {
-      out[4 * g] = s.x;
-      out[4 * g + 1] = s.y;
-      out[4 * g + 2] = s.z;
-      out[4 * g + 3] = s.w;
-    } else {
-      atomicAdd(out + 4 * g, s.x);
-      atomicAdd(out + 4 * g + 1, s.y);
-      atomicAdd(out + 4 * g + 2, s.z);
-      atomicAdd(out + 4 * g + 3, s.w);
-    }
-  }
-  team.sync();
-}
-
 // Column c's total over every chunk into the layout's per-rank / per-expert counts where
 // asked for (nullptr: not).
 __device__ __forceinline__ void keep_total(int W, int c, int32_t sum, int32_t* per_rank, int32_t* per_expert) {
@@ -217,46 +164,35 @@ __global__ void __launch_bounds__(kRouteMaxThreads) route_count_kernel(RoutingAr
   for (int c = threadIdx.x; c < C; c += blockDim.x) keep_total(a.W, c, sc.totals[c], out_per_rank, out_per_expert);
 }
 
-// Chunk b of a dispatch's routing, whole team (the block, or a WarpTeam of it; the caller
-// checked its error word): its pairs numbered inside the chunk (route_chunk's first walk, which
-// also publishes and checks the ids), its counts marked ready (sc.counted), then, once every
-// earlier chunk's are, its positions published after theirs and the chunk marked placed
-// (sc.placed, where kept). The chunks' counts lie `stride` int32 apart in sc.part; kVec: stride %
-// 4 == 0 and their sums are vector loads (chunk_sum_vec), else chunk_base's (whole block only).
-// tables: base [stride], then the team's warps' [warps][C]. The block of the last chunk also
-// leaves the column totals in sc.totals (each chunk adds its own to sc.sums, where kept, before
-// its counted mark). on_step: each thread at route_chunk's steps and right after the counted mark
-// (the routed kernel's timeline stamps there). False: a wait expired (recorded in the ErrorWord);
-// no position was written.
-template <bool kVec, typename Idx, class OnStep = NoStep, class Team = WholeBlock>
-__device__ bool route_chunk_marked(const RoutingArgs<Idx>& a, const RouteScratch& sc, int b, int stride,
-                                   int32_t* tables, int64_t epoch, uint64_t timeout_ns, ErrorWord* err,
-                                   ErrorWord* err_host, OnStep on_step = {}, Team team = {}) {
-  static_assert(kVec || std::is_same_v<Team, WholeBlock>, "chunk_base sums for the whole block only");
-  const int C = a.columns(), last = (a.chunks ? a.chunks : int(gridDim.x)) - 1, tid = team.tid();
-  int32_t* part = sc.part + int64_t(b) * stride;
+// Chunk b of a dispatch's routing, whole block (the caller checked its error word): its pairs
+// numbered inside the chunk (route_chunk's first walk, which also publishes and checks the ids),
+// its counts marked ready (sc.counted), then, once every earlier chunk's are, its positions
+// published after theirs (chunk_base sums the earlier chunks' counts, C int32 a chunk in
+// sc.part) and the chunk marked placed (sc.placed, where kept). tables: base [C], then the
+// block's warps' [warps][C]. The block of the last chunk also leaves the column totals in
+// sc.totals. False: a wait expired (recorded in the ErrorWord); no position was written.
+template <typename Idx>
+__device__ bool route_chunk_marked(const RoutingArgs<Idx>& a, const RouteScratch& sc, int b, int32_t* tables,
+                                   int64_t epoch, uint64_t timeout_ns, ErrorWord* err, ErrorWord* err_host) {
+  const int C = a.columns(), last = int(gridDim.x) - 1, tid = int(threadIdx.x), nt = int(blockDim.x);
+  int32_t* part = sc.part + int64_t(b) * C;
   bool placing = false;
-  route_chunk<true>(a, tables, tables + stride, part, b, [&] {
+  route_chunk<true>(a, tables, tables + C, part, b, [&] {
     if (tid == 0) {
-      __threadfence();  // cumulative: the team's counts in `part` (and sc.sums) before the marks
+      __threadfence();  // cumulative: the block's counts in `part` before the marks
       st_release_gpu(sc.counted + b, epoch);
-      if (sc.summed != nullptr) atomicAdd(sc.summed, 1u);
     }
-    on_step(RouteStep::kCounted);
     // Chunks before b belong to blocks that took their tickets first: each is running.
     bool ok = true;
-    for (int i = tid; i < b && ok; i += team.size())
+    for (int i = tid; i < b && ok; i += nt)
       ok = wait_at_least_gpu(sc.counted + i, epoch, timeout_ns, err, err_host, kStageRouteChunk, i, epoch);
-    if (!team.all(ok)) return false;
-    if constexpr (kVec)
-      chunk_sum_vec(sc.part, stride, b, tables, team);
-    else
-      chunk_base(sc, C, tables, b);
+    if (!__syncthreads_and(ok)) return false;
+    chunk_base(sc, C, tables, b);
     if (b == last)
-      for (int c = tid; c < C; c += team.size()) sc.totals[c] = tables[c] + part[c];
+      for (int c = tid; c < C; c += nt) sc.totals[c] = tables[c] + part[c];
     placing = true;
     return true;
-  }, sc.sums, on_step, team);
+  });
   // route_chunk's last barrier ordered every thread's positions before this fence.
   if (placing && sc.placed != nullptr && tid == 0) {
     __threadfence();
@@ -277,7 +213,7 @@ __device__ int route_ticketed(const RoutingArgs<Idx>& a, const RouteScratch& sc,
   __syncthreads();
   const int b = chunk, C = a.columns();
   int32_t* tables = sc.big ? sc.big + int64_t(b) * (kRouteWarps + 1) * C : reinterpret_cast<int32_t*>(dyn_smem());
-  route_chunk_marked<false>(a, sc, b, C, tables, epoch, timeout_ns, err, err_host);
+  route_chunk_marked(a, sc, b, tables, epoch, timeout_ns, err, err_host);
   return b;
 }
 

@@ -48,7 +48,7 @@
 #include "notify.cuh"
 #include "../common/follow_launch.h"
 #include "../bindings/host_wait.h"
-#include "../kernels/tail.cuh"
+#include "../bindings/tail_launch.cuh"
 
 namespace py = pybind11;
 
@@ -98,20 +98,23 @@ ErrorWord* error_mirror() {
 // After the host raised a recorded failure (it clears its copy too).
 void reset_error() { cuda_check(cudaMemset(error_mirror(), 0, sizeof(ErrorWord)), "cudaMemset(g_err)"); }
 
-// Routing scratch, zeroed once by the caller: each chunk's counted epoch [max_blocks] (int64),
-// the plan's ticket (8 bytes), then part [max_blocks][C] and totals [C] (int32); and the
-// routing grid.
-int route_max_blocks() {
-  int dev = 0, sms = 0;
-  cuda_check(cudaGetDevice(&dev), "cudaGetDevice");
-  cuda_check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-  return sms;
+// A block count from the launch shape (symmoe/launch_shape.py's nvshmem_shape), refused unless >= 1.
+int shape_blocks(const char* what, int64_t blocks) {
+  if (blocks < 1 || blocks > (int64_t(1) << 31) - 1) {
+    std::ostringstream os;
+    os << what << ": " << blocks << " blocks; the launch shape (symmoe/launch_shape.py) gives at least 1";
+    throw std::invalid_argument(os.str());
+  }
+  return int(blocks);
 }
 
-int64_t route_scratch_ints(const std::vector<int64_t>& lay) {
+// Routing scratch, zeroed once by the caller: each chunk's counted epoch [route_blocks] (int64),
+// the plan's ticket (8 bytes), then part [route_blocks][C] and totals [C] (int32), for a routing
+// grid of at most `route_blocks` blocks (LaunchShape.route).
+int64_t route_scratch_ints(const std::vector<int64_t>& lay, int64_t route_blocks) {
   Layout l = layout_from(lay);
-  const int64_t C = l.world_size + l.num_experts;
-  return 2 * int64_t(route_max_blocks()) + 2 + int64_t(route_max_blocks()) * C + C;
+  const int64_t C = l.world_size + l.num_experts, MB = shape_blocks("route_scratch_ints", route_blocks);
+  return 2 * MB + 2 + MB * C + C;
 }
 
 // Dynamic shared memory the routing kernels may ask for: the opt-in limit less 1 KiB for their
@@ -147,11 +150,11 @@ void allow_smem() {
 // (summary: route.cuh's CountsSummary for the host, written with the groups padded to `alignment`)
 template <typename Idx>
 void route(const Layout& l, int64_t base, int me, int64_t T, bool plan, int64_t epoch,
-           uint64_t timeout_ns, const std::vector<int64_t>& p, int alignment, cudaStream_t st) {
+           uint64_t timeout_ns, const std::vector<int64_t>& p, int alignment, int route_blocks, cudaStream_t st) {
   allow_smem();
   const int C = static_cast<int>(l.world_size + l.num_experts);
-  const int B = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(route_max_blocks(), (T + 127) / 128)));
-  const int64_t MB = route_max_blocks();
+  const int B = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(route_blocks, (T + 127) / 128)));
+  const int64_t MB = route_blocks;
   int32_t* scratch = ptr<int32_t>(p[2]);
   int32_t* part = scratch + 2 * MB + 2;
   RouteScratch sc{part, part + MB * C, nullptr, nullptr, nullptr, nullptr, CountsSummary{},
@@ -175,14 +178,17 @@ void route(const Layout& l, int64_t base, int me, int64_t T, bool plan, int64_t 
   cuda_check(cudaGetLastError(), "plan_kernel launch");
 }
 
+// route_blocks: LaunchShape.route, as route_scratch_ints was given for this scratch.
 void launch_route(int64_t base, const std::vector<int64_t>& lay, int me, bool idx64, int64_t T, bool plan,
-                  int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int64_t stream, int alignment) {
+                  int64_t epoch, uint64_t timeout_ns, const std::vector<int64_t>& p, int64_t stream, int alignment,
+                  int64_t route_blocks) {
   if (p.size() != 18) throw std::runtime_error("route: expected 18 pointers");
   if (alignment < 1) throw std::runtime_error("route: alignment must be >= 1, got " + std::to_string(alignment));
+  const int MB = shape_blocks("route", route_blocks);
   Layout l = layout_from(lay);
   auto st = ptr<CUstream_st>(stream);
-  if (idx64) route<int64_t>(l, base, me, T, plan, epoch, timeout_ns, p, alignment, st);
-  else route<int32_t>(l, base, me, T, plan, epoch, timeout_ns, p, alignment, st);
+  if (idx64) route<int64_t>(l, base, me, T, plan, epoch, timeout_ns, p, alignment, MB, st);
+  else route<int32_t>(l, base, me, T, plan, epoch, timeout_ns, p, alignment, MB, st);
 }
 
 void launch_barrier(int64_t base, const std::vector<int64_t>& lay, int me, int64_t epoch, uint64_t timeout_ns,
@@ -237,8 +243,9 @@ void launch_dispatch(int64_t base, const std::vector<int64_t>& lay, int me, int 
 }
 
 // ptrs: y, rw, src_rank, src_tok, src_slot, selfmap, in_rank, topk_idx, topk_w, out_x, out_w, err
+// reduce_sms: LaunchShape.reduce, the SMs the reduction spreads over (kReduceBlocksPerSm blocks each).
 void launch_combine(int64_t base, const std::vector<int64_t>& lay, int me, int channels, int expert_major,
-                    int direct, int num_tokens, int64_t rows, int elem_kind, int reduce_blocks, int64_t epoch, uint64_t timeout_ns,
+                    int direct, int num_tokens, int64_t rows, int elem_kind, int reduce_sms, int64_t epoch, uint64_t timeout_ns,
                     const std::vector<int64_t>& p, int64_t stream) {
   if (p.size() != 12) throw std::runtime_error("combine: expected 12 pointers");
   CombineArgs a{};
@@ -268,7 +275,7 @@ void launch_combine(int64_t base, const std::vector<int64_t>& lay, int me, int c
     combine_send_kernel<<<a.C, kThreads, 0, s>>>(a);
     cuda_check(cudaGetLastError(), "combine_send_kernel launch");
   }
-  const int blocks = std::max(1, std::min(num_tokens, reduce_blocks));
+  const int blocks = std::max(1, std::min(num_tokens, kReduceBlocksPerSm * shape_blocks("combine", reduce_sms)));
   float* out_w = ptr<float>(p[10]);
   switch (elem_kind) {
     case 0: combine_reduce_kernel<<<blocks, kReduceThreads, 0, s>>>(cs, ptr<__nv_bfloat16>(p[9]), out_w); break;
@@ -287,10 +294,9 @@ __global__ void pe_kernel(int* out) {
 // num_worst_tokens, after the dispatch kernel: kernels/tail.cuh's tail (the outputs past the
 // received rows, the per-expert counts, the DeferredError), as on the CUDA protocols.
 // ptrs: counts, out_x, out_idx, out_w, out_rank, out_tok, out_slot, per_expert, deferred
-// counts_late: the data kernel wrote the counts itself (symmoe_cuda's alone_routed), so they are
-// final only at its end.
+// tail_blocks: LaunchShape.tail, the most blocks of the tail kernel.
 void launch_tail(const std::vector<int64_t>& lay, int me, int expert_major, int alignment, int64_t worst,
-                 int64_t epoch, const std::vector<int64_t>& p, bool counts_late, int64_t stream) {
+                 int64_t epoch, const std::vector<int64_t>& p, int64_t tail_blocks, int64_t stream) {
   if (p.size() != 9) throw std::runtime_error("tail: expected 9 pointers");
   Layout l = layout_from(lay);
   const std::string e = launch_recv_tail(
@@ -298,8 +304,7 @@ void launch_tail(const std::vector<int64_t>& lay, int me, int expert_major, int 
       TailOutputs{ptr<uint8_t>(p[1]), ptr<int64_t>(p[2]), ptr<float>(p[3]), ptr<int32_t>(p[4]), ptr<int32_t>(p[5]),
                   ptr<int32_t>(p[6])},
       worst, expert_major != 0, alignment, me, ptr<int32_t>(p[7]), ptr<DeferredError>(p[8]), epoch,
-      counts_late,
-      route_max_blocks(), route_smem_limit(), ptr<CUstream_st>(stream));
+      /*counts_late=*/false, shape_blocks("tail", tail_blocks), route_smem_limit(), ptr<CUstream_st>(stream));
   if (!e.empty()) throw std::runtime_error(e);
 }
 

@@ -58,6 +58,7 @@ import torch
 from .. import launch
 from ..backends import BACKENDS
 from ..config import Config, from_dict, parse_key_value
+from ..launch_shape import gpu_sms
 from ..layout import MAX_CHANNELS
 from .ops import BASE_OP, BUSY, LABEL, kernels_total, ops_of, union_length
 from .timing import sleep_cycles_for
@@ -494,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     placements = {"no": [False], "yes": [True], "both": [False, True]}[a.x_in_buffer]
     sets = dict(a.set)
-    sms = a.num_sms or torch.cuda.get_device_properties(0).multi_processor_count
+    sms = a.num_sms or gpu_sms(torch.device("cuda", 0)).total
     results = []
     for backend in a.backends.split(","):
         for proto in a.protocols.split(","):

@@ -48,7 +48,6 @@ from .ops import BASE_OP, BASE_OPS, BUSY, LABEL, OPS, kernels_total, ops_of
 TARGET_RATIO = 0.80  # goal: every backend at least 80 % of the NVLink all-to-all ceiling
 TARGET_SPEEDUP = 1.5  # goal: the best backend at least 1.5x the all_to_all_single baseline
 # Kernels that compute the routing and move no row: their names, past any namespace, start so.
-# A data kernel that also routes (alone_fan_routed_kernel) is a data kernel: its parts have no times.
 ROUTING = ("route_", "plan_")
 SCHEMA = "symmoe.targets/1"
 

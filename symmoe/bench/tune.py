@@ -28,6 +28,7 @@ import torch
 from .. import launch
 from ..config import Config, from_dict, load, parse_world_size
 from ..errors import ConfigError, SymmoeError
+from ..launch_shape import gpu_sms
 from . import deepep
 
 # Each knob's values, in the order they are tried. Only knobs a backend uses are searched
@@ -98,7 +99,7 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
 
     device = launch.local_gpu(rank)
     best = from_dict(spec["config"])
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    sms = gpu_sms(device).total
     inputs = {T: deepep._inputs(T, world_size, rank, spec["seed"], device)[:3] for T in spec["tokens"]}
     tried: list[dict[str, Any]] = []
     seen: dict[str, tuple[float, dict[str, float] | None]] = {}

@@ -6,15 +6,14 @@ calls in here; a protocol may still raise CapacityError once the counts are exch
 """
 from __future__ import annotations
 
-import os
 import time
 from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
 
-from ..config import FAN_PHASES, Config
-from ..errors import ConfigError, InputError
+from ..config import Config
+from ..errors import InputError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
@@ -49,39 +48,11 @@ def int32_pieces(device: torch.device, sizes: "tuple[int, ...]") -> list[torch.T
     return list(torch.empty(sum(parts), dtype=torch.int32, device=device).split(parts)[::2])
 
 
-def usable_sms(device: torch.device) -> int:
-    """SMs this process can occupy at once: all of them, or its MPS share."""
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    pct = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
-    if pct:
-        sms = max(2, sms * int(float(pct)) // 100)
-    return sms
-
-
-def fan_phases_mode(config: Config, world_size: int, sms: int, sms_held: int) -> int:
-    """kernel.fan_phases as the kernels take it (0 off, 1 block, 2 grid, 3 steal), for a GPU of `sms`
-    SMs of which this process holds `sms_held` (its MPS share). Grid-wide phases need every
-    block of the dispatch resident at once: a grid of more blocks than the share holds is
-    refused here (the kernel's own check counts every SM)."""
-    mode = FAN_PHASES.index(config.kernel.fan_phases)
-    if mode == 2 and world_size == 1:
-        blocks = min(config.kernel.num_sms, sms)
-        if blocks > sms_held:
-            raise ConfigError("kernel.fan_phases", "grid",
-                              f"needs every block resident at once: the dispatch runs {blocks} blocks, this "
-                              f"process holds {sms_held} SMs (CUDA_MPS_ACTIVE_THREAD_PERCENTAGE); lower "
-                              f"kernel.num_sms to {sms_held} or use 'block'", config.source)
-    return mode
-
-
 def stall_detail(stage: str, peer: int, epoch: int) -> str:
     """What an expired device wait recorded at ``stage`` (its ErrorWord's peer and epoch), in words."""
     if stage == "bulk copy":
         return f"a bulk (TMA) load of warp {peer} never completed in the kernel of barrier epoch {epoch}"
     if stage == "dispatch.route":
-        if peer < 0:  # the W=1 rank-major repair kernel's wait for the routing's end
-            return (f"the routing's end (the last block of the routed dispatch kernel) never wrote the counts row "
-                    f"(that block did not run) in the dispatch of epoch {epoch}")
         return f"chunk {peer} of the routing kernel was never counted (its block did not run) in the dispatch of epoch {epoch}"
     if stage == "dispatch.phase":
         return (f"not every block of the dispatch kernel reached its phase {peer} (grid-wide kernel.fan_phases "

@@ -20,13 +20,8 @@ dispatch (both protocols)
      receiver blocks copy the rows out of the pool as they land.
      Alone (world size 1) both protocols move the rows with ``kernels/alone.cuh``'s kernels,
      as nvshmem does (the rank-major mover, the expert-major phased fan-out), except when
-     ``kernel.fan_phases`` is off (expert-major) or a timeline is recording. A dispatch that
-     routes does it there too (with ``kernel.fan_phases`` on): no routing kernel runs before
-     it. Expert-major ``alone_fan_routed_kernel`` fans the rows out in phases; rank-major
-     ``alone_rows_routed_kernel`` moves each row with the mover to row t at once (its row
-     whenever every earlier token has one) and ``alone_rows_repair_kernel`` behind it moves
-     again the rows a token without a row shifts; with num_worst_tokens it also does the
-     tail's work (below), so no third kernel runs.
+     ``kernel.fan_phases`` is off (expert-major) or a timeline is recording; right behind the
+     routing kernel they start on its chunks' placed marks, not on its grid's end.
   4. the host reads the routing kernel's summary of the matrix (its rows, the most any
      receiver gets, its per-expert counts: ``counts.summary_of``), and only when it names bad
      ids (tokens = -1 in a row: nothing moved) or a receiver over capacity reads the matrix to
@@ -72,7 +67,8 @@ from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..results import DispatchLayout, RecvResult
-from .base import Protocol, check_combine_slots, fan_phases_mode, stall_detail, stream_handle, usable_sms
+from ..launch_shape import GpuSms, LaunchShape, cuda_shape, fan_phases_mode, gpu_sms, may_stream, stream_split
+from .base import Protocol, check_combine_slots, stall_detail, stream_handle
 from .counts import (SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
                      recv_views, summarized_result)
 
@@ -89,40 +85,10 @@ def _kernel_outputs(out: dict[str, torch.Tensor | None], cap: int, selfmap: torc
     return {**{k: _ptr(v) for k, v in out.items()}, "capacity": cap, "selfmap": _ptr(selfmap)}
 
 
-def stream_blocks(mode: str, share: int, sms: int, num_sms: int) -> int:
-    """Blocks of the streamed push for ``kernel.push_mode`` = ``mode`` when at most ``share``
-    ranks run on one GPU and every GPU has at least ``sms`` SMs; 0 = push then unpack. The
-    inputs are the same on every rank, so is the result (receivers wait for their channels'
-    senders on every peer). Receivers wait inside the kernel, so the grids of all ranks sharing
-    a GPU must be resident at once: one block per SM at least, a sender and a receiver each.
-    "auto" streams only when every rank has a GPU of its own (under MPS the receivers would
-    spin on the SMs the senders need)."""
-    if mode == "unpack" or (mode == "auto" and share > 1):
-        return 0
-    fit = sms // share
-    if fit < 2:
-        if mode == "stream":
-            raise InputError(f"kernel.push_mode=stream: {share} ranks share a GPU of {sms} SMs, and each needs "
-                             "2 blocks resident at once; use push_mode unpack (or auto)")
-        return 0
-    return max(2, min(num_sms, fit))
-
-
-def stream_split(blocks: int, max_senders: int, receivers: int) -> tuple[int, int]:
-    """(senders, receivers) of a streamed push over at most ``blocks`` blocks; ``receivers``
-    = ``kernel.stream_receivers`` (0: half the blocks; at W=2 every smaller share measured
-    was slower, in both layouts). Senders are the channels, at
-    most ``max_senders`` (the layout's tail words); receivers never outnumber them."""
-    r = max(1, min(receivers or blocks // 2, blocks // 2))
-    s = min(max_senders, blocks - r)
-    return s, min(r, s)
-
-
-def _gpu_sharing(mem: SymmetricMemory) -> tuple[int, int]:
+def _gpu_sharing(mem: SymmetricMemory, gpu: GpuSms) -> tuple[int, int]:
     """(most ranks of the group on one GPU, fewest SMs of their GPUs): the same on every rank;
     collective."""
-    props = torch.cuda.get_device_properties(mem.device)
-    every = mem.all_gather((str(props.uuid), props.multi_processor_count))
+    every = mem.all_gather((str(torch.cuda.get_device_properties(mem.device).uuid), gpu.total))
     gpus = [u for u, _ in every]
     return max(gpus.count(u) for u in gpus), min(n for _, n in every)
 
@@ -162,20 +128,19 @@ class _CudaProtocol(Protocol):
         self._err_dev = torch.zeros(8, dtype=torch.int64, device=self.device)  # the copy kernels poll
         self._counters = torch.zeros(8, dtype=torch.int32, device=self.device)
         args = layout.kernel_args()
+        gpu = gpu_sms(self.device)
+        # may_stream is the same on every rank: so is the collective gather.
+        sharing = _gpu_sharing(mem, gpu) if may_stream(config.kernel, self.name, self.world_size) else None
+        self.shape: LaunchShape = cuda_shape(config.kernel, gpu, sharing)
         # Peers by the pointers in peer_bases (torch, nccl's LSA team, nvshmem_ptr on one node).
         self.ctx = self.mod.Context(args, self.rank, mem.local.data_ptr(), mem.peer_bases.data_ptr(),
-                                    self._err_dev.data_ptr(), self._err[1], self.timeout_s, config.kernel.num_sms,
+                                    self._err_dev.data_ptr(), self._err[1], self.timeout_s, self.shape.kernel_args(),
                                     self._counters.data_ptr())
         self.ctx.set_copy_bytes(config.kernel.copy_bytes)
         self.ctx.set_copy_depth(config.kernel.copy_depth)
-        self.ctx.set_fan_phases(fan_phases_mode(config, self.world_size,
-                                                torch.cuda.get_device_properties(self.device).multi_processor_count,
-                                                usable_sms(self.device)))
-        self._stream_blocks = self._push_stream_blocks(config, mem)
+        self.ctx.set_fan_phases(fan_phases_mode(config, self.world_size, gpu))
         self._stream_receivers = config.kernel.stream_receivers
         self._epoch = 0
-        self.routed_in_fan_out = False  # the last dispatch routed inside its fan-out kernel (Ctx::route_alone)
-        self._tail_folded = False  # and its repair kernel did num_worst_tokens' tail
         W, E = layout.world_size, layout.num_experts
         self._published: torch.Tensor | None = None  # the routing copy now in the input region
         # zeroed: route_kernel's chunk marks start below every epoch
@@ -305,14 +270,15 @@ class _CudaProtocol(Protocol):
                                      0 if worst else self._counts_ready[1], 0 if worst else self._summary[1],
                                      alignment)
         per_expert = self._per_expert() if worst else None
-        epoch = self._route_and_move(x, topk_idx, topk_weights, in_rank, args, expert_major, alignment, counts_dev, sp,
-                                     worst, per_expert)
+        self._layout(topk_idx, topk_weights, True, None, None, in_rank, sp)
+        epoch = self._epoch  # the routing's, which its kernel writes to _counts_ready after the counts matrix
+        self._move(x, args, expert_major, alignment, counts_dev, True, sp)
         if not worst:  # after the data kernel: nothing may come between it and the routing kernel it follows
             self._counts_event.record(stream)
         self._published = routing
         cache = _RoutingState(routing, counts_dev, selfmap)
         if worst:  # DeepEP's num_worst_tokens: the device finishes what the host would read
-            recv = self._tail(out, counts_dev, worst, expert_major, alignment, per_expert, self._tail_folded)
+            recv = self._tail(out, counts_dev, worst, expert_major, alignment, per_expert)
             return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, counts_dev, out, recv,
                                      self.buffer_id, alignment, cache, worst)
 
@@ -325,26 +291,16 @@ class _CudaProtocol(Protocol):
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment, self._bad_record,
                                  out, topk_idx, topk_weights, in_rank, self.buffer_id, cache)
 
-    def _push_stream_blocks(self, config: Config, mem: SymmetricMemory) -> int:
-        """Blocks of the streamed push, 0 for push then unpack (``stream_blocks``)."""
-        mode = config.kernel.push_mode
-        if self.name != "push" or self.world_size == 1 or mode == "unpack":
-            return 0
-        share, sms = _gpu_sharing(mem)  # collective; the condition above is the same on every rank
-        return stream_blocks(mode, share, sms, config.kernel.num_sms)
-
     def _tail(self, out: dict[str, torch.Tensor | None], counts_dev: torch.Tensor, worst: int, expert_major: bool,
-              alignment: int, per_expert: torch.Tensor | None = None, folded: bool = False) -> RecvResult:
+              alignment: int, per_expert: torch.Tensor | None = None) -> RecvResult:
         """The ``worst`` rows of a dispatch that does not wait on the host: after the data
         kernels, a kernel fills the rows past the received ones and counts the rows per local
         expert (into ``per_expert``) from the device's counts matrix; errors come back at a later
-        call (check). ``folded``: the data kernels did it already (``Ctx::route_alone``)."""
+        call (check)."""
         if per_expert is None:
             per_expert = self._per_expert()
-        if not folded:
-            self.ctx.recv_tail(counts_dev.data_ptr(), _kernel_outputs(out, worst, None), worst, expert_major,
-                               alignment, per_expert.data_ptr(), self._deferred[1], self._epoch,
-                               stream_handle(self.device))
+        self.ctx.recv_tail(counts_dev.data_ptr(), _kernel_outputs(out, worst, None), worst, expert_major,
+                           alignment, per_expert.data_ptr(), self._deferred[1], self._epoch, stream_handle(self.device))
         return recv_views(out, worst, per_expert)  # the tail's kernel filled what the host would
 
     def _publish_x(self, x: torch.Tensor) -> None:
@@ -353,46 +309,22 @@ class _CudaProtocol(Protocol):
         if self.name == "pull" and self.world_size > 1 and x.shape[0] and not self._in_input_region(x):
             self.input_view(x.shape[0], x.dtype).copy_(x)
 
-    def _route_and_move(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
-                        in_rank: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
-                        counts_dev: torch.Tensor, sp: int, worst: int = 0,
-                        per_expert: torch.Tensor | None = None) -> int:
-        """A dispatch's routing and data kernels; returns the routing's epoch, which its kernel
-        writes to ``_counts_ready`` after the counts matrix. Alone, one kernel does both where it
-        applies (``Ctx::route_alone``: no routing grid before the data kernel); rank-major its
-        repair kernel then also does num_worst_tokens' tail (``worst`` rows, ``per_expert``), and
-        ``_tail_folded`` says so."""
-        self.routed_in_fan_out = self._tail_folded = False
-        if self.world_size == 1:
-            route_epoch, epoch = self._next_epoch(), self._next_epoch()
-            fold = worst and not expert_major
-            self.routed_in_fan_out = self.ctx.route_alone(
-                _ptr(topk_idx), topk_idx.dtype == torch.int64, _ptr(topk_weights), topk_idx.shape[0],
-                _ptr(self._route_scratch), _ptr(in_rank), _ptr(x), args, expert_major, alignment, route_epoch, epoch, sp,
-                worst if fold else 0, _ptr(per_expert) if fold else 0, self._deferred[1] if fold else 0)
-            if self.routed_in_fan_out:
-                self._tail_folded = bool(fold)
-                return route_epoch
-        self._layout(topk_idx, topk_weights, True, None, None, in_rank, sp)
-        route_epoch = self._epoch
-        self._move(x, args, expert_major, alignment, counts_dev, True, sp)
-        return route_epoch
-
     def _move(self, x: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
               counts_dev: torch.Tensor, after_route: bool, sp: int) -> None:
         """The data kernels, after the routing (or its republication) and the counts barrier.
-        Alone, the alone kernels where they apply (``Ctx::alone``), as nvshmem runs them;
-        ``after_route`` (right behind this dispatch's routing kernel): they start on the
-        routing's placed chunks, before its last block hands the counts over (the expert-major
-        one loads its first rows even before that). ``sp``: the current stream's handle."""
+        Alone, the alone kernels where they apply (``ctx_alone`` in csrc/bindings/ctx_dispatch.cuh),
+        as nvshmem runs them; ``after_route`` (right behind this dispatch's routing kernel): they
+        start on the routing's placed chunks, before its last block hands the counts over (the
+        expert-major one loads its first rows even before that). ``sp``: the current stream's
+        handle."""
         epoch = self._next_epoch()
         if self.world_size == 1 and self.ctx.alone(_ptr(x), args, expert_major, alignment, counts_dev.data_ptr(), epoch,
                                                    after_route, sp):
             return
         if self.name == "pull":
             self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
-        elif self._stream_blocks:
-            senders, receivers = stream_split(self._stream_blocks, self.layout.num_channels, self._stream_receivers)
+        elif self.shape.stream:
+            senders, receivers = stream_split(self.shape.stream, self.layout.num_channels, self._stream_receivers)
             self.ctx.push_stream(_ptr(x), args, expert_major, alignment, senders, receivers, epoch, sp)
         else:
             self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)

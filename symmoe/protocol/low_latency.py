@@ -26,10 +26,12 @@ from typing import Callable
 import torch
 
 from .. import build
+from ..config import Config
 from ..errors import CapacityError, InputError, StallError
 from ..low_latency import LowLatencyHandle, LowLatencyLayout
 from ..memory import SymmetricMemory
-from .base import stream_handle, usable_sms
+from ..launch_shape import gpu_sms, low_latency_blocks
+from .base import stream_handle
 
 Hook = Callable[[], None]
 
@@ -209,8 +211,8 @@ class CudaLowLatency(_Engine):
     STAGE_NAMES = {101: "low_latency_dispatch.receive", 102: "low_latency_combine.receive"}
     BAD_EXPERT = 103
 
-    def __init__(self, mem: SymmetricMemory, lay: LowLatencyLayout, timeout_s: float, num_sms: int):
-        """``num_sms``: blocks of every kernel (``grid_blocks``)."""
+    def __init__(self, mem: SymmetricMemory, lay: LowLatencyLayout, timeout_s: float, blocks: int):
+        """``blocks``: blocks of every kernel (``launch_shape.low_latency_blocks``)."""
         super().__init__(mem, lay, timeout_s)
         if not mem.maps_every_peer:
             raise InputError(f"low-latency mode: backend '{mem.name}' does not reach every peer by load/store, "
@@ -224,7 +226,7 @@ class CudaLowLatency(_Engine):
         try:
             self.ll = self.mod.LowLatency(lay.kernel_geometry(self.rank), mem.local.data_ptr(),
                                           mem.peer_bases.data_ptr(), self._state.data_ptr(), self._err_dev.data_ptr(),
-                                          self._err[1], float(timeout_s), max(1, num_sms))
+                                          self._err[1], float(timeout_s), blocks)
         except ValueError as e:  # the kernels' limits (shared memory for T_max), named by the module
             self.mod.host_free(self._err[0])
             raise CapacityError(f"low_latency_dispatch: {e}") from None
@@ -316,26 +318,17 @@ class CudaLowLatency(_Engine):
             pass
 
 
-def grid_blocks(num_sms: int, usable: int, gpu_sms: int, share: int) -> int:
-    """Blocks of every low-latency kernel (``low_latency.num_sms``; 0 = the budget): at most
-    the SMs this rank may use (``usable``: the GPU's or its MPS share) and at most its part of
-    the GPU's ``gpu_sms`` when ``share`` ranks run on one GPU. The receive kernels spin while
-    they wait; the budget keeps the spinning blocks of all ranks on a GPU at about one per SM,
-    and a block takes at most half an SM (ll::kMinBlocksPerSm), so every sender finds room."""
-    budget = max(1, min(usable, gpu_sms // max(1, share)))
-    return budget if num_sms <= 0 else min(num_sms, budget)
-
-
-def make_engine(mem: SymmetricMemory, lay: LowLatencyLayout, timeout_s: float, num_sms: int) -> _Engine:
-    """The engine for ``mem``: torch on the host, the CUDA kernels where every peer is mapped.
-    ``num_sms``: ``low_latency.num_sms`` (collective on a GPU: the ranks compare their GPUs)."""
+def make_engine(mem: SymmetricMemory, lay: LowLatencyLayout, config: Config) -> _Engine:
+    """The engine for ``mem``: torch on the host, the CUDA kernels where every peer is mapped
+    (collective on a GPU: the ranks compare their GPUs for the launch shape)."""
     if mem.device.type != "cuda":
-        return HostLowLatency(mem, lay, timeout_s)
+        return HostLowLatency(mem, lay, config.kernel.timeout_s)
     from . import _maps_every_peer
     if not _maps_every_peer(mem):
         raise InputError(f"low-latency mode: backend '{mem.name}' does not map every peer for load/store (peers "
                          "across nodes); its kernels store rows straight into the peers' buffers, so keep the "
                          "group inside one NVLink domain")
     from .cuda import _gpu_sharing
-    share, gpu_sms = _gpu_sharing(mem)
-    return CudaLowLatency(mem, lay, timeout_s, grid_blocks(num_sms, usable_sms(mem.device), gpu_sms, share))
+    gpu = gpu_sms(mem.device)
+    share, _ = _gpu_sharing(mem, gpu)
+    return CudaLowLatency(mem, lay, config.kernel.timeout_s, low_latency_blocks(config.low_latency.num_sms, gpu, share))

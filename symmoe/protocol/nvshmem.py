@@ -29,9 +29,7 @@ dispatch
      token's row to its output row by the CUDA protocols' bulk-copy mover; expert-major, with
      ``kernel.fan_phases`` on, their phased fan-out, whole rows from x into shared memory, then
      bulk-stored to every slot's row (stages ``bulk copy``, ``dispatch.phase``; they record in
-     the ErrorWord and its device mirror as these kernels do). With ``kernel.fan_phases`` on,
-     steps 1-3 are one launch there (``alone_routed``: the routing in the data kernel's first
-     blocks, rank-major rows in phases too), which leaves every table but the send list.
+     the ErrorWord and its device mirror as these kernels do).
   4. the host waits for the counts (the one host wait, as DeepEP's normal mode; the data
      kernel runs meanwhile), raises InputError / CapacityError on every rank together, and
      returns views of the first ``rows`` rows.
@@ -52,7 +50,7 @@ combine
 No host wait follows a kernel: a wait that timed out is raised by the next call or by
 ``check()`` / ``Buffer.synchronize()``, as in the CUDA protocols. All 2C blocks of a kernel
 must be resident at once (dispatch receivers and combine senders wait for the peers' senders),
-so C is capped by the SMs this process holds (``usable_sms``).
+so C is capped by the SMs this process holds (``symmoe/launch_shape.py``'s ``nvshmem_shape``).
 
 Each receiver's pool (W * (T + C) rows: a source sends it each token once at most; fewer with a
 smaller ``buffer.recv_capacity``) is cut into W * C rings of ``kernel.ring_rows`` rows (0: the
@@ -74,7 +72,8 @@ import torch
 from .. import build
 from ..errors import ConfigError, InputError, StallError
 from ..results import DispatchLayout, RecvResult
-from .base import Protocol, check_combine_slots, fan_phases_mode, stream_handle, usable_sms
+from ..launch_shape import LaunchShape, fan_phases_mode, gpu_sms, nvshmem_shape
+from .base import Protocol, check_combine_slots, stream_handle
 from .counts import (SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
                      recv_views, summarized_result)
 
@@ -165,28 +164,18 @@ class NvshmemPush(Protocol):
         self.offs = layout.offsets()
         mem.use_layout(self.args, self.offs["barrier"])
         k = config.kernel
-        # One sender and one receiver block per channel, and the combine senders wait for the
-        # peers' senders: all 2 * C blocks must be resident at once, on the SMs this process
-        # has (under MPS, its active thread percentage of them), or the ranks deadlock.
-        self.channels = max(1, min(k.num_channels, layout.num_channels, k.num_sms // 2,
-                                   usable_sms(mem.device) // 2))
-        self.ring_rows = ring_rows(k.ring_rows, layout.pool_rows, W, self.channels)
-        # The combine's send kernel is alone on the GPU: one block (channel) per SM it holds,
-        # all resident at once (each waits for its channel from the peers). The reduction
-        # runs after it as its own grid: 16 blocks of 128 per SM.
-        sms = min(k.num_sms, usable_sms(mem.device))
-        self.combine_channels = max(1, min(layout.num_channels, sms))
-        self.reduce_blocks = 16 * sms
+        # The blocks of every kernel (launch_shape.nvshmem_shape): the dispatch's channels (a
+        # sender and a receiver block each) and the combine's send blocks all resident at once
+        # on the SMs this process holds, or the ranks deadlock.
+        gpu = gpu_sms(mem.device)
+        self.shape: LaunchShape = nvshmem_shape(k, gpu, layout.num_channels)
+        self.ring_rows = ring_rows(k.ring_rows, layout.pool_rows, W, self.shape.channels)
         # Alone, the dispatch runs symmoe_cuda's alone kernels (kernels/alone.cuh): the mode of
-        # the expert-major phased fan-out, the blocks, and the grid counter grid-wide phases meet
-        # on. The module is loaded (built) only when it will run.
-        sms_all = torch.cuda.get_device_properties(mem.device).multi_processor_count
-        self.fan_phases = fan_phases_mode(config, W, sms_all, usable_sms(mem.device)) if W == 1 else 0
-        self.alone_blocks = min(k.num_sms, sms_all)
+        # the expert-major phased fan-out and the grid counter grid-wide phases meet on. The
+        # module is loaded (built) only when it will run.
+        self.fan_phases = fan_phases_mode(config, W, gpu) if W == 1 else 0
         self._alone_done = torch.zeros(1, dtype=torch.int32, device=mem.device)
         self._alone_mod: Any = None
-        self._routed_scratch: torch.Tensor | None = None  # alone_routed's, zeroed once (its chunk marks)
-        self.routed_in_fan_out = False  # the last dispatch routed inside its data kernel (alone_routed)
         self.timeout_ns = int(k.timeout_s * 1e9)
         self.err = mem.error_word()
         self.me, self.W = mem.rank, W
@@ -195,7 +184,8 @@ class NvshmemPush(Protocol):
         self._combines = 0
         self._last_op = ""  # "dispatch" | "combine": a combine right after a combine needs a barrier
         # zeroed: the plan's chunk marks start below every epoch, its ticket at 0
-        self._route_scratch = torch.zeros(self.ext.route_scratch_ints(self.args), dtype=torch.int32, device=dev)
+        self._route_scratch = torch.zeros(self.ext.route_scratch_ints(self.args, self.shape.route), dtype=torch.int32,
+                                          device=dev)
         self._done = torch.zeros(1, dtype=torch.int32, device=dev)  # grid completion counter of the routing
         self._bad_flag = torch.zeros(1, dtype=torch.int32, device=dev)
         # Pinned host memory is device-accessible at the same address (unified addressing):
@@ -255,7 +245,7 @@ class NvshmemPush(Protocol):
                 "done": self._done.data_ptr(), **ptrs}
         self.ext.route(self.mem.local.data_ptr(), self.args, self.me, topk_idx.dtype == torch.int64, topk_idx.shape[0],
                        plan, epoch, self.timeout_ns, [ptrs.get(n, 0) for n in _ROUTE_PTRS],
-                       sp, alignment)
+                       sp, alignment, self.shape.route)
 
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:
         self._raise_if_failed("dispatch")
@@ -298,24 +288,18 @@ class NvshmemPush(Protocol):
         # num_worst_tokens: no host wait, so no host copy of the counts either.
         host = {} if worst else {"counts_host": self._counts_host.data_ptr(),
                                  "counts_ready": self._counts_ready.data_ptr(), "summary": self._summary.data_ptr()}
-        # Rank-major, the routed kernels' repair also does num_worst_tokens' tail (no tail kernel).
-        fold = bool(worst) and not em
         per_expert = self._per_expert() if worst else None
-        self.routed_in_fan_out = self._route_alone(src, topk_idx, topk_weights, in_rank, plan, out, cap, em,
-                                                   alignment, epoch, host, worst if fold else 0, per_expert)
-        if not self.routed_in_fan_out:
-            self._route(topk_idx, True, epoch, {
-                "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": plan["pub_idx"].data_ptr(),
-                "pub_w": plan["pub_w"].data_ptr(), "pos": plan["pos"].data_ptr(), "send_ent": plan["send_ent"].data_ptr(),
-                "counts_snap": plan["counts"].data_ptr(), **host,
-                "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream.cuda_stream,
-                alignment)
-            self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
+        self._route(topk_idx, True, epoch, {
+            "w": topk_weights.data_ptr(), "in_rank": in_rank.data_ptr(), "pub_idx": plan["pub_idx"].data_ptr(),
+            "pub_w": plan["pub_w"].data_ptr(), "pos": plan["pos"].data_ptr(), "send_ent": plan["send_ent"].data_ptr(),
+            "counts_snap": plan["counts"].data_ptr(), **host,
+            "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream.cuda_stream,
+            alignment)
+        self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
         if not worst:  # after the dispatch kernel: nothing may come between it and the plan kernel it follows
             self._counts_event.record(stream)
         if worst:  # DeepEP V1's num_worst_tokens: the device finishes what the host would read
-            recv = self._tail(out, plan["counts"], worst, em, alignment, self.routed_in_fan_out, per_expert,
-                              fold and self.routed_in_fan_out)
+            recv = self._tail(out, plan["counts"], worst, em, alignment, per_expert)
             return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, plan["counts"], out, recv,
                                      self.buffer_id, alignment, plan, worst)
 
@@ -329,21 +313,18 @@ class NvshmemPush(Protocol):
                                  self._bad_info.tolist, out, topk_idx, topk_weights, in_rank, self.buffer_id, plan)
 
     def _tail(self, out: dict[str, torch.Tensor | None], counts: torch.Tensor, worst: int, em: bool,
-              alignment: int, counts_late: bool = False, per_expert: torch.Tensor | None = None,
-              folded: bool = False) -> RecvResult:
+              alignment: int, per_expert: torch.Tensor | None = None) -> RecvResult:
         """The ``worst`` rows of a dispatch that does not wait on the host: kernels/tail.cuh
         after the dispatch kernel fills the rows past the received ones and counts the rows
         per local expert (into ``per_expert``); errors come back at a later call
-        (_raise_if_failed). ``counts_late``: the data kernel wrote ``counts`` itself
-        (``alone_routed``), final only at its end. ``folded``: its repair kernel did it already."""
+        (_raise_if_failed)."""
         if per_expert is None:
             per_expert = self._per_expert()
-        if not folded:
-            self.ext.tail(self.args, self.me, int(em), alignment, worst, self._dispatches,
-                          [counts.data_ptr(), *(out[k].data_ptr() for k in ("x", "idx", "w", "src_rank", "src_token",
-                                                                              "src_slot")),
-                           per_expert.data_ptr(), self._deferred.data_ptr()],
-                          counts_late, stream_handle(self.device))
+        self.ext.tail(self.args, self.me, int(em), alignment, worst, self._dispatches,
+                      [counts.data_ptr(), *(out[k].data_ptr() for k in ("x", "idx", "w", "src_rank", "src_token",
+                                                                          "src_slot")),
+                       per_expert.data_ptr(), self._deferred.data_ptr()],
+                      self.shape.tail, stream_handle(self.device))
         return recv_views(out, worst, per_expert)  # the tail's kernel filled what the host would
 
     def _source(self, x: torch.Tensor) -> torch.Tensor:
@@ -361,36 +342,11 @@ class NvshmemPush(Protocol):
     @staticmethod
     def _alone_ptrs(src: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], em: bool,
                     selfmap: torch.Tensor | None) -> list[int]:
-        """The 13 pointers of symmoe_cuda's ``alone`` (and the first 13 of ``alone_routed``)."""
+        """The 13 pointers of symmoe_cuda's ``alone``."""
         return [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(), plan["pos"].data_ptr(),
                 plan["counts"].data_ptr(), o["x"].data_ptr(), o["idx"].data_ptr(), o["w"].data_ptr(),
                 o["src_rank"].data_ptr(), o["src_token"].data_ptr(), o["src_slot"].data_ptr(),
                 o["expert_offsets"].data_ptr() if em else 0, selfmap.data_ptr() if selfmap is not None else 0]
-
-    def _route_alone(self, src: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
-                     in_rank: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], cap: int, em: bool,
-                     alignment: int, epoch: int, host: dict[str, int], worst: int = 0,
-                     per_expert: torch.Tensor | None = None) -> bool:
-        """One PE with kernel.fan_phases on: symmoe_cuda's ``alone_routed``, the routing inside the
-        data kernel (alone_fan_routed_kernel / alone_rows_routed_kernel, no plan kernel before it),
-        leaving the plan's tables but ``send_ent``, which no one-PE kernel reads (the cached
-        dispatch runs the same alone kernels). False where it does not apply: the plan kernel and
-        ``_send`` run instead. ``worst`` > 0 (rank-major): the repair kernel also does
-        num_worst_tokens' tail into ``per_expert`` and the deferred error record."""
-        if self.W != 1 or not self.fan_phases:
-            return False
-        mod = self._alone()
-        if self._routed_scratch is None:
-            words = mod.routed_scratch_words(self.alone_blocks, self.layout.num_experts)
-            self._routed_scratch = torch.zeros(words, dtype=torch.int32, device=self.device)
-        return mod.alone_routed(
-            self.args, em, topk_idx.dtype == torch.int64, topk_idx.shape[0], alignment, cap, epoch, self.timeout_ns,
-            [*self._alone_ptrs(src, plan, o, em, plan["selfmap"]), topk_idx.data_ptr(), topk_weights.data_ptr(),
-             in_rank.data_ptr(), self._routed_scratch.data_ptr(), self._bad_flag.data_ptr(), self._bad_info.data_ptr(),
-             host.get("counts_host", 0), host.get("counts_ready", 0), host.get("summary", 0)],
-            self.fan_phases, self.alone_blocks, self._alone_done.data_ptr(), self.ext.error_mirror(),
-            self.err.data_ptr(), stream_handle(self.device), worst, per_expert.data_ptr() if worst else 0,
-            self._deferred.data_ptr() if worst else 0)
 
     def _send(self, src: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], cap: int, em: bool,
               alignment: int, epoch: int, selfmap: torch.Tensor | None) -> None:
@@ -401,10 +357,11 @@ class NvshmemPush(Protocol):
         stream = stream_handle(self.device)
         if self.W == 1 and (not em or self.fan_phases):
             if self._alone().alone(self.args, em, alignment, cap, epoch, self.timeout_ns,
-                                   self._alone_ptrs(src, plan, o, em, selfmap), self.fan_phases, self.alone_blocks,
-                                   self._alone_done.data_ptr(), self.ext.error_mirror(), self.err.data_ptr(), stream):
+                                   self._alone_ptrs(src, plan, o, em, selfmap), self.fan_phases, self.shape.alone,
+                                   self.shape.sms, self._alone_done.data_ptr(), self.ext.error_mirror(),
+                                   self.err.data_ptr(), stream):
                 return
-        self.ext.dispatch(self.mem.local.data_ptr(), self.args, self.me, self.channels, self.ring_rows, int(em),
+        self.ext.dispatch(self.mem.local.data_ptr(), self.args, self.me, self.shape.channels, self.ring_rows, int(em),
                           self.direct, alignment, cap, epoch, self.timeout_ns,
                           [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(),
                            plan["send_ent"].data_ptr(), plan["pos"].data_ptr(), plan["counts"].data_ptr(),
@@ -482,9 +439,9 @@ class NvshmemPush(Protocol):
                 handle.recv_src_token.data_ptr(), handle.recv_src_slot.data_ptr(), handle.cache["selfmap"].data_ptr(),
                 handle.is_token_in_rank.data_ptr(), handle.topk_idx.data_ptr(), handle.topk_weights.data_ptr(),
                 out_x.data_ptr(), out_w.data_ptr() if out_w is not None else 0, self.err.data_ptr()]
-        self.ext.combine(self.mem.local.data_ptr(), self.args, me, self.combine_channels,
+        self.ext.combine(self.mem.local.data_ptr(), self.args, me, self.shape.combine,
                          int(handle.output_layout == "expert"), self.direct, T, rows, _ELEM_KIND[y.dtype],
-                         self.reduce_blocks, self._combines, self.timeout_ns, ptrs, stream_handle(dev))
+                         self.shape.reduce, self._combines, self.timeout_ns, ptrs, stream_handle(dev))
         return out_x, out_w
 
 

@@ -8,7 +8,7 @@ check_dispatch_combine``).
 from __future__ import annotations
 
 from .checks import (CHECK_ROUTINGS, assert_bitwise, check_cached_dispatch, check_counts_summary,
-                     check_dispatch_combine, check_fp8_dispatch, check_num_worst_tokens, first_difference, routed_in_data_kernel)
+                     check_dispatch_combine, check_fp8_dispatch, check_num_worst_tokens, first_difference)
 
 __all__ = ["CHECK_ROUTINGS", "assert_bitwise", "check_cached_dispatch", "check_counts_summary", "check_dispatch_combine",
-           "check_fp8_dispatch", "check_num_worst_tokens", "first_difference", "routed_in_data_kernel"]
+           "check_fp8_dispatch", "check_num_worst_tokens", "first_difference"]

@@ -82,24 +82,6 @@ def check_dispatch_combine(rank: int, world_size: int, config: dict[str, Any], s
     return checked
 
 
-def routed_in_data_kernel(rank: int, world_size: int, config: dict[str, Any], seed: int,
-                          layouts: tuple[str, ...] = ("rank", "expert")) -> list[bool]:
-    """One dispatch of max_tokens uniform tokens per layout, on the GPU; for each, whether the
-    protocol routed it inside its data kernel (its ``routed_in_fan_out``)."""
-    cfg: Config = from_dict(config)
-    b = cfg.buffer
-    (mine,) = make_inputs(Routing("uniform"), num_tokens=b.max_tokens_per_rank, hidden=b.hidden, topk=b.topk,
-                          num_experts=b.num_experts, world_size=world_size, dtype=DTYPES[b.dtype], seed=seed,
-                          device="cuda", ranks=[rank])[rank:rank + 1]
-    taken = []
-    with Buffer(None, cfg) as buf:
-        for layout in layouts:
-            *_, event = buf.dispatch(mine.x, mine.topk_idx, mine.topk_weights, output_layout=layout)
-            event.synchronize()
-            taken.append(bool(buf._protocol.routed_in_fan_out))
-    return taken
-
-
 def _case_inputs(routing: Routing, world_size: int, cfg: Config, case_seed: int, full: bool = False):
     """Every rank's inputs of one case (different token counts per rank, one rank with none;
     ``full``: max_tokens each)."""

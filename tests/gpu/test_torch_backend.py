@@ -14,7 +14,7 @@ from conftest import GPU_ENV, gpu_unusable, on_ranks
 from symmoe.config import Config, from_dict
 from symmoe.launch import spawn
 from symmoe.testing import (CHECK_ROUTINGS, check_cached_dispatch, check_counts_summary, check_dispatch_combine,
-                            check_num_worst_tokens, routed_in_data_kernel)
+                            check_num_worst_tokens)
 
 pytestmark = pytest.mark.gpu
 
@@ -80,20 +80,14 @@ def test_routing_chunks_of_many_steps_a_warp(num_sms, steps, protocol, seed):
 @pytest.mark.parametrize("layout", ["expert", "rank"])
 @pytest.mark.parametrize("num_sms", [2, 4, 132])
 @pytest.mark.parametrize("hidden", [64, 7168])
-def test_alone_dispatch_routes_inside_its_fan_out_kernel(hidden, num_sms, layout, seed):
-    """World size 1: the fan-out's kernel routes the dispatch itself in min(blocks - 1,
-    tokens / 64) chunks, the last block's ticket doing the routing's end. Up to 2048 tokens:
-    1 chunk (2 blocks), 3 chunks of up to 683 tokens, 11 steps a warp (4 blocks), or up to 32
-    chunks of 64 tokens (132 blocks, or as many as the GPU has). At hidden 7168 the routing's
-    tables lie over the last two rows of a block, which load once it is done. Expert-major each
-    row goes to its slots' rows, rank-major to its one row (at exact sizes, where the host waits
-    for the counts, a routing block's mover warps route too before they move; with
-    num_worst_tokens they move from the start). Rows, the handle's cached dispatch and
-    num_worst_tokens outputs must be the reference's."""
+def test_alone_dispatch_on_few_and_many_blocks(hidden, num_sms, layout, seed):
+    """World size 1: the routing kernel, then the alone kernels (kernels/alone.cuh) right behind
+    it on 2, 4 or up to 132 blocks (as many as the GPU has), up to 2048 tokens. Expert-major each
+    row goes to its slots' rows, rank-major to its one row. Rows, the handle's cached dispatch
+    and num_worst_tokens outputs must be the reference's."""
     cfg = gpu_config(**{"buffer.hidden": hidden, "buffer.max_tokens_per_rank": 2048, "kernel.num_sms": num_sms,
                         "buffer.output_layout": layout})
     n, layouts = 4, (layout,)
-    assert _on_ranks(routed_in_data_kernel, 1, (cfg, seed + 556, layouts)) == [[True]]
     assert _run(1, cfg, seed + 557 + num_sms, CHECK_ROUTINGS[:n], layouts) == [n]
     assert _on_ranks(check_cached_dispatch, 1, (cfg, seed + 558, CHECK_ROUTINGS[:n], layouts, "cuda")) == [n]
     assert _on_ranks(check_num_worst_tokens, 1, (cfg, seed + 559, CHECK_ROUTINGS[:n], layouts, "cuda")) == [n]
@@ -101,14 +95,12 @@ def test_alone_dispatch_routes_inside_its_fan_out_kernel(hidden, num_sms, layout
 
 @pytest.mark.parametrize("worst", [0, 1024])
 @pytest.mark.parametrize("hidden", [256, 7168])
-def test_rank_major_rows_a_token_without_a_row_shifts_are_moved_again(hidden, worst, seed):
-    """World size 1, rank-major, the dispatch that routes stores each token's row at row t at once
-    (alone_rows_routed_kernel) and, behind it, moves again every row that a token without a row
-    before it shifts. With token 0 and every third token masked whole, and buffer.recv_capacity
-    below the token count (rows of the tokens past it are stored only by that second pass), the
-    rows, the cached dispatch's rows and the combine must be the reference's. With
-    num_worst_tokens that second kernel also fills the rows past the received ones (stored at
-    first as if every token had a row) and counts the rows per expert."""
+def test_rank_major_rows_of_tokens_without_a_row_are_left_out(hidden, worst, seed):
+    """World size 1, rank-major: with token 0 and every third token masked whole, and
+    buffer.recv_capacity below the token count, every later row moves up (alone_rows_kernel
+    puts token t at its routing position, not at row t). The rows, the cached dispatch's rows
+    and the combine must be the reference's; with num_worst_tokens the tail also fills the rows
+    past the received ones and counts the rows per expert."""
     from symmoe import reference
     from symmoe.buffer import Buffer
     from symmoe.testing import assert_bitwise
@@ -129,8 +121,6 @@ def test_rank_major_rows_a_token_without_a_row_shifts_are_moved_again(hidden, wo
     r2 = reference.pad_recv(reference.dispatch([x2], [idx], [w], E, "rank").recv[0], worst)
     with mock.patch.dict(os.environ, ENV), Buffer(None, from_dict(cfg)) as buf:
         rx, ri, rw, per_expert, handle, _ = buf.dispatch(x, idx, w, num_worst_tokens=worst)
-        assert buf._protocol.routed_in_fan_out
-        assert buf._protocol._tail_folded == bool(worst)
         for name, got, exp in (("x", rx, r.x), ("topk_idx", ri, r.topk_idx), ("topk_weights", rw, r.topk_weights)):
             assert_bitwise(name, got, exp, f"dispatch (num_worst_tokens={worst})")
         got = per_expert.tolist() if worst else per_expert
@@ -144,12 +134,11 @@ def test_rank_major_rows_a_token_without_a_row_shifts_are_moved_again(hidden, wo
 
 
 def test_rank_major_worst_outputs_are_final_for_the_next_op_on_the_stream(seed):
-    """World size 1, rank-major, num_worst_tokens: when every token has a row (each keeps slot 0)
-    the repair kernel behind alone_rows_routed_kernel ends on the routing's end word, without
-    waiting for the routed kernel's stores, which run on for tens of µs. The stream must still
-    order those stores before the next op queued on it: 12 dispatches of 4096 tokens at hidden
-    7168, each read by clones queued right after it (no host wait between), must hold the
-    reference's rows, ids, weights and per-expert counts."""
+    """World size 1, rank-major, num_worst_tokens: alone_rows_kernel starts on the routing's placed
+    marks and the tail kernel follows it; the stream must still order every store before the
+    next op queued on it: 12 dispatches of 4096 tokens at hidden 7168, each read by clones
+    queued right after it (no host wait between), must hold the reference's rows, ids, weights
+    and per-expert counts."""
     from symmoe import reference
     from symmoe.buffer import Buffer
     from symmoe.testing import assert_bitwise
@@ -168,7 +157,6 @@ def test_rank_major_worst_outputs_are_final_for_the_next_op_on_the_stream(seed):
             rx, ri, rw, per_expert, _, _ = buf.dispatch(x, idx, w, num_worst_tokens=T)
             snaps.append((rx.clone(), ri.clone(), rw.clone(), per_expert.clone()))
             inputs.append((x, idx, w))
-        assert buf._protocol.routed_in_fan_out and buf._protocol._tail_folded
         buf.synchronize()
     for i, ((x, idx, w), (sx, si, sw, sp)) in enumerate(zip(inputs, snaps)):
         r = reference.pad_recv(reference.dispatch([x], [idx], [w], E, "rank").recv[0], T)
@@ -182,13 +170,12 @@ def test_rank_major_worst_outputs_are_final_for_the_next_op_on_the_stream(seed):
 def test_steal_hands_the_later_rounds_to_whichever_block_asks_and_moves_the_same_rows(num_sms, layout, seed):
     """kernel.fan_phases=steal at world size 1: round 0 is block b's group of 16 tokens, the later
     groups go to the blocks that ask first (1984-3968 tokens, up to 248 groups: 8 blocks ask for
-    all but 8 of them, 132 blocks for up to 116). The dispatch that routes (both layouts) and the
-    cached dispatch (expert-major, alone_fan_kernel) must move the reference's rows, twice in a
-    row (the counter is zero again after each launch), and their num_worst_tokens outputs too."""
+    all but 8 of them, 132 blocks for up to 116). The dispatch and the cached dispatch (both
+    layouts; expert-major, alone_fan_kernel) must move the reference's rows, twice in a row (the
+    counter is zero again after each launch), and their num_worst_tokens outputs too."""
     cfg = gpu_config(**{"buffer.hidden": 7168, "buffer.max_tokens_per_rank": 3968, "kernel.num_sms": num_sms,
                         "buffer.output_layout": layout, "kernel.fan_phases": "steal"})
     n, layouts = 3, (layout,)
-    assert _on_ranks(routed_in_data_kernel, 1, (cfg, seed + 571, layouts)) == [[True]]
     assert _run(1, cfg, seed + 572 + num_sms, CHECK_ROUTINGS[:n], layouts, repeats=2) == [2 * n]
     assert _on_ranks(check_cached_dispatch, 1, (cfg, seed + 573, CHECK_ROUTINGS[:n], layouts, "cuda")) == [n]
     assert _on_ranks(check_num_worst_tokens, 1, (cfg, seed + 574, CHECK_ROUTINGS[:n], layouts, "cuda")) == [n]
@@ -304,45 +291,10 @@ def test_a_timeline_buffer_smaller_than_the_grid_needs_is_refused():
 
     with mock.patch.dict(os.environ, ENV), Buffer(None, from_dict(gpu_config())) as buf:
         ctx = buf._protocol.ctx
-        need = ctx.grid * timeline.words(buf._protocol.mod.STAMP_WARPS)
+        need = buf._protocol.shape.dispatch * timeline.words(buf._protocol.mod.STAMP_WARPS)
         with pytest.raises(ValueError, match=f"words={need - 1}.*needs {need}"):
             ctx.set_stamps(1 << 20, need - 1)
         ctx.set_stamps(0)  # the normal kernels: nothing to size
-
-
-@pytest.mark.parametrize("layout", ["expert", "rank"])
-def test_the_routed_kernel_s_timeline_build_stamps_every_warp_and_moves_the_same_rows(layout, seed):
-    """set_stamps(..., routed=True): the W=1 dispatch that routes runs the routed kernel's
-    stamped build. Every warp of every block stamps every mark, in order (no phase is negative),
-    and the rows, ids and weights are the unstamped run's, bitwise."""
-    from symmoe.bench import timeline
-    from symmoe.buffer import Buffer
-
-    cfg = gpu_config(**{"buffer.hidden": 7168, "buffer.max_tokens_per_rank": 2048, "buffer.expert_alignment": 1})
-    g = torch.Generator(device="cuda").manual_seed(seed)
-    x = torch.randn(2048, 7168, device="cuda", generator=g).to(torch.bfloat16)
-    idx = torch.rand(2048, 64, device="cuda", generator=g).topk(8, dim=1).indices
-    w = torch.rand(2048, 8, device="cuda", generator=g)
-    with mock.patch.dict(os.environ, ENV), Buffer(None, from_dict(cfg)) as buf:
-        pr = buf._protocol
-        plain, _ = pr.dispatch(x, idx, w, layout, 1)
-        plain = [t.clone() for t in (plain.x, plain.topk_idx, plain.topk_weights)]
-        stamps = torch.zeros(pr.ctx.grid * timeline.words(pr.mod.STAMP_WARPS), dtype=torch.int64, device="cuda")
-        pr.ctx.set_stamps(stamps.data_ptr(), stamps.numel(), True)
-        try:
-            got, _ = pr.dispatch(x, idx, w, layout, 1)
-            assert pr.routed_in_fan_out
-        finally:
-            pr.ctx.set_stamps(0)
-        for name, a, b in zip(("x", "topk_idx", "topk_weights"), (got.x, got.topk_idx, got.topk_weights), plain):
-            assert torch.equal(a.view(torch.uint8) if a.is_floating_point() else a,
-                               b.view(torch.uint8) if b.is_floating_point() else b), name
-        p = timeline.phases(stamps, pr.mod.STAMP_WARPS, timeline.ROUTED_MARKS, timeline.ROUTED_PHASES)
-        slots = stamps.view(pr.ctx.grid, pr.mod.STAMP_WARPS, -1) != 0
-        assert int(slots.any(dim=2).any(dim=1).sum()) == pr.ctx.grid  # every block
-        assert p["warps"] == int(slots.any(dim=2).sum())  # every warp that ran stamped every mark
-        assert all(p[name]["min"] >= 0 for name in p["phases"]), p
-        assert {"count walk", "count scan", "count mark"} <= set(p["phases"])  # the routing chunks' own marks
 
 
 # -- what the host reads after its wait ----------------------------------------------------
