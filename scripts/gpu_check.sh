@@ -3,7 +3,7 @@
 # the kernels, run the GPU tests, benchmarks and A/B runs; a short table is printed last.
 #
 #   scripts/gpu_check.sh [section ...]      default: build test bench
-#   sections: build | test | test-quick | bench | bench-quick | deepep | layer | adapters | training | nccl | nvshmem | ab | timeline | lowlat | fp8
+#   sections: build | test | test-quick | bench | bench-quick | deepep | layer | adapters | training | nccl | nvshmem | ab | timeline | lowlat | fp8 | tune
 #   lowlat: the low-latency mode's GPU tests (tests/gpu/test_low_latency_gpu.py: W = 1, 2, 4 under MPS,
 #   the CUDA graph replayed 1000 times) and its benchmark (symmoe.bench.low_latency: $LL_TOKENS (128)
 #   tokens per rank at W = $LL_WORLD_SIZES (2,4), beside DeepEP V1's normal mode when deep_ep imports;
@@ -18,6 +18,8 @@
 #   (setup and MPS always run; timeline: scripts/timeline_probe.py, each warp's phases in the kernels)
 #   layer: symmoe.nn.MoELayer forward + backward (symmoe.bench.layer) over torch push/pull and nvshmem, beside DeepEP V1
 #   (when built), the V1 shim and all_to_all_single, at W = $LAYER_WORLD_SIZES (2,4), $LAYER_TOKENS (4096) tokens per rank
+#   tune: symmoe tune configs/$TUNE_CONFIG.yaml (torch) at W = $TUNE_WORLD_SIZE (2), $TUNE_TOKENS (512,4096) tokens
+#   per rank; the best settings as YAML in the logs (tuned_<config>.yaml), every candidate in tune.json
 #   adapters: the GPU tests of the Megatron-Core and TorchTitan adapters and of the layer bench (tests/gpu/test_adapters_gpu.py)
 # Every log and JSON goes to $LOG (default /tmp/symmoe-gpu, emptied first); at the end $OUT receives at
 # most 7 files: summary.txt, logs.tar.gz and the JSONs of the sections that ran. The device tool
@@ -176,6 +178,13 @@ for s in "${SECTIONS[@]}"; do
       python3 scripts/timeline_probe.py --backends "${TIMELINE_BACKENDS:-torch,nccl}" --protocols "${BENCH_PROTOCOLS:-push,pull}" \
         --layouts "${TIMELINE_LAYOUTS:-rank,expert}" "${vargs[@]}" --json "$LOG/timeline.json" 2>&1 | tee "$LOG/timeline.txt"
       rc=${PIPESTATUS[0]}; note "timeline probe exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
+    tune)  # symmoe tune: the launch settings of configs/$TUNE_CONFIG (torch) that run fastest here, as YAML
+      cfg=${TUNE_CONFIG:-torch}
+      timeout ${TUNE_LIMIT_S:-400} symmoe tune "configs/$cfg.yaml" --world-size "${TUNE_WORLD_SIZE:-2}" \
+        --tokens "${TUNE_TOKENS:-512,4096}" --repeats "${TUNE_REPEATS:-10}" --out "$LOG/tuned_$cfg.yaml" \
+        --json "$LOG/tune.json" 2>&1 | grep -v -i "warn" | tee "$LOG/tune.log"
+      rc=${PIPESTATUS[0]}; note "tune $cfg (W=${TUNE_WORLD_SIZE:-2}): exit $rc"; [ "$rc" -ne 0 ] && status=1
+      reap_ranks ;;
     lowlat)  # low-latency mode: GPU tests, then its benchmark (beside DeepEP V1 normal mode if built)
       eval "extra=(${PYTEST_ARGS:-})"
       timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_low_latency_gpu.py "${extra[@]}" 2>&1 | tee "$LOG/lowlat_tests.log"
@@ -206,5 +215,5 @@ for s in "${SECTIONS[@]}"; do
   esac
 done
 
-finish_run deepep.json deepep.md layer.json layer.md lowlat.json fp8_bench.md train_compare.json bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
+finish_run deepep.json deepep.md layer.json layer.md lowlat.json fp8_bench.md train_compare.json tune.json bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
 exit $status
