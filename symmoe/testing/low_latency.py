@@ -33,10 +33,11 @@ def masked_expert_op(recv_x: torch.Tensor, recv_count: torch.Tensor, scale: torc
             out[j, :n] = recv_x[j, :n] * scale[j]
         return out
     from .. import build
-    from ..protocol.base import stream_handle, usable_sms
+    from ..launch_shape import gpu_sms
+    from ..protocol.base import stream_handle
     if scale.dtype != torch.bfloat16 or scale.numel() != L or not scale.is_contiguous() or not recv_x.is_contiguous():
         raise ValueError("masked_expert_op: contiguous bfloat16 recv_x [L, rows, H] and scale [L] expected")
-    blocks = blocks_per_expert or max(1, 4 * usable_sms(recv_x.device) // max(1, L))
+    blocks = blocks_per_expert or max(1, 4 * gpu_sms(recv_x.device).held // max(1, L))
     build.load("symmoe_ll").masked_scale(recv_x.data_ptr(), recv_count.data_ptr(), scale.data_ptr(), out.data_ptr(),
                                          L, rows, H, blocks, stream_handle(recv_x.device))
     return out
