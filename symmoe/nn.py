@@ -144,9 +144,7 @@ class MoELayer(nn.Module):
         topk_idx, topk_weights = self.route(x)
         recv_x, _, handle, _, _ = buf.low_latency_dispatch(x, topk_idx, num_max_dispatch_tokens_per_rank,
                                                            self.num_experts)
-        h = torch.bmm(recv_x, self.w13)
-        y = torch.bmm(F.silu(h[..., :self.ffn_hidden]) * h[..., self.ffn_hidden:], self.w2)
-        out, _, _ = buf.low_latency_combine(y, topk_idx, topk_weights, handle)
+        out, _, _ = buf.low_latency_combine(_swiglu(recv_x, self.w13, self.w2), topk_idx, topk_weights, handle)
         if self.shared_w13 is not None:
             out = out + _swiglu(x, self.shared_w13, self.shared_w2)
         return out
@@ -211,9 +209,10 @@ def route_tokens(x: torch.Tensor, gate: torch.Tensor, *, topk: int, score_func: 
 
 
 def _swiglu(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """SwiGLU of rows ``x`` [N, H] (or, batched over experts, [L, N, H] with w13 [L, H, 2F])."""
     h = x @ w13
-    f = w2.shape[0]
-    return (F.silu(h[:, :f]) * h[:, f:]) @ w2
+    f = w2.shape[-2]
+    return (F.silu(h[..., :f]) * h[..., f:]) @ w2
 
 
 def _grouped_mm_ok(x: torch.Tensor, ffn_hidden: int) -> bool:

@@ -6,13 +6,13 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
-#include <cstring>
 #include <vector>
 
 #include "ctx_combine.cuh"
 #include "ctx_dispatch.cuh"
 #include "ctx_route.cuh"
 #include "ctx_state.cuh"
+#include "host_mapped.h"
 #include "host_wait.h"
 #include "launch_geometry.h"
 
@@ -36,15 +36,7 @@ void bind_context(pybind11::module_& m, Init init) {
                               py::arg("dispatch.route") = int(kStageRouteChunk));
   m.attr("DEFERRED") = py::dict(py::arg("capacity") = int(kDeferredCapacity), py::arg("bad_ids") = int(kDeferredBadIds));
   bind_counts_wait(m);
-  m.def("host_alloc_mapped", [](size_t nbytes) {
-    void* h = nullptr;
-    check(cudaHostAlloc(&h, nbytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");
-    std::memset(h, 0, nbytes);
-    void* d = nullptr;
-    check(cudaHostGetDevicePointer(&d, h, 0), "cudaHostGetDevicePointer");
-    return py::make_tuple(reinterpret_cast<uintptr_t>(h), reinterpret_cast<uintptr_t>(d));
-  }, "Pinned host memory the device can write: (host pointer, device pointer).");
-  m.def("host_free", [](uintptr_t h) { check(cudaFreeHost(reinterpret_cast<void*>(h)), "cudaFreeHost"); });
+  bind_host_mapped(m);
   m.def("check_launch_shape", [](const std::vector<int64_t>& shape, int device_sms) { launch_geometry(shape, device_sms); },
         py::arg("shape"), py::arg("device_sms"),
         "The check a Context makes of LaunchShape.kernel_args() on a GPU of device_sms SMs: ValueError naming the "

@@ -6,26 +6,18 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
-#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "../kernels/low_latency.cuh"
+#include "cuda_check.h"
+#include "host_mapped.h"
 
 namespace py = pybind11;
 using namespace symmoe;
 
 namespace {
-
-void check(cudaError_t e, const char* what) {
-  if (e != cudaSuccess) throw std::runtime_error(std::string("symmoe_ll: ") + what + ": " + cudaGetErrorString(e));
-}
-
-template <class T>
-T* P(uintptr_t p) {
-  return reinterpret_cast<T*>(p);
-}
 
 struct LowLatency {
   ll::Geometry g{};
@@ -135,15 +127,7 @@ PYBIND11_MODULE(symmoe_ll, m) {
   m.attr("STAGES") = py::dict(py::arg("low_latency_dispatch.receive") = int(ll::kStageDispatchRecv),
                               py::arg("low_latency_combine.receive") = int(ll::kStageCombineRecv),
                               py::arg("bad expert") = int(ll::kStageBadExpert));
-  m.def("host_alloc_mapped", [](size_t nbytes) {
-    void* h = nullptr;
-    check(cudaHostAlloc(&h, nbytes, cudaHostAllocMapped | cudaHostAllocPortable), "cudaHostAlloc");
-    std::memset(h, 0, nbytes);
-    void* dev = nullptr;
-    check(cudaHostGetDevicePointer(&dev, h, 0), "cudaHostGetDevicePointer");
-    return py::make_tuple(reinterpret_cast<uintptr_t>(h), reinterpret_cast<uintptr_t>(dev));
-  }, "Pinned host memory the device can write: (host pointer, device pointer).");
-  m.def("host_free", [](uintptr_t h) { check(cudaFreeHost(reinterpret_cast<void*>(h)), "cudaFreeHost"); });
+  bind_host_mapped(m);
   py::class_<LowLatency>(m, "LowLatency")
       .def(py::init<const std::vector<int64_t>&, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, double, int>(),
            py::arg("geometry"), py::arg("local"), py::arg("peer_bases"), py::arg("state"), py::arg("err"),

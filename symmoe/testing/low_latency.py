@@ -62,6 +62,17 @@ def check_recv(recv_x, count, handle, want: reference.LowLatencyRecv, ctx: str) 
         assert_bitwise(f"src_info[{j}][:{n}]", handle.src_info[j, :n], want.src_info[j, :n], ctx)
 
 
+def _combine_and_compare(buf: Buffer, y: torch.Tensor, idx: torch.Tensor, w: torch.Tensor, handle: Any, hook: bool,
+                         what: str, want: torch.Tensor, ctx: str) -> None:
+    """low_latency_combine (its hook run when ``hook``), the device waits checked, the result
+    bitwise against ``want``."""
+    out, _, hk = buf.low_latency_combine(y, idx, w, handle, return_recv_hook=hook)
+    if hook:
+        hk()
+    buf.check_low_latency(synchronize=y.device.type == "cuda")
+    assert_bitwise(what, out, want, ctx)
+
+
 def check_low_latency(rank: int, world_size: int, config: dict[str, Any], seed: int, T_max: int,
                       routings: tuple[Routing, ...] = CHECK_ROUTINGS, device: str = "cpu",
                       hooks: tuple[bool, ...] = (False, True), repeats: int = 1) -> int:
@@ -100,11 +111,7 @@ def check_low_latency(rank: int, world_size: int, config: dict[str, Any], seed: 
                     ys = [expert_op(ref.recv[r].recv_x, scales[r]) for r in range(world_size)]
                     want = reference.low_latency_combine(ys, ref, [r.topk_idx for r in ins],
                                                          [r.topk_weights for r in ins], b.num_experts)[rank]
-                    out, event, hk = buf.low_latency_combine(y, idx, w, handle, return_recv_hook=hook)
-                    if hook:
-                        hk()
-                    buf.check_low_latency(synchronize=dev.type == "cuda")
-                    assert_bitwise("combined_x", out, want, ctx)
+                    _combine_and_compare(buf, y, idx, w, handle, hook, "combined_x", want, ctx)
                     checked += 1
     return checked
 
@@ -163,11 +170,7 @@ def check_low_latency_fp8(rank: int, world_size: int, config: dict[str, Any], se
                                 .to(torch.bfloat16), scale_l[r]) for r in range(world_size)]
                 want_out = reference.low_latency_combine(ys, ref, [r.topk_idx for r in ins],
                                                          [r.topk_weights for r in ins], b.num_experts)[rank]
-                out, _, hk = buf.low_latency_combine(y, idx, w, handle, return_recv_hook=hook)
-                if hook:
-                    hk()
-                buf.check_low_latency(synchronize=dev.type == "cuda")
-                assert_bitwise("combined_x after an FP8 dispatch", out, want_out, ctx)
+                _combine_and_compare(buf, y, idx, w, handle, hook, "combined_x after an FP8 dispatch", want_out, ctx)
                 checked += 1
     return checked
 
