@@ -290,9 +290,8 @@ class Buffer:
         if not use_fp8:
             recv_x, count, handle, hook = engine.dispatch(x, topk_idx, return_recv_hook)
             return recv_x, count, handle, self._event(async_finish), hook
-        data, scales = fp8.quantize(x, "float32", round_scale)
-        rows, count, handle, hook = engine.dispatch(fp8.pack(data, scales, torch.empty_like(x)), topk_idx,
-                                                    return_recv_hook, lowlat.fp8_row_bytes(x.shape[1]))
+        rows, count, handle, hook = engine.dispatch(engine.fp8_rows(x, round_scale), topk_idx, return_recv_hook,
+                                                    lowlat.fp8_row_bytes(x.shape[1]))
         recv_data, recv_scales, finish = lowlat.fp8_outputs(rows, use_ue8m0)
         if hook is None:
             finish()

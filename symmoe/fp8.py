@@ -25,6 +25,7 @@ from .errors import InputError
 
 FP8_DTYPE = torch.float8_e4m3fn
 BLOCK = 128  # channels per scale
+FP8_MAX = 448.0  # largest finite e4m3
 SCALE_LAYOUTS = ("row", "mn_major")
 TMA_ALIGN_BYTES = 16  # DeepGEMM's get_tma_aligned_size: MN padded to 16 bytes of scales
 
@@ -182,12 +183,15 @@ def quantize(x: torch.Tensor, scale_format: str = "float32", round_scale: bool =
         raise InputError(f"x has hidden size {H}; FP8 needs a multiple of {BLOCK}")
     blocks = x.float().view(T, H // BLOCK, BLOCK)
     amax = blocks.abs().amax(dim=2).clamp(min=1e-4)
+    # A tensor divisor: torch divides a CUDA tensor by a Python number as a multiply by its
+    # rounded reciprocal, so amax / 448.0 would differ between devices (and from the kernels).
+    fp8_max = torch.full_like(amax, FP8_MAX)
     if scale_format == "float32" and not round_scale:
-        scale, mul = amax / 448.0, 448.0 / amax
+        scale, mul = amax / fp8_max, fp8_max / amax
     else:
         # 2^ceil(log2(amax / 448)) from the exponent (frexp: v = m * 2^e, m in [0.5, 1)), exact
         # on every device where a rounded log2 might not be.
-        m, e = torch.frexp(amax / 448.0)
+        m, e = torch.frexp(amax / fp8_max)
         scale = torch.ldexp(torch.ones_like(m), torch.where(m == 0.5, e - 1, e))
         mul = 1.0 / scale
     data = (blocks * mul.unsqueeze(2)).to(FP8_DTYPE).view(T, H)

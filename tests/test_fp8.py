@@ -169,8 +169,10 @@ def test_quantize_matches_deep_gemms_per_token_cast_and_refuses_other_formats(se
     x = torch.randn(5, 256, generator=torch.Generator().manual_seed(seed)) * 10
     data, sf = fp8.quantize(x)
     amax = x.view(5, 2, 128).abs().amax(2).clamp(min=1e-4)
-    assert torch.equal(sf, amax / 448.0)
-    want = (x.view(5, 2, 128) * (448.0 / amax).unsqueeze(2)).to(torch.float8_e4m3fn).view(5, 256)
+    # IEEE fp32 divisions (correctly rounded, as a float64 division rounded once is), on every
+    # device: not a multiply by 448's rounded reciprocal, which torch does for a CUDA tensor.
+    assert torch.equal(sf, (amax.double() / 448).float())
+    want = (x.view(5, 2, 128) * (448 / amax.double()).float().unsqueeze(2)).to(torch.float8_e4m3fn).view(5, 256)
     assert torch.equal(data.view(torch.uint8), want.view(torch.uint8))
     d8, packed = fp8.quantize(x, "ue8m0")
     assert packed.shape == (5, 1) and packed.dtype == torch.int32

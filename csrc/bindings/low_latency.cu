@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../kernels/fp8_pack.cuh"
 #include "../kernels/low_latency.cuh"
 #include "cuda_check.h"
 #include "host_mapped.h"
@@ -120,6 +121,20 @@ void masked_scale(uintptr_t x, uintptr_t count, uintptr_t scale, uintptr_t out, 
   check(cudaGetLastError(), "masked_scale_kernel launch");
 }
 
+// use_fp8's rows (kernels/fp8_pack.cuh): x bfloat16 [T, H] -> e4m3 bytes and float32 scales in
+// the first bytes of each row of out (rows 2H bytes apart), as symmoe/fp8.py's quantize + pack.
+void fp8_pack(uintptr_t x, uintptr_t out, int64_t T, int hidden, bool round_scale, uintptr_t stream) {
+  if (hidden % kFp8Block || T < 0)
+    throw std::invalid_argument("symmoe_ll.fp8_pack: hidden=" + std::to_string(hidden) + ", T=" + std::to_string(T) +
+                                "; hidden must be a multiple of 128 and T >= 0");
+  const int64_t warps = T * (hidden / kFp8Block);
+  if (warps == 0) return;
+  fp8_pack_kernel<<<unsigned((warps + 7) / 8), 256, 0, P<CUstream_st>(stream)>>>(P<const __nv_bfloat16>(x),
+                                                                                  P<uint8_t>(out), T, hidden,
+                                                                                  round_scale);
+  check(cudaGetLastError(), "fp8_pack_kernel launch");
+}
+
 }  // namespace
 
 PYBIND11_MODULE(symmoe_ll, m) {
@@ -141,4 +156,6 @@ PYBIND11_MODULE(symmoe_ll, m) {
   m.def("masked_scale", &masked_scale, py::arg("x"), py::arg("count"), py::arg("scale"), py::arg("out"), py::arg("L"),
         py::arg("rows"), py::arg("hidden"), py::arg("blocks_per_expert"), py::arg("stream"),
         "out[j, q] = x[j, q] * scale[j] (bfloat16) for q < count[j]: the benchmark's expert op, received rows only.");
+  m.def("fp8_pack", &fp8_pack, py::arg("x"), py::arg("out"), py::arg("T"), py::arg("hidden"), py::arg("round_scale"),
+        py::arg("stream"), "FP8 rows of x into out (symmoe.fp8 quantize + pack) in one kernel.");
 }

@@ -19,8 +19,9 @@ timed repeats, a few dispatch + combine pairs run with the kernels' global-timer
 (``set_stamps``), and each phase's median µs is reported, the slowest rank's (``phases_us``;
 ``--no-phases`` skips it): ``send`` (the send kernel, first block's start to last block's end),
 ``gap`` (send end to receive start: launch and host), ``wait`` (receive start until its last
-block got every flag: the slowest peer's send), ``recv`` (from there to the receive's end) and
-``device`` (send start to receive end).
+block got every flag: the slowest peer's send), ``recv`` (from there to the receive's end),
+``device`` (send start to receive end) and ``host`` (the call's host time, Python and launches,
+until it returns: where it exceeds ``device`` the call is bound by the host).
 
 ``python -m symmoe.bench.low_latency --world-sizes 2,4 --tokens 128 --json ll.json``
 """
@@ -149,7 +150,7 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
     return {"cells": cells, "notes": notes}
 
 
-PHASES = ("send", "gap", "wait", "recv", "device")
+PHASES = ("send", "gap", "wait", "recv", "device", "host")
 
 
 def _phases(engine: Any, ll_dispatch: Any, ll_combine: Any, sync: Any, device: torch.device,
@@ -160,19 +161,28 @@ def _phases(engine: Any, ll_dispatch: Any, ll_combine: Any, sync: Any, device: t
     init = torch.zeros(12, dtype=torch.int64, device=device)
     init[0::3] = -1  # start columns take the minimum
     per_call: list[list[int]] = []
+    host: dict[str, list[float]] = {"dispatch": [], "combine": []}
     engine.set_stamps(stamps)
     try:
         for _ in range(calls):
             stamps.copy_(init)
             torch.cuda.synchronize()
             sync()
+            t0 = time.perf_counter()
             ll_dispatch()
+            t1 = time.perf_counter()
             ll_combine()
+            t2 = time.perf_counter()
             torch.cuda.synchronize()
             per_call.append(stamps.tolist())
+            host["dispatch"].append(t1 - t0)
+            host["combine"].append(t2 - t1)
     finally:
         engine.set_stamps(None)
-    return phase_medians(per_call)
+    out = phase_medians(per_call)
+    for op, spent in host.items():
+        out[op]["host"] = round(statistics.median(spent) * 1e6, 2)
+    return out
 
 
 def phase_medians(per_call: list[list[int]]) -> dict[str, dict[str, float]]:
@@ -215,9 +225,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
     if phases:
         lines += ["", "| W | tokens/rank | low-latency op | " + " | ".join(PHASES) + " |",
                   "|---|---|---|" + "---|" * len(PHASES)]
-        lines += [f"| {W} | {T} | {op} | " + " | ".join(f"{p[n]:.1f}" for n in PHASES) + " |"
+        lines += [f"| {W} | {T} | {op} | " + " | ".join(f"{p[n]:.1f}" if n in p else "-" for n in PHASES) + " |"
                   for W, T, op, p in phases]
-        lines.append("(device µs from the kernels' stamps, median per rank, then the slowest rank's)")
+        lines.append("(device µs from the kernels' stamps, host µs from the host's clock: median per rank, then the "
+                     "slowest rank's)")
     return "\n".join(lines) + "\n"
 
 

@@ -25,7 +25,7 @@ from typing import Callable
 
 import torch
 
-from .. import build
+from .. import build, fp8
 from ..config import Config
 from ..errors import CapacityError, InputError, StallError
 from ..low_latency import LowLatencyHandle, LowLatencyLayout
@@ -78,6 +78,12 @@ class _Engine:
     def shapes(self) -> dict[str, int]:
         """The kernels' launch shapes (blocks, threads, work split); empty on the host."""
         return {}
+
+    def fp8_rows(self, x: torch.Tensor, round_scale: bool) -> torch.Tensor:
+        """use_fp8's rows: ``x`` bfloat16 [T, H] -> [T, H] rows whose first bytes hold the e4m3
+        data and float32 scales (``fp8.quantize`` + ``fp8.pack``)."""
+        data, scales = fp8.quantize(x, "float32", round_scale)
+        return fp8.pack(data, scales, torch.empty_like(x))
 
     def close(self) -> None:
         pass
@@ -266,6 +272,12 @@ class CudaLowLatency(_Engine):
                 else f"rank {peer}'s rows of call {value} never came back")
         self.mem.mark_broken()
         raise StallError(self.rank, name, self.timeout_s, f"{what}; this Buffer's low-latency mode is unusable now")
+
+    def fp8_rows(self, x: torch.Tensor, round_scale: bool) -> torch.Tensor:
+        """As the host's, in one kernel (kernels/fp8_pack.cuh) rather than a dozen torch ops."""
+        out = torch.empty_like(x)
+        self.mod.fp8_pack(x.data_ptr(), out.data_ptr(), x.shape[0], x.shape[1], round_scale, stream_handle(self.device))
+        return out
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, deferred: bool, row_bytes: int = 0):
         """``row_bytes`` > 0: only the first ``row_bytes`` of each row move (FP8 rows)."""

@@ -262,8 +262,8 @@ def check_torchtitan(rank: int, world_size: int, config: dict[str, Any], seed: i
             for (s, t, k), row in where.items():
                 want[row] = xs[s][t]
             assert_bitwise("routed rows", routed, want, ctx)
-            if per_expert.tolist() != sizes or per_expert.dtype != torch.int64 or per_expert.device != dev:
-                raise AssertionError(f"{ctx}: tokens per local expert {per_expert} != int64 {sizes} on {dev}")
+            if per_expert.tolist() != sizes or per_expert.dtype != torch.int64 or per_expert.device != x.device:
+                raise AssertionError(f"{ctx}: tokens per local expert {per_expert} != int64 {sizes} on {x.device}")
             T = xs[rank].shape[0]
             mine = idxs[rank]
             owner = [[int(mine[t, k]) // L if int(mine[t, k]) >= 0 else -1 for k in range(K)] for t in range(T)]

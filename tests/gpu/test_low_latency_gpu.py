@@ -31,6 +31,32 @@ def test_fp8_dispatch_moves_e4m3_rows_and_scales_bitwise(world_size, hidden, see
     assert _on_ranks(check_low_latency_fp8, world_size, (cfg, seed + 21, 64, "cuda")) == [6] * world_size
 
 
+@pytest.mark.parametrize("round_scale", [False, True])
+def test_the_fp8_rows_kernel_equals_quantize_and_pack_bitwise(round_scale, seed):
+    """One kernel does use_fp8's cast (kernels/fp8_pack.cuh); its rows equal symmoe.fp8's torch
+    ops on the same GPU bit for bit, on blocks that probe the cast's edges: all zeros (amax
+    clamped to 1e-4), amax exactly 448 times a power of two, values that land on e4m3
+    subnormals, and bfloat16's largest magnitudes."""
+    import torch
+
+    from symmoe import build, fp8
+    g = torch.Generator().manual_seed(seed)
+    T, H = 37, 1024
+    x = torch.randn(T, H, generator=g) * torch.exp2(torch.randint(-12, 12, (T, 1), generator=g).float())
+    x[0] = 0
+    x[1, :128] = 448.0 * 2.0 ** -3
+    x[2, 128:256] *= 1e-6
+    x[3, 256:384] = torch.finfo(torch.bfloat16).max * torch.sign(torch.randn(128, generator=g))
+    x = x.to(torch.bfloat16).cuda()
+    want = fp8.pack(*fp8.quantize(x, "float32", round_scale), torch.zeros_like(x))
+    got = torch.zeros_like(x)
+    build.load("symmoe_ll").fp8_pack(x.data_ptr(), got.data_ptr(), T, H, round_scale,
+                                     torch.cuda.current_stream().cuda_stream)
+    torch.cuda.synchronize()
+    data_bytes = H + 4 * (H // 128)  # what moves; the rest of each row is not written
+    assert torch.equal(got.view(torch.uint8)[:, :data_bytes], want.view(torch.uint8)[:, :data_bytes])
+
+
 @pytest.mark.parametrize("hooks", [False, True])
 def test_a_captured_step_replays_1000_times_bitwise_equal_to_eager(hooks, seed):
     cfg = gpu_config(**{"buffer.hidden": 2048})
