@@ -166,24 +166,50 @@ class MoELayer(nn.Module):
             acc = acc + c.unsqueeze(1) * _swiglu(x, self.w13[e], self.w2[e]).float()
         return acc.to(x.dtype)
 
-    def _grouped(self, x: torch.Tensor, slots: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
-        """One grouped GEMM per projection: (row, slot) pairs sorted by expert (masked pairs last,
-        past the last group), then back to their pairs and summed over the slots in fp32. Pairs
-        are a permutation of the expanded rows, so no gradient is accumulated by atomics."""
+    def _grouped(self, x: torch.Tensor, slots: torch.Tensor, coef: torch.Tensor, gmm=None) -> torch.Tensor:
+        """One grouped GEMM per projection (``gmm``: ``torch._grouped_mm``): (row, slot) pairs
+        sorted by expert (masked pairs last, past the last group), then back to their pairs and
+        summed over the slots in fp32. Pairs are a permutation of the expanded rows, so no
+        gradient is accumulated by atomics. Only bfloat16 tensors of all pairs are kept
+        (``_SlotSum``): fp32 ones of [rows x topk, hidden] took several GB per rank."""
+        gmm = gmm or torch._grouped_mm
         P, S = slots.shape
         L, Fh = self.local_experts, self.ffn_hidden
         key = torch.where(slots < 0, L, slots).reshape(-1)
         perm = torch.argsort(key, stable=True)
         offs = torch.bincount(key, minlength=L + 1)[:L].cumsum(0).to(torch.int32)
         live = (key[perm] < L).unsqueeze(1)
-        # _grouped_mm leaves the rows past the last group unwritten, in its outputs and in its
-        # input gradients: every where() below keeps that garbage (NaN at times) out of both.
+        # The grouped GEMM leaves the rows past the last group unwritten, in its outputs and in
+        # its input gradients: every where() below keeps that garbage (NaN at times) out of both.
         xs = torch.where(live, x.unsqueeze(1).expand(P, S, x.shape[1]).reshape(P * S, -1)[perm], 0)
-        h = torch.where(live, torch._grouped_mm(xs, self.w13, offs=offs), 0)
-        o = torch._grouped_mm((F.silu(h[:, :Fh]) * h[:, Fh:]).contiguous(), self.w2, offs=offs)
-        o = torch.where(live, o.float() * coef.reshape(-1)[perm].unsqueeze(1), 0.0)
-        pairs = torch.zeros_like(o).index_copy(0, perm, o)
-        return pairs.view(P, S, -1).sum(1).to(x.dtype)
+        h = torch.where(live, gmm(xs, self.w13, offs=offs), 0)
+        o = torch.where(live, gmm((F.silu(h[:, :Fh]) * h[:, Fh:]).contiguous(), self.w2, offs=offs), 0)
+        pairs = torch.zeros_like(o).index_copy(0, perm, o).view(P, S, -1)
+        return _SlotSum.apply(pairs, torch.where(slots < 0, 0.0, coef.float())).to(x.dtype)
+
+
+class _SlotSum(torch.autograd.Function):
+    """``sum_s coef[p, s] * rows[p, s]`` in fp32, slots in ascending order, keeping ``rows`` in
+    its own dtype for the backward (autograd would keep the fp32 products, [P, S, H])."""
+
+    @staticmethod
+    def forward(ctx, rows: torch.Tensor, coef: torch.Tensor) -> torch.Tensor:
+        acc_dtype = torch.promote_types(rows.dtype, coef.dtype)
+        acc = rows[:, 0].to(acc_dtype) * coef[:, :1]
+        for s in range(1, rows.shape[1]):
+            acc = acc + rows[:, s].to(acc_dtype) * coef[:, s:s + 1]
+        ctx.save_for_backward(rows, coef)
+        return acc
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        rows, coef = ctx.saved_tensors
+        g_rows = g_coef = None
+        if ctx.needs_input_grad[0]:
+            g_rows = torch.stack([(grad * coef[:, s:s + 1]).to(rows.dtype) for s in range(rows.shape[1])], 1)
+        if ctx.needs_input_grad[1]:
+            g_coef = torch.stack([(grad * rows[:, s].to(grad.dtype)).sum(1) for s in range(rows.shape[1])], 1)
+        return g_rows, g_coef
 
 
 def route_tokens(x: torch.Tensor, gate: torch.Tensor, *, topk: int, score_func: str = "softmax",

@@ -184,3 +184,64 @@ def test_misused_arguments_are_refused_naming_the_value(seed):
             MoELayer(buf, 16, num_groups=3, topk_groups=2)
         with pytest.raises(InputError, match=r"^score_func='relu'; allowed: 'softmax', 'sigmoid'$"):
             MoELayer(buf, 16, score_func="relu")
+
+
+class _GarbageGroupedMM(torch.autograd.Function):
+    """torch._grouped_mm's contract on the CPU: rows of each group through its matrix, and the
+    rows past the last group left unwritten, here NaN, in the output and in the input gradient."""
+
+    @staticmethod
+    def forward(ctx, x, w, offs):
+        ctx.save_for_backward(x, w, offs)
+        out = torch.full((x.shape[0], w.shape[2]), float("nan"), dtype=x.dtype)
+        start = 0
+        for g, end in enumerate(offs.tolist()):
+            out[start:end] = x[start:end] @ w[g]
+            start = end
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, w, offs = ctx.saved_tensors
+        gx, gw = torch.full_like(x, float("nan")), torch.zeros_like(w)
+        start = 0
+        for g, end in enumerate(offs.tolist()):
+            gx[start:end] = grad[start:end] @ w[g].T
+            gw[g] = x[start:end].T @ grad[start:end]
+            start = end
+        return gx, gw, None
+
+
+@pytest.mark.parametrize("layout", ["rank", "expert"])
+def test_the_grouped_gemm_experts_equal_the_loop_over_experts_and_keep_garbage_rows_out(layout, seed):
+    """MoELayer's grouped path (taken on the GPU) against its loop over experts (float32,
+    1e-5: the slot sum and the expert loop add in other orders), forward and every gradient,
+    with a grouped GEMM that leaves NaN wherever torch._grouped_mm leaves memory unwritten."""
+    from symmoe.nn import MoELayer
+    g = torch.Generator().manual_seed(seed)
+    with Buffer(None, small_config(**{"buffer.dtype": "float32"})) as buf:
+        layer = MoELayer(buf, 24, seed=seed)
+        L, N, K = layer.local_experts, 40, buf.config.buffer.topk
+        x = torch.randn(N, layer.hidden, generator=g)
+        if layout == "rank":
+            idx = torch.randint(0, L, (N, K), generator=g)
+            idx[torch.rand(N, K, generator=g) < 0.4] = -1
+            idx[:3] = -1  # rows no local slot names (worst-size padding)
+            w = torch.randn(N, K, generator=g)  # masked slots too: never read
+            slots, coef = idx, w
+        else:
+            idx = torch.randint(-1, L, (N,), generator=g)
+            slots, coef, w = idx.unsqueeze(1), (idx >= 0).float().unsqueeze(1), None
+        outs = []
+        for grouped in (False, True):
+            layer.zero_grad()
+            xi = x.clone().requires_grad_(True)
+            ci = coef.clone().requires_grad_(True)
+            y = (layer._grouped(xi, slots, ci, gmm=_GarbageGroupedMM.apply) if grouped
+                 else layer.experts(xi, idx, ci if w is not None else None))
+            y.backward(torch.randn(y.shape, generator=torch.Generator().manual_seed(seed + 1)))
+            outs.append((y.detach(), xi.grad, layer.w13.grad.clone(), layer.w2.grad.clone(),
+                         ci.grad if w is not None else torch.zeros(())))
+        for name, a, b in zip(("output", "x grad", "w13 grad", "w2 grad", "weights grad"), *outs):
+            assert bool(torch.isfinite(b).all()), f"{name}: NaN from unwritten rows reached it"
+            torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
