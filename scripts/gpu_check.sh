@@ -8,7 +8,7 @@
 #   the CUDA graph replayed 1000 times) and its benchmark (symmoe.bench.low_latency: $LL_TOKENS (128)
 #   tokens per rank at W = $LL_WORLD_SIZES (2,4), beside DeepEP V1's normal mode when deep_ep imports;
 #   LL_SET='low_latency.num_sms=66' sets symmoe config values for it; it prints each op's phases from the
-#   kernels' timer stamps after the timings)
+#   kernels' timer stamps after the timings, then each call's host time split by layer: --trace-host)
 #   fp8: the FP8 dispatch tests on every backend (tests/gpu/test_fp8_gpu.py), then FP8 beside bf16
 #   dispatch in one run (symmoe.bench.deepep --fp8, DeepEP too when built); DEEPEP_FP8=float32 adds
 #   the FP8 ops to the deepep section
@@ -194,7 +194,7 @@ for s in "${SECTIONS[@]}"; do
       [ "$rc" -ne 0 ] && status=1
       llsets=(); for kv in ${LL_SET:-}; do llsets+=(--set "$kv"); done  # e.g. LL_SET='low_latency.num_sms=66'
       timeout ${LL_LIMIT_S:-240} python3 -m symmoe.bench.low_latency --world-sizes "${LL_WORLD_SIZES:-2,4}" ${llsets[@]+"${llsets[@]}"} \
-        --tokens "${LL_TOKENS:-128}" --repeats "${BENCH_REPEATS:-50}" --json "$LOG/lowlat.json" --md "$LOG/lowlat.md" \
+        --tokens "${LL_TOKENS:-128}" --repeats "${BENCH_REPEATS:-50}" --trace-host --json "$LOG/lowlat.json" --md "$LOG/lowlat.md" \
         2>&1 | grep -v -i "warn" | tee "$LOG/lowlat.log"
       rc=${PIPESTATUS[0]}; note "low-latency bench exit $rc"; [ "$rc" -ne 0 ] && status=1
       reap_ranks ;;

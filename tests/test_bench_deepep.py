@@ -106,3 +106,27 @@ def test_the_fp8_option_names_its_scale_kinds(capsys):
     with pytest.raises(SystemExit):
         deepep.main(["--fp8", "e5m2"])
     assert "invalid choice: 'e5m2' (choose from 'none', 'float32', 'ue8m0')" in capsys.readouterr().err
+
+
+def test_host_split_times_each_named_layer_and_kernel_method_then_puts_them_back():
+    class Kernels:  # a pybind11 object's stand-in: methods only
+        def launch(self, n):
+            return n + 1
+
+    class Engine:
+        def __init__(self):
+            self.kernels = Kernels()
+
+        def step(self):
+            return self.kernels.launch(1) + self.kernels.launch(2)
+
+    eng = Engine()
+    calls, syncs = [], []
+    split = deepep.host_split(lambda: calls.append(eng.step()), lambda: syncs.append(1),
+                              [(eng, "step", "engine.step"), (eng, "absent", "never")], [(eng, "kernels", "k")],
+                              calls=3, device_sync=lambda: None)
+    assert calls == [5, 5, 5] and syncs == [1, 1, 1]
+    assert set(split) == {"call", "engine.step", "k.launch"}  # what does not exist is not timed
+    assert all(v >= 0 for v in split.values()) and split["call"] >= split["engine.step"] >= split["k.launch"]
+    assert list(split) == sorted(split, key=lambda k: -split[k])
+    assert "step" not in eng.__dict__ and type(eng.kernels) is Kernels  # as they were

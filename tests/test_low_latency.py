@@ -229,3 +229,19 @@ def test_the_benchmark_turns_the_kernels_stamps_into_phases_and_prints_the_slowe
     assert "| 2 | 128 | dispatch | 10.0 | 2.0 | 8.0 | 5.0 | 25.0 |" in md  # each phase's slowest rank
     assert "| 2 | 128 | combine | 4.0 | 1.0 | 1.0 | 4.0 | 10.0 |" in md
     assert "low-latency op" not in markdown([summarize(2, [rank(p), rank(None)])])
+
+
+def test_the_benchmark_prints_rank_0s_host_split_beside_the_hosts_speed():
+    from symmoe.bench.low_latency import markdown, summarize
+    split = {"python_loop_us": 2500.0, "launch_us": 4.1,
+             "dispatch+combine": {"call": 240.0, "Buffer.low_latency_dispatch": 180.0, "ll.dispatch_send": 9.0},
+             "fp8 dispatch": {"call": 300.0, "engine.fp8_rows": 20.0}}
+    rank = lambda s: {"cells": {"128": {"median_us": {"symmoe-ll": {"dispatch": 1.0}}, "graph_bitwise": True,  # noqa: E731
+                                        **({"host_split_us": s} if s else {})}}, "notes": {}}
+    res = summarize(4, [rank(split), rank({"python_loop_us": 1.0})])
+    assert res["host_split_us"] == {"128": split}  # rank 0's
+    md = markdown([res])
+    assert "W=4, 128 tokens, rank 0, host µs per call (python loop 2500.0 µs, one launch 4.1 µs):" in md
+    assert "- dispatch+combine: call 240.0, Buffer.low_latency_dispatch 180.0, ll.dispatch_send 9.0" in md
+    assert "- fp8 dispatch: call 300.0, engine.fp8_rows 20.0" in md
+    assert "host µs per call" not in markdown([summarize(4, [rank(None)])])

@@ -160,31 +160,60 @@ class _Clock:
 
 
 class _CtxProxy:
-    """The kernel context with every method call timed on the host."""
+    """A kernel object (the context, the low-latency kernels) with every method call timed on the host."""
 
-    def __init__(self, ctx: Any, clock: _Clock):
-        self._ctx, self._clock = ctx, clock
+    def __init__(self, ctx: Any, clock: _Clock, prefix: str = "ctx"):
+        self._ctx, self._clock, self._prefix = ctx, clock, prefix
 
     def __getattr__(self, name: str) -> Any:
         attr = getattr(self._ctx, name)
-        return self._clock.wrap(f"ctx.{name}", attr) if callable(attr) else attr
+        return self._clock.wrap(f"{self._prefix}.{name}", attr) if callable(attr) else attr
+
+
+def host_split(fn: Callable[[], Any], sync: Callable[[], None], targets: list[tuple[Any, str, str]],
+               proxies: list[tuple[Any, str, str]] = (), calls: int = 20,
+               device_sync: Callable[[], None] = torch.cuda.synchronize) -> dict[str, float]:
+    """Host µs per call of ``fn`` (``call``) and of each callable in it that ``targets`` names
+    (``(object, attribute, label)``: the attribute wrapped for the ``calls`` calls, then put
+    back) and of every method of each ``proxies`` object (``(object, attribute, prefix)``: a
+    pybind11 kernel object, its launches); the longest first."""
+    clock = _Clock()
+    saved: list[tuple[Any, str, Any]] = []
+    try:
+        for obj, attr, label in targets:
+            if hasattr(obj, attr):
+                saved.append((obj, attr, obj.__dict__.get(attr)))
+                setattr(obj, attr, clock.wrap(label, getattr(obj, attr)))
+        for obj, attr, prefix in proxies:
+            if hasattr(obj, attr):
+                saved.append((obj, attr, obj.__dict__.get(attr)))
+                setattr(obj, attr, _CtxProxy(getattr(obj, attr), clock, prefix))
+        whole = clock.wrap("call", fn)
+        for _ in range(calls):
+            device_sync()
+            sync()
+            whole()
+            device_sync()
+    finally:
+        for obj, attr, old in reversed(saved):
+            if old is None:
+                delattr(obj, attr)
+            else:
+                setattr(obj, attr, old)
+    return {k: round(v / calls * 1e6, 1) for k, v in sorted(clock.spent.items(), key=lambda kv: -kv[1])}
 
 
 def _trace_host(im: Impl, op: str, sync: Callable[[], None], calls: int = 20) -> dict[str, float]:
     """Host µs per call of the whole call and, for symmoe, of its layers and each kernel-context
     method (launches): where a call's host time goes."""
-    clock = _Clock()
     sym = getattr(im.buf, "symmoe", None)
-    saved: list[tuple[Any, str, Any]] = []
+    targets: list[tuple[Any, str, str]] = []
+    proxies: list[tuple[Any, str, str]] = []
     if sym is not None:
         proto = sym._protocol
         targets = [(sym, "dispatch", "Buffer.dispatch"), (sym, "combine", "Buffer.combine"),
                    (proto, "dispatch", "protocol.dispatch"), (proto, "dispatch_cached", "protocol.dispatch_cached"),
                    (proto, "combine", "protocol.combine"), (proto, "_wait_counts", "protocol._wait_counts")]
-        for obj, attr, label in targets:
-            if hasattr(obj, attr):
-                saved.append((obj, attr, obj.__dict__.get(attr)))
-                setattr(obj, attr, clock.wrap(label, getattr(obj, attr)))
         from .. import buffer as buffer_mod
         from ..protocol import base as base_mod, counts as counts_mod, cuda as cuda_mod
 
@@ -192,26 +221,9 @@ def _trace_host(im: Impl, op: str, sync: Callable[[], None], calls: int = 20) ->
                           (buffer_mod.validate, "check_combine"), (buffer_mod.EventOverlap, "record"),
                           (base_mod.Protocol, "_outputs"), (cuda_mod, "make_handle"), (cuda_mod, "recv_views"),
                           (cuda_mod, "summarized_result"), (counts_mod, "cached_rows"), (cuda_mod, "cached_rows")):
-            if hasattr(obj, attr):
-                saved.append((obj, attr, obj.__dict__.get(attr)))
-                setattr(obj, attr, clock.wrap(f"{getattr(obj, '__name__', obj)}.{attr}", getattr(obj, attr)))
-        if hasattr(proto, "ctx"):
-            saved.append((proto, "ctx", proto.ctx))
-            proto.ctx = _CtxProxy(proto.ctx, clock)
-    whole = clock.wrap("call", lambda: im.call(op))
-    try:
-        for _ in range(calls):
-            torch.cuda.synchronize()
-            sync()
-            whole()
-            torch.cuda.synchronize()
-    finally:
-        for obj, attr, old in saved:
-            if old is None:
-                delattr(obj, attr)
-            else:
-                setattr(obj, attr, old)
-    return {k: round(v / calls * 1e6, 1) for k, v in sorted(clock.spent.items(), key=lambda kv: -kv[1])}
+            targets.append((obj, attr, f"{getattr(obj, '__name__', obj)}.{attr}"))
+        proxies = [(proto, "ctx", "ctx")]
+    return host_split(lambda: im.call(op), sync, targets, proxies, calls)
 
 
 def _api_table(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 10, rows: int = 30) -> str:

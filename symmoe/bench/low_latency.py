@@ -21,7 +21,10 @@ timed repeats, a few dispatch + combine pairs run with the kernels' global-timer
 ``gap`` (send end to receive start: launch and host), ``wait`` (receive start until its last
 block got every flag: the slowest peer's send), ``recv`` (from there to the receive's end),
 ``device`` (send start to receive end) and ``host`` (the call's host time, Python and launches,
-until it returns: where it exceeds ``device`` the call is bound by the host).
+until it returns: where it exceeds ``device`` the call is bound by the host). ``--trace-host``
+then splits that host time by layer (``host_split_us``, rank 0's: the Buffer call, its checks,
+the engine, its outputs, each pybind11 launch of ``ll``/``mod``), beside the host's speed
+(``python_loop_us``: a plain loop of 100000 additions; ``launch_us``: one tiny torch launch).
 
 ``python -m symmoe.bench.low_latency --world-sizes 2,4 --tokens 128 --json ll.json``
 """
@@ -38,7 +41,7 @@ import torch
 
 from .. import launch
 from ..config import Config, parse_key_value
-from .deepep import SHAPE, Impl, _inputs, _timed, rank_env
+from .deepep import SHAPE, Impl, _inputs, _launch_us, _python_us, _timed, host_split, rank_env
 from .gpu import provenance
 
 OPS = ("dispatch", "combine", "step")
@@ -144,6 +147,10 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
         if spec["phases"]:
             cells[str(T)]["phases_us"] = _phases(buf._ll[2], ll_dispatch, ll_combine, sync, device)
             buf.check_low_latency(synchronize=True)
+        if spec["trace_host"]:
+            cells[str(T)]["host_split_us"] = _host_split(buf, ll_dispatch, ll_combine,
+                                                         ll_dispatch_fp8 if fp8_ok else None, sync)
+            buf.check_low_latency(synchronize=True)
         del graph
         buf.close()
         normal.buf.destroy()
@@ -151,6 +158,27 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 PHASES = ("send", "gap", "wait", "recv", "device", "host")
+
+
+def _host_split(buf: Any, ll_dispatch: Any, ll_combine: Any, ll_dispatch_fp8: Any, sync: Any) -> dict[str, Any]:
+    """Host µs per call by layer (``symmoe.bench.deepep.host_split``): a dispatch + combine pair,
+    and the FP8 dispatch alone, with the host's speed beside them."""
+    from .. import buffer as buffer_mod
+    from ..protocol import low_latency as engine_mod
+    eng = buf._ll[2]
+    targets = [(buf, "low_latency_dispatch", "Buffer.low_latency_dispatch"),
+               (buf, "low_latency_combine", "Buffer.low_latency_combine"), (buf, "_low_latency", "Buffer._low_latency"),
+               (buffer_mod.EventOverlap, "record", "EventOverlap.record"), (engine_mod, "stream_handle", "stream_handle"),
+               (eng, "dispatch", "engine.dispatch"), (eng, "combine", "engine.combine"), (eng, "_outputs", "engine._outputs"),
+               (eng, "fp8_rows", "engine.fp8_rows")]
+    targets += [(buffer_mod.lowlat, name, f"low_latency.{name}")
+                for name in ("check_dispatch", "check_fp8", "check_combine", "fp8_outputs")]
+    proxies = [(eng, "ll", "ll"), (eng, "mod", "mod")]
+    out: dict[str, Any] = {"python_loop_us": _python_us(), "launch_us": _launch_us()}
+    out["dispatch+combine"] = host_split(lambda: (ll_dispatch(), ll_combine()), sync, targets, proxies)
+    if ll_dispatch_fp8 is not None:
+        out["fp8 dispatch"] = host_split(ll_dispatch_fp8, sync, targets, proxies)
+    return out
 
 
 def _phases(engine: Any, ll_dispatch: Any, ll_combine: Any, sync: Any, device: torch.device,
@@ -211,6 +239,8 @@ def summarize(world_size: int, ranks: list[dict[str, Any]]) -> dict[str, Any]:
             "launch": {T: ranks[0]["cells"][T].get("launch") for T in ranks[0]["cells"]},
             "phases_us": {T: _slowest_phases([r["cells"][T].get("phases_us") for r in ranks])
                           for T in ranks[0]["cells"]},
+            "host_split_us": {T: ranks[0]["cells"][T]["host_split_us"] for T in ranks[0]["cells"]
+                              if "host_split_us" in ranks[0]["cells"][T]},
             "notes": {i: r["notes"] for i, r in enumerate(ranks) if r["notes"]}}
 
 
@@ -229,6 +259,13 @@ def markdown(results: list[dict[str, Any]]) -> str:
                   for W, T, op, p in phases]
         lines.append("(device µs from the kernels' stamps, host µs from the host's clock: median per rank, then the "
                      "slowest rank's)")
+    for res in results:
+        for T, split in (res.get("host_split_us") or {}).items():
+            lines.append(f"\nW={res['world_size']}, {T} tokens, rank 0, host µs per call (python loop "
+                         f"{split['python_loop_us']} µs, one launch {split['launch_us']} µs):")
+            for what in ("dispatch+combine", "fp8 dispatch"):
+                if what in split:
+                    lines.append(f"- {what}: " + ", ".join(f"{k} {v}" for k, v in split[what].items()))
     return "\n".join(lines) + "\n"
 
 
@@ -248,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--no-phases", action="store_true", help="skip the phase times (the kernels' timer stamps)")
+    ap.add_argument("--trace-host", action="store_true", help="split each call's host time by layer and launch")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="symmoe config value for both modes (repeatable), e.g. low_latency.num_sms=66")
     ap.add_argument("--json", default="")
@@ -257,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
         print("symmoe.bench.low_latency: needs a CUDA GPU", file=sys.stderr)
         return 2
     spec = {"tokens": [int(t) for t in args.tokens.split(",")], "deepep": not args.no_deepep,
-            "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed, "phases": not args.no_phases,
+            "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed, "phases": not args.no_phases, "trace_host": args.trace_host,
             "sets": dict(parse_key_value(kv) for kv in args.set)}
     results = []
     status = 0
