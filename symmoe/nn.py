@@ -11,7 +11,7 @@ forward over the low-latency mode, which a CUDA graph can capture.
 from __future__ import annotations
 
 import os
-from typing import Literal
+from typing import Callable, Literal
 
 import torch
 import torch.nn.functional as F
@@ -166,7 +166,8 @@ class MoELayer(nn.Module):
             acc = acc + c.unsqueeze(1) * _swiglu(x, self.w13[e], self.w2[e]).float()
         return acc.to(x.dtype)
 
-    def _grouped(self, x: torch.Tensor, slots: torch.Tensor, coef: torch.Tensor, gmm=None) -> torch.Tensor:
+    def _grouped(self, x: torch.Tensor, slots: torch.Tensor, coef: torch.Tensor,
+                 gmm: Callable[..., torch.Tensor] | None = None) -> torch.Tensor:
         """One grouped GEMM per projection (``gmm``: ``torch._grouped_mm``): (row, slot) pairs
         sorted by expert (masked pairs last, past the last group), then back to their pairs and
         summed over the slots in fp32. Pairs are a permutation of the expanded rows, so no

@@ -295,7 +295,8 @@ def main(argv: list[str] | None = None) -> int:
         print("symmoe.bench.low_latency: needs a CUDA GPU", file=sys.stderr)
         return 2
     spec = {"tokens": [int(t) for t in args.tokens.split(",")], "deepep": not args.no_deepep,
-            "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed, "phases": not args.no_phases, "trace_host": args.trace_host,
+            "repeats": args.repeats, "warmup": args.warmup, "seed": args.seed, "phases": not args.no_phases,
+            "trace_host": args.trace_host,
             "sets": dict(parse_key_value(kv) for kv in args.set)}
     results = []
     status = 0
