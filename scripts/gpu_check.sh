@@ -14,6 +14,7 @@
 #   the FP8 ops to the deepep section
 #   deepep: symmoe beside DeepEP V1 (symmoe.bench.deepep) at W = $DEEPEP_WORLD_SIZES (2,4) ranks under MPS,
 #   $DEEPEP_TOKENS (128,512,1024,4096,8192) tokens per rank; DeepEP is built by "build" from DEEPEP_SRC
+#   (DEEPEP_ARGS="--trace-host 128 --trace-api 128": more symmoe.bench.deepep arguments)
 #   (a DeepEP source tree, scripts/build_deepep.sh), else the section runs symmoe alone and says so
 #   (setup and MPS always run; timeline: scripts/timeline_probe.py, each warp's phases in the kernels)
 #   layer: symmoe.nn.MoELayer forward + backward (symmoe.bench.layer) over torch push/pull and nvshmem, beside DeepEP V1
@@ -98,7 +99,7 @@ for s in "${SECTIONS[@]}"; do
         --tokens "${DEEPEP_TOKENS:-128,512,1024,4096,8192}" --repeats "${BENCH_REPEATS:-30}" \
         --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml \
         --config torch-push-20sms=configs/torch.yaml,protocol=push,kernel.num_sms=20 \
-        --config nvshmem-push=configs/nvshmem.yaml --fp8 "${DEEPEP_FP8:-none}" \
+        --config nvshmem-push=configs/nvshmem.yaml --fp8 "${DEEPEP_FP8:-none}" ${DEEPEP_ARGS:-} \
         --json "$LOG/deepep.json" --md "$LOG/deepep.md" 2>&1 | grep -v -i "warn" | tee "$LOG/deepep.log"
       rc=${PIPESTATUS[0]}; note "deepep side by side exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     layer)  # ratios: DeepEP V1's time (all_to_all_single's without it) over each variant's, one job, one set of weights
