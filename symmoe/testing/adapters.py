@@ -207,7 +207,8 @@ def check_torchtitan(rank: int, world_size: int, config: dict[str, Any], seed: i
       one cast;
     * gradients for random upstream ones (random on padding rows too, which must not count):
       ``grad_x[t]`` = fp32 sum of its rows' gradients by ascending k, one cast;
-      ``grad_scores[t, k]`` = fp32 dot product of the output gradient and row(t, k);
+      ``grad_scores[t, k]`` = fp32 dot product of the output gradient and row(t, k), as the owner
+      forms it over all its rows on the device;
       ``grad_rows[row(t, k)]`` = ``score[t, k] * grad_out[t]`` in fp32, one cast (0 on padding).
 
     Returns the number of cases checked."""
@@ -280,12 +281,19 @@ def check_torchtitan(rank: int, world_size: int, config: dict[str, Any], seed: i
             want_gx = _fp32_sums([[g_routed[owner[t][k]][layouts[owner[t][k]][1][(rank, t, k)]] for k in range(K)
                                    if owner[t][k] >= 0] for t in range(T)], H, dtype)
             assert_bitwise("grad x", gx, want_gx, ctx)
+            # The dot products as each owner forms them: over all its rows at once, on the device
+            # (a CUDA sum over H adds in another order than the CPU's).
+            dots = []
+            for o in range(world_size):
+                g_rows = torch.zeros((layouts[o][2], H), dtype=dtype)
+                for (s, t, k), row in layouts[o][1].items():
+                    g_rows[row] = g_out[s][t]
+                dots.append((g_rows.to(dev).float() * ys[o].to(dev).float()).sum(-1).cpu())
             want_gs = torch.zeros((T, K), dtype=torch.float32)
-            t_, k_ = (mine >= 0).nonzero(as_tuple=True)
-            if t_.numel():
-                rows = torch.stack([ys[owner[t][k]][layouts[owner[t][k]][1][(rank, t, k)]]
-                                    for t, k in zip(t_.tolist(), k_.tolist())])
-                want_gs[t_, k_] = (g_out[rank][t_].float() * rows.float()).sum(-1)
+            for t in range(T):
+                for k in range(K):
+                    if owner[t][k] >= 0:
+                        want_gs[t, k] = dots[owner[t][k]][layouts[owner[t][k]][1][(rank, t, k)]]
             assert_bitwise("grad topk_scores", gs, want_gs, ctx)
             want_gy = torch.zeros((R, H), dtype=dtype)
             for (s, t, k), row in where.items():
