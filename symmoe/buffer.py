@@ -160,7 +160,8 @@ class Buffer:
                                                    num_worst_tokens)
         per_expert = recv.num_recv_tokens_per_expert
         if num_worst_tokens or handle.num_worst_tokens:
-            per_expert = per_expert.to(recv.x.device)  # already there where no host wait counted it
+            if not per_expert.is_cuda and recv.topk_idx.is_cuda:  # else already there: no host wait counted it
+                per_expert = per_expert.to(recv.topk_idx.device)
         else:
             per_expert = per_expert.tolist()
         recv_x = recv.x if fp8_format is None else fp8.unpack(recv.x, self.layout.hidden, fp8_format, scale_layout)

@@ -14,6 +14,7 @@ from symmoe.config import Config
 from symmoe.errors import CapacityError, InputError
 from symmoe.protocol.counts import (SUMMARY_HEAD, Guess, bad_input_error, cached_rows, check_summary_head, deferred_error,
                                     dispatch_result, received_rows, summarized_result, summary_of)
+from symmoe.protocol.outputs import SRC_RANK, SRC_SLOT, SRC_TOKEN, Int32Block
 from symmoe.testing.checks import CHECK_ROUTINGS, _tokens_per_rank
 from symmoe.workload import make_inputs
 
@@ -76,10 +77,15 @@ def _worst_case_outputs(lay, layout: str) -> dict:
     g = torch.Generator().manual_seed(1)
     return {"x": torch.randn((cap, lay.hidden), generator=g).bfloat16(),
             "idx": torch.randint(0, lay.num_experts, shape, generator=g), "w": torch.rand(shape, generator=g),
-            "src_rank": torch.randint(0, 4, (cap,), generator=g, dtype=torch.int32),
-            "src_token": torch.randint(0, 24, (cap,), generator=g, dtype=torch.int32),
-            "src_slot": torch.randint(0, 4, (cap,), generator=g, dtype=torch.int32),
-            "expert_offsets": torch.arange(L + 1) if layout == "expert" else None}
+            "block": _source_columns(cap, g), "expert_offsets": torch.arange(L + 1) if layout == "expert" else None}
+
+
+def _source_columns(cap: int, g: torch.Generator) -> Int32Block:
+    """The source rank, token and slot columns (Int32Block pieces 0-2), filled with distinct values."""
+    block = Int32Block(torch.device("cpu"), (cap, cap, cap))
+    for i, high in ((SRC_RANK, 4), (SRC_TOKEN, 24), (SRC_SLOT, 4)):
+        block.piece(i, cap).copy_(torch.randint(0, high, (cap,), generator=g, dtype=torch.int32))
+    return block
 
 
 @pytest.mark.parametrize("layout", ["rank", "expert"])
@@ -95,12 +101,12 @@ def test_dispatch_result_views_this_ranks_rows_and_keeps_its_own_copy_of_the_mat
     rows = ref.recv[1].x.shape[0]
     assert 0 < rows < out["x"].shape[0]
     assert recv.x.shape[0] == rows and recv.x.data_ptr() == out["x"].data_ptr()  # a view, no copy
-    assert torch.equal(recv.topk_idx, out["idx"][:rows]) and torch.equal(recv.src_token, out["src_token"][:rows])
+    assert torch.equal(recv.topk_idx, out["idx"][:rows]) and torch.equal(recv.src_token, out["block"].piece(SRC_TOKEN, rows))
     assert recv.num_recv_tokens_per_expert.tolist() == ref.recv[1].num_recv_tokens_per_expert.tolist()
     assert recv.expert_offsets is out["expert_offsets"]
     assert handle.num_recv_rows == rows and handle.num_tokens == mine.x.shape[0] and handle.buffer_id == 99
     assert handle.topk_idx.dtype == torch.int64 and torch.equal(handle.topk_idx, mine.topk_idx)
-    assert torch.equal(handle.recv_src_slot, out["src_slot"][:rows])
+    assert torch.equal(handle.recv_src_slot, out["block"].piece(SRC_SLOT, rows))
     published = counts.copy()
     counts[:] = -7  # the mapped memory is rewritten by the next dispatch
     assert handle.counts.numpy().tolist() == published.tolist()
@@ -113,15 +119,16 @@ def test_a_rank_that_receives_every_output_row_gets_the_outputs_themselves(layou
     lay, inputs, counts = _case(1, CHECK_ROUTINGS[0], seed=8, align=1)
     mine = inputs[0]
     rows = int(received_rows(lay, counts, 0, layout, 1)[0][0])
-    out = {k: (v[:rows] if k != "expert_offsets" and v is not None else v)  # sized as the receiver's rows
+    out = {k: (v[:rows] if k in ("x", "idx", "w") else v)  # sized as the receiver's rows
            for k, v in _worst_case_outputs(lay, layout).items()}
     in_rank = torch.ones((mine.x.shape[0], 1), dtype=torch.bool)
     recv, handle = summarized_result(lay, summary_of(counts, 0, 1, lay.local_experts), counts, 0, layout, 1,
                                      lambda: pytest.fail("read only for bad ids"), out, mine.topk_idx,
                                      mine.topk_weights, in_rank, 3)
     assert rows > 0 and recv.x is out["x"] and recv.topk_idx is out["idx"] and recv.topk_weights is out["w"]
-    assert recv.src_rank is out["src_rank"] and recv.src_token is out["src_token"]
-    assert handle.recv_src_slot is out["src_slot"] and handle.num_recv_rows == rows
+    for got, i in ((recv.src_rank, SRC_RANK), (recv.src_token, SRC_TOKEN), (handle.recv_src_slot, SRC_SLOT)):
+        assert got.data_ptr() == out["block"].ptr(i) and got.shape == (rows,)  # the block's pieces, no copy
+    assert handle.num_recv_rows == rows
 
 
 def _same_recv(recv, want) -> None:
@@ -337,7 +344,8 @@ def test_dispatch_result_with_num_worst_tokens_views_that_many_rows_in_outputs_a
     ref = reference.dispatch([i.x for i in inputs], [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
                              lay.num_experts, layout, 4)
     out = _worst_case_outputs(lay, layout)
-    kernel_rows = {k: v.clone() for k, v in out.items() if v is not None}
+    kernel_rows = {k: v.clone() for k, v in out.items() if isinstance(v, torch.Tensor)}
+    kernel_rows["src_token"] = out["block"].piece(SRC_TOKEN, out["x"].shape[0]).clone()
     mine, in_rank = inputs[1], torch.ones((inputs[1].x.shape[0], 2), dtype=torch.bool)
     rows, most = ref.recv[1].x.shape[0], max(r.x.shape[0] for r in ref.recv)
     worst = most + 2
@@ -351,7 +359,7 @@ def test_dispatch_result_with_num_worst_tokens_views_that_many_rows_in_outputs_a
     assert bool((recv.topk_weights[rows:] == 0).all()) and bool((recv.src_rank[rows:] == -1).all())
     assert handle.num_recv_rows == handle.num_worst_tokens == worst
     assert handle.recv_src_rank.shape[0] == handle.recv_src_token.shape[0] == handle.recv_src_slot.shape[0] == worst
-    assert handle.recv_src_rank.data_ptr() == out["src_rank"].data_ptr()  # the kernels' rows, no copy
+    assert handle.recv_src_rank.data_ptr() == out["block"].ptr(SRC_RANK)  # the kernels' rows, no copy
     for src in (handle.recv_src_rank, handle.recv_src_token, handle.recv_src_slot):
         assert bool((src[rows:] == -1).all())
     for r in range(2):

@@ -1,9 +1,9 @@
-"""A GPU dispatch's small int32 tensors come from one allocation (protocol.base.int32_pieces)."""
+"""A GPU dispatch's small int32 state comes from one allocation (protocol.outputs.Int32Block)."""
 from __future__ import annotations
 
 import torch
 
-from symmoe.protocol.base import int32_pieces
+from symmoe.protocol.outputs import Int32Block, int32_pieces
 
 
 def test_pieces_have_their_sizes_start_128_byte_aligned_and_never_overlap():
@@ -25,3 +25,13 @@ def test_a_piece_viewed_as_float32_or_reshaped_is_the_same_memory():
     w, counts = int32_pieces(torch.device("cpu"), (8, 2 * 259))
     assert w.view(torch.float32).data_ptr() == w.data_ptr()
     assert counts.view(2, 259).shape == (2, 259)
+
+
+def test_a_blocks_pointers_are_its_pieces_addresses_and_pieces_are_views_of_one_allocation():
+    sizes = (3, 40, 7)
+    block = Int32Block(torch.device("cpu"), sizes)
+    for i, n in enumerate(sizes):
+        piece = block.piece(i, n)
+        assert piece.data_ptr() == block.ptr(i) and piece.numel() == n
+        assert piece.untyped_storage().data_ptr() == block.base.untyped_storage().data_ptr()
+    assert block.piece(1, 5).data_ptr() == block.ptr(1)  # a shorter piece starts at the same place

@@ -19,6 +19,7 @@ from ..layout import BufferLayout
 from ..memory import SymmetricMemory
 from ..results import DispatchLayout, RecvResult
 from .counts import NO_GUESS, Guess
+from .outputs import dispatch_outputs
 
 
 MAX_SLOTS = 64  # combine slots per token, max(world_size, topk): csrc/common/reduce.cuh (kMaxSlots)
@@ -34,18 +35,6 @@ def stream_handle(device: torch.device) -> int:
     needed this skips building a torch.cuda.Stream: ``torch.cuda.current_stream(device).cuda_stream``
     costs about 5 µs a call on a GPU machine's host, once per call or more."""
     return _raw_stream(device.index)
-
-
-def int32_pieces(device: torch.device, sizes: "tuple[int, ...]") -> list[torch.Tensor]:
-    """int32 tensors of ``sizes`` elements from one allocation, each starting 128-byte aligned.
-    On a GPU machine's host a CUDA torch.empty costs about 6 µs, mostly the caching allocator,
-    and an exact dispatch made 11 (torch) to 14 (nvshmem) before its launch (72-136 µs before
-    the launch, which no earlier GPU work hides in a step's first dispatch); one split
-    allocates once."""
-    parts = []
-    for n in sizes:
-        parts += [n, -n % 32]
-    return list(torch.empty(sum(parts), dtype=torch.int32, device=device).split(parts)[::2])
 
 
 def stall_detail(stage: str, peer: int, epoch: int) -> str:
@@ -135,22 +124,12 @@ class Protocol(ABC):
         or fewer when the layout cannot produce that many."""
         return min(self.layout.recv_rows, self.layout.worst_case_rows(output_layout))
 
-    def _outputs(self, cap: int, output_layout: str, dtype: torch.dtype,
-                 *extra: int) -> tuple[dict[str, torch.Tensor | None], list[torch.Tensor]]:
-        """A GPU dispatch's output tensors of ``cap`` rows, which its data kernels fill, and
-        int32 tensors of the ``extra`` sizes (the protocol's own state of the dispatch). The
-        int32 ones are carved from one allocation (``int32_pieces``)."""
-        lay, dev = self.layout, self.mem.device
-        shape = (cap, lay.topk) if output_layout == "rank" else (cap,)
-        src_rank, src_token, src_slot, *rest = int32_pieces(dev, (cap, cap, cap, *extra))
-        return {
-            "x": torch.empty((cap, lay.hidden), dtype=dtype, device=dev),
-            "idx": torch.empty(shape, dtype=torch.int64, device=dev),
-            "w": torch.empty(shape, dtype=torch.float32, device=dev),
-            "src_rank": src_rank, "src_token": src_token, "src_slot": src_slot,
-            "expert_offsets": (torch.empty(lay.local_experts + 1, dtype=torch.int64, device=dev)
-                               if output_layout == "expert" else None),
-        }, rest
+    def _outputs(self, cap: int, output_layout: str, dtype: torch.dtype, *extra: int) -> dict[str, Any]:
+        """A GPU dispatch's outputs of ``cap`` rows, which its data kernels fill: tensors "x",
+        "idx", "w", "expert_offsets" (expert-major, else None), and "block", an ``Int32Block``
+        whose pieces 0-2 are the source rank, token and slot columns and then one piece of each
+        ``extra`` size (the protocol's own state of the dispatch)."""
+        return dispatch_outputs(self.layout, cap, output_layout, dtype, self.mem.device, *extra)
 
     def _per_expert(self) -> torch.Tensor:
         """A num_worst_tokens dispatch's per-local-expert row counts, which the device writes."""

@@ -16,6 +16,7 @@ from ..errors import CapacityError, InputError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..results import RecvResult, fill_tail
+from .outputs import SRC_RANK, SRC_SLOT, SRC_TOKEN
 
 
 def received_rows(lay: BufferLayout, counts: np.ndarray, rank: int, output_layout: str,
@@ -74,7 +75,7 @@ class Guess:
     before the wait."""
 
     def __init__(self, lay: BufferLayout, rows: int, output_layout: str, alignment: int,
-                 out: dict[str, torch.Tensor | None], topk_idx: torch.Tensor, topk_weights: torch.Tensor,
+                 out: dict[str, Any], topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                  in_rank: torch.Tensor, buffer_id: int, cache: Any):
         self.rows = rows
         counts = torch.empty((lay.world_size, 1 + lay.world_size + lay.num_experts), dtype=torch.int32)
@@ -86,7 +87,7 @@ class Guess:
         self.target = (rows, output_layout == "expert", counts.data_ptr(), per_expert.data_ptr())
 
     @staticmethod
-    def of(lay: BufferLayout, output_layout: str, alignment: int, out: dict[str, torch.Tensor | None],
+    def of(lay: BufferLayout, output_layout: str, alignment: int, out: dict[str, Any],
            topk_idx: torch.Tensor, topk_weights: torch.Tensor, in_rank: torch.Tensor, buffer_id: int,
            cache: Any) -> "Guess | None":
         """The guess where the rows are known up to masked pairs (world size 1), else None."""
@@ -100,7 +101,7 @@ NO_GUESS = (0, False, 0, 0)  # CountsWait.wait's target without a guess: it only
 
 
 def summarized_result(lay: BufferLayout, summary: np.ndarray, counts: np.ndarray, rank: int, output_layout: str,
-                      alignment: int, bad_info: Callable[[], Sequence[int]], out: dict[str, torch.Tensor | None],
+                      alignment: int, bad_info: Callable[[], Sequence[int]], out: dict[str, Any],
                       topk_idx: torch.Tensor, topk_weights: torch.Tensor, in_rank: torch.Tensor, buffer_id: int,
                       cache: Any = None) -> tuple[RecvResult, DispatchHandle]:
     """``dispatch_result`` (exact outputs) from the routing kernel's ``summary`` (``summary_of``):
@@ -134,7 +135,7 @@ def bad_input_error(lay: BufferLayout, counts: np.ndarray, rank: int, info: "tup
 
 
 def dispatch_result(lay: BufferLayout, counts: np.ndarray, rank: int, output_layout: str, alignment: int,
-                    bad_info: Callable[[], Sequence[int]], out: dict[str, torch.Tensor | None], topk_idx: torch.Tensor,
+                    bad_info: Callable[[], Sequence[int]], out: dict[str, Any], topk_idx: torch.Tensor,
                     topk_weights: torch.Tensor, in_rank: torch.Tensor,
                     buffer_id: int, cache: Any = None, worst: int = 0) -> tuple[RecvResult, DispatchHandle]:
     """The end of a GPU dispatch, after its one host wait: the matrix read once, the errors
@@ -153,7 +154,7 @@ def dispatch_result(lay: BufferLayout, counts: np.ndarray, rank: int, output_lay
 
 
 def make_handle(output_layout: str, topk_idx: torch.Tensor, topk_weights: torch.Tensor, in_rank: torch.Tensor,
-                counts: torch.Tensor, out: dict[str, torch.Tensor | None], recv: RecvResult, buffer_id: int,
+                counts: torch.Tensor, out: dict[str, Any], recv: RecvResult, buffer_id: int,
                 alignment: int, cache: Any, worst: int,
                 recv_counts: "tuple[int, int, torch.Tensor] | None" = None) -> DispatchHandle:
     """A GPU dispatch's handle over the rows of ``recv`` (views of its outputs ``out``; all
@@ -164,7 +165,7 @@ def make_handle(output_layout: str, topk_idx: torch.Tensor, topk_weights: torch.
     return DispatchHandle(
         output_layout=output_layout, num_tokens=topk_idx.shape[0], topk_idx=topk_idx.long(),
         topk_weights=topk_weights, is_token_in_rank=in_rank, counts=counts, num_recv_rows=rows,
-        recv_src_rank=recv.src_rank, recv_src_token=recv.src_token, recv_src_slot=head(out["src_slot"], rows),
+        recv_src_rank=recv.src_rank, recv_src_token=recv.src_token, recv_src_slot=out["block"].piece(SRC_SLOT, rows),
         expert_offsets=out["expert_offsets"], buffer_id=buffer_id, alignment=alignment, cache=cache,
         num_worst_tokens=worst, recv_counts=recv_counts)
 
@@ -175,18 +176,19 @@ def head(t: torch.Tensor, n: int) -> torch.Tensor:
     return t if t.shape[0] == n else t[:n]
 
 
-def recv_views(out: dict[str, torch.Tensor | None], rows: int, per_expert: torch.Tensor, worst: int = 0) -> RecvResult:
-    """The first ``rows`` rows of the data kernels' outputs, or ``worst`` rows when that is
-    more (the rows past ``rows`` filled as ``results.pad_recv`` defines, on the stream);
-    ``per_expert`` a host tensor (reading it costs no sync)."""
+def recv_views(out: dict[str, Any], rows: int, per_expert: torch.Tensor, worst: int = 0) -> RecvResult:
+    """The first ``rows`` rows of the data kernels' outputs (``outputs.dispatch_outputs``), or
+    ``worst`` rows when that is more (the rows past ``rows`` filled as ``results.pad_recv``
+    defines, on the stream); ``per_expert`` a host tensor (reading it costs no sync)."""
     n = max(rows, worst)
+    block = out["block"]
     recv = RecvResult(
         x=head(out["x"], n), topk_idx=head(out["idx"], n), topk_weights=head(out["w"], n),
-        num_recv_tokens_per_expert=per_expert, src_rank=head(out["src_rank"], n),
-        src_token=head(out["src_token"], n), expert_offsets=out["expert_offsets"])
+        num_recv_tokens_per_expert=per_expert, src_rank=block.piece(SRC_RANK, n),
+        src_token=block.piece(SRC_TOKEN, n), expert_offsets=out["expert_offsets"])
     if n > rows:
         fill_tail(recv, rows)
-        out["src_slot"][rows:n].fill_(-1)  # the handle's third source column
+        block.piece(SRC_SLOT, n)[rows:].fill_(-1)  # the handle's third source column
     return recv
 
 

@@ -71,6 +71,7 @@ from ..launch_shape import GpuSms, LaunchShape, cuda_shape, fan_phases_mode, gpu
 from .base import Protocol, check_combine_slots, stall_detail, stream_handle
 from .counts import (SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
                      recv_views, summarized_result)
+from .outputs import SRC_RANK, SRC_SLOT, SRC_TOKEN, Int32Block
 
 MAX_LOCAL_EXPERTS = 4096  # the data kernels keep per-expert tables in shared memory
 
@@ -79,10 +80,17 @@ def _ptr(t: torch.Tensor | None) -> int:
     return 0 if t is None or t.numel() == 0 else t.data_ptr()
 
 
-def _kernel_outputs(out: dict[str, torch.Tensor | None], cap: int, selfmap: torch.Tensor | None) -> dict[str, int]:
+# A dispatch's own int32 pieces after the source columns (outputs.Int32Block)
+_SELFMAP, _COUNTS, _ROUTING = 3, 4, 5
+
+
+def _kernel_outputs(out: dict[str, Any], cap: int, selfmap: int) -> dict[str, int]:
     """The data kernels' view of a dispatch's outputs: their pointers and their rows, and
-    where they record the rows this rank kept of its own tokens (None: already recorded)."""
-    return {**{k: _ptr(v) for k, v in out.items()}, "capacity": cap, "selfmap": _ptr(selfmap)}
+    where they record the rows this rank kept of its own tokens (0: already recorded)."""
+    block = out["block"]
+    return {"x": _ptr(out["x"]), "idx": _ptr(out["idx"]), "w": _ptr(out["w"]),
+            "expert_offsets": _ptr(out["expert_offsets"]), "src_rank": block.ptr(SRC_RANK),
+            "src_token": block.ptr(SRC_TOKEN), "src_slot": block.ptr(SRC_SLOT), "capacity": cap, "selfmap": selfmap}
 
 
 def _gpu_sharing(mem: SymmetricMemory, gpu: GpuSms) -> tuple[int, int]:
@@ -94,11 +102,14 @@ def _gpu_sharing(mem: SymmetricMemory, gpu: GpuSms) -> tuple[int, int]:
 
 
 class _RoutingState(NamedTuple):
-    """What a dispatch's handle keeps on the device (``handle.cache``)."""
+    """What a dispatch's handle keeps on the device (``handle.cache``): device addresses in
+    ``block``, which it keeps alive."""
 
-    routing: torch.Tensor   # copy of the published ids, weights and positions (cached dispatch)
-    counts: torch.Tensor    # its counts matrix (unpack, cached dispatch)
-    selfmap: torch.Tensor   # output row of each (token, slot) this rank kept (combine)
+    block: Int32Block
+    routing: int        # copy of the published ids, weights and positions (cached dispatch)
+    routing_bytes: int
+    counts: int         # its counts matrix (unpack, cached dispatch)
+    selfmap: int        # output row of each (token, slot) this rank kept (combine)
 
 
 class _CudaProtocol(Protocol):
@@ -142,7 +153,7 @@ class _CudaProtocol(Protocol):
         self._stream_receivers = config.kernel.stream_receivers
         self._epoch = 0
         W, E = layout.world_size, layout.num_experts
-        self._published: torch.Tensor | None = None  # the routing copy now in the input region
+        self._published: _RoutingState | None = None  # whose routing copy is now in the input region
         # zeroed: route_kernel's chunk marks start below every epoch
         self._route_scratch = torch.zeros(self.ctx.layout_scratch_bytes() // 4, dtype=torch.int32, device=self.device)
         # The routing kernel leaves the exchanged counts matrix in host-mapped memory (and, for
@@ -245,7 +256,6 @@ class _CudaProtocol(Protocol):
         W, T = lay.world_size, x.shape[0]
         expert_major = output_layout == "expert"
         self._check_aligned("x", x)
-        stream = self._stream()
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.float().contiguous()
         self._publish_x(x)
@@ -258,15 +268,17 @@ class _CudaProtocol(Protocol):
         #   peers may have moved on; a cached dispatch reuses it), written by the routing kernel;
         # - routing: the published routing, for a cached dispatch after other dispatches overwrote
         #   it; the routing kernel stores this copy as it publishes (no copy launch).
-        out, (selfmap, counts_dev, routing) = self._outputs(
-            max(cap, worst), output_layout, x.dtype, max(1, T * lay.combine_slots), W * self._counts_shape[1],
-            self._routing_bytes(T) // 4)
-        counts_dev, routing = counts_dev.view(self._counts_shape), routing.view(torch.uint8)
+        # The int32 pieces are only pointers here (outputs.Int32Block).
+        routing_bytes, cells = self._routing_bytes(T), W * self._counts_shape[1]
+        out = self._outputs(max(cap, worst), output_layout, x.dtype, max(1, T * lay.combine_slots), cells,
+                            routing_bytes // 4)
+        block = out["block"]
+        selfmap, counts_dev, routing = block.ptr(_SELFMAP), block.ptr(_COUNTS), block.ptr(_ROUTING)
         args = _kernel_outputs(out, cap, selfmap)
         in_rank = torch.empty((T, W), dtype=torch.bool, device=self.device)
-        sp = stream.cuda_stream
+        sp = stream_handle(self.device)
         # num_worst_tokens: no host wait, so no host copy of the counts either.
-        self.ctx.set_routing_outputs(0 if worst else self._counts_mapped[1], counts_dev.data_ptr(), routing.data_ptr(),
+        self.ctx.set_routing_outputs(0 if worst else self._counts_mapped[1], counts_dev, routing,
                                      0 if worst else self._counts_ready[1], 0 if worst else self._summary[1],
                                      alignment)
         per_expert = self._per_expert() if worst else None
@@ -274,12 +286,12 @@ class _CudaProtocol(Protocol):
         epoch = self._epoch  # the routing's, which its kernel writes to _counts_ready after the counts matrix
         self._move(x, args, expert_major, alignment, counts_dev, True, sp)
         if not worst:  # after the data kernel: nothing may come between it and the routing kernel it follows
-            self._counts_event.record(stream)
-        self._published = routing
-        cache = _RoutingState(routing, counts_dev, selfmap)
+            self._counts_event.record()  # the current stream's
+        cache = self._published = _RoutingState(block, routing, routing_bytes, counts_dev, selfmap)
         if worst:  # DeepEP's num_worst_tokens: the device finishes what the host would read
             recv = self._tail(out, counts_dev, worst, expert_major, alignment, per_expert)
-            return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, counts_dev, out, recv,
+            counts = block.piece(_COUNTS, cells).view(self._counts_shape)  # the handle's, on the device
+            return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, counts, out, recv,
                                      self.buffer_id, alignment, cache, worst)
 
         # The data kernel keeps the GPU busy meanwhile; what needs no counts is done before.
@@ -291,7 +303,7 @@ class _CudaProtocol(Protocol):
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment, self._bad_record,
                                  out, topk_idx, topk_weights, in_rank, self.buffer_id, cache)
 
-    def _tail(self, out: dict[str, torch.Tensor | None], counts_dev: torch.Tensor, worst: int, expert_major: bool,
+    def _tail(self, out: dict[str, Any], counts_dev: int, worst: int, expert_major: bool,
               alignment: int, per_expert: torch.Tensor | None = None) -> RecvResult:
         """The ``worst`` rows of a dispatch that does not wait on the host: after the data
         kernels, a kernel fills the rows past the received ones and counts the rows per local
@@ -299,7 +311,7 @@ class _CudaProtocol(Protocol):
         call (check)."""
         if per_expert is None:
             per_expert = self._per_expert()
-        self.ctx.recv_tail(counts_dev.data_ptr(), _kernel_outputs(out, worst, None), worst, expert_major,
+        self.ctx.recv_tail(counts_dev, _kernel_outputs(out, worst, 0), worst, expert_major,
                            alignment, per_expert.data_ptr(), self._deferred[1], self._epoch, stream_handle(self.device))
         return recv_views(out, worst, per_expert)  # the tail's kernel filled what the host would
 
@@ -310,7 +322,7 @@ class _CudaProtocol(Protocol):
             self.input_view(x.shape[0], x.dtype).copy_(x)
 
     def _move(self, x: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
-              counts_dev: torch.Tensor, after_route: bool, sp: int) -> None:
+              counts_dev: int, after_route: bool, sp: int) -> None:
         """The data kernels, after the routing (or its republication) and the counts barrier.
         Alone, the alone kernels where they apply (``ctx_alone`` in csrc/bindings/ctx_dispatch.cuh),
         as nvshmem runs them; ``after_route`` (right behind this dispatch's routing kernel): they
@@ -318,7 +330,7 @@ class _CudaProtocol(Protocol):
         expert-major one loads its first rows even before that). ``sp``: the current stream's
         handle."""
         epoch = self._next_epoch()
-        if self.world_size == 1 and self.ctx.alone(_ptr(x), args, expert_major, alignment, counts_dev.data_ptr(), epoch,
+        if self.world_size == 1 and self.ctx.alone(_ptr(x), args, expert_major, alignment, counts_dev, epoch,
                                                    after_route, sp):
             return
         if self.name == "pull":
@@ -329,7 +341,7 @@ class _CudaProtocol(Protocol):
         else:
             self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)
             if self.world_size > 1:  # alone, push wrote every row, group start and padding row
-                self.ctx.unpack(counts_dev.data_ptr(), args, expert_major, alignment, sp)
+                self.ctx.unpack(counts_dev, args, expert_major, alignment, sp)
 
     def _routing_bytes(self, T: int) -> int:
         """Bytes of the input region, from ``in_idx`` on, that the routing kernel publishes (ids,
@@ -347,7 +359,7 @@ class _CudaProtocol(Protocol):
         self.check()
         lay = self.layout
         self._check_aligned("x", x)
-        routing, counts_dev = handle.cache.routing, handle.cache.counts
+        cache = handle.cache
         worst = max(worst, handle.num_worst_tokens)
         counted = not handle.counts.is_cuda  # else the dispatch never waited: its counts are on the device
         if counted:
@@ -356,18 +368,18 @@ class _CudaProtocol(Protocol):
             # what the kernels may write (the received rows are fewer), never past recv_rows
             rows = min(handle.num_recv_rows, self._capacity(handle.output_layout))
         self._publish_x(x)
-        out, _ = self._outputs(max(rows, 1, worst), handle.output_layout, x.dtype)
-        args = _kernel_outputs(out, max(rows, 1), None)  # same routing: the handle's selfmap holds
+        out = self._outputs(max(rows, 1, worst), handle.output_layout, x.dtype)
+        args = _kernel_outputs(out, max(rows, 1), 0)  # same routing: the handle's selfmap holds
         # Then the counts barrier: peers read what was just republished (pull) and may refill
         # pools this rank still unpacks from an earlier dispatch (push). Alone, with this
         # routing still in place, there is nothing to put back and no one to wait for.
         sp = stream_handle(self.device)
-        if self.world_size > 1 or self._published is not routing:
-            self.ctx.republish(routing.data_ptr(), routing.numel(), counts_dev.data_ptr(), self._next_epoch(), sp)
-            self._published = routing
-        self._move(x, args, handle.output_layout == "expert", handle.alignment, counts_dev, False, sp)
+        if self.world_size > 1 or self._published is not cache:
+            self.ctx.republish(cache.routing, cache.routing_bytes, cache.counts, self._next_epoch(), sp)
+            self._published = cache
+        self._move(x, args, handle.output_layout == "expert", handle.alignment, cache.counts, False, sp)
         if not counted:
-            return self._tail(out, counts_dev, worst, handle.output_layout == "expert", handle.alignment)
+            return self._tail(out, cache.counts, worst, handle.output_layout == "expert", handle.alignment)
         return recv_views(out, rows, per_expert, worst)
 
     # -- combine ---------------------------------------------------------------------------
@@ -382,13 +394,13 @@ class _CudaProtocol(Protocol):
         rw = recv_topk_weights.float().contiguous() if recv_topk_weights is not None else None
         out = torch.empty((T, lay.hidden), dtype=y.dtype, device=self.device)
         out_w = torch.empty((T, lay.topk), dtype=torch.float32, device=self.device) if rw is not None else None
-        selfmap = handle.cache.selfmap
+        selfmap = handle.cache.selfmap  # a device address
         if self.world_size > 1:  # alone, every row is this rank's own: nothing to send
             self.ctx.combine_send(_ptr(y), _ptr(rw), _ptr(handle.recv_src_rank), _ptr(handle.recv_src_token),
                                   _ptr(handle.recv_src_slot), rows, self._next_epoch(), sp)
         self.ctx.combine_reduce(y.element_size(), y.dtype == torch.bfloat16, _ptr(y), _ptr(rw),
                                 _ptr(handle.is_token_in_rank), _ptr(handle.topk_idx), _ptr(handle.topk_weights), T,
-                                _ptr(selfmap), _ptr(out), _ptr(out_w), expert_major, self._next_epoch(), sp)
+                                selfmap, _ptr(out), _ptr(out_w), expert_major, self._next_epoch(), sp)
         return out, out_w
 
     # -- lifetime --------------------------------------------------------------------------

@@ -76,6 +76,13 @@ from ..launch_shape import LaunchShape, fan_phases_mode, gpu_sms, nvshmem_shape
 from .base import Protocol, check_combine_slots, stream_handle
 from .counts import (SUMMARY_HEAD, Guess, cached_rows, check_summary_head, deferred_error, make_handle,
                      recv_views, summarized_result)
+from .outputs import SRC_RANK, SRC_SLOT, SRC_TOKEN
+
+
+def _src_ptrs(out: dict[str, Any]) -> list[int]:
+    """Device addresses of a dispatch's source rank, token and slot columns (outputs.dispatch_outputs)."""
+    return [out["block"].ptr(i) for i in (SRC_RANK, SRC_TOKEN, SRC_SLOT)]
+
 
 # Stage codes, as in csrc/common/layout.cuh (enum Stage).
 STAGES = {"dispatch.counts": 1, "dispatch.data": 2, "combine.data": 4, "combine.done": 5, "barrier": 6,
@@ -275,9 +282,10 @@ class NvshmemPush(Protocol):
         # The routing's outputs, which only this rank reads: int32 pieces of the outputs' one
         # allocation (the handle keeps them for a cached dispatch); the weights' piece as float32.
         # selfmap: the output row of each (token, slot) this rank keeps (combine reduces it in place).
-        out, (pub_idx, pub_w, pos, send_ent, counts, selfmap) = self._outputs(
-            max(cap, worst), output_layout, x.dtype, max(1, T * K), max(1, T * K), max(1, T * (W + K)),
-            max(1, T * W), W * (1 + W + lay.num_experts), max(1, T * lay.combine_slots))
+        sizes = (max(1, T * K), max(1, T * K), max(1, T * (W + K)), max(1, T * W), W * (1 + W + lay.num_experts),
+                 max(1, T * lay.combine_slots))
+        out = self._outputs(max(cap, worst), output_layout, x.dtype, *sizes)
+        pub_idx, pub_w, pos, send_ent, counts, selfmap = (out["block"].piece(3 + i, n) for i, n in enumerate(sizes))
         in_rank = torch.empty((T, W), dtype=torch.bool, device=dev)
         plan = {"pub_idx": pub_idx, "pub_w": pub_w.view(torch.float32), "pos": pos, "send_ent": send_ent,
                 "counts": counts.view(W, 1 + W + lay.num_experts), "selfmap": selfmap}
@@ -321,8 +329,7 @@ class NvshmemPush(Protocol):
         if per_expert is None:
             per_expert = self._per_expert()
         self.ext.tail(self.args, self.me, int(em), alignment, worst, self._dispatches,
-                      [counts.data_ptr(), *(out[k].data_ptr() for k in ("x", "idx", "w", "src_rank", "src_token",
-                                                                          "src_slot")),
+                      [counts.data_ptr(), *(out[k].data_ptr() for k in ("x", "idx", "w")), *_src_ptrs(out),
                        per_expert.data_ptr(), self._deferred.data_ptr()],
                       self.shape.tail, stream_handle(self.device))
         return recv_views(out, worst, per_expert)  # the tail's kernel filled what the host would
@@ -345,8 +352,8 @@ class NvshmemPush(Protocol):
         """The 13 pointers of symmoe_cuda's ``alone``."""
         return [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(), plan["pos"].data_ptr(),
                 plan["counts"].data_ptr(), o["x"].data_ptr(), o["idx"].data_ptr(), o["w"].data_ptr(),
-                o["src_rank"].data_ptr(), o["src_token"].data_ptr(), o["src_slot"].data_ptr(),
-                o["expert_offsets"].data_ptr() if em else 0, selfmap.data_ptr() if selfmap is not None else 0]
+                *_src_ptrs(o), o["expert_offsets"].data_ptr() if em else 0,
+                selfmap.data_ptr() if selfmap is not None else 0]
 
     def _send(self, src: torch.Tensor, plan: dict[str, torch.Tensor], o: dict[str, Any], cap: int, em: bool,
               alignment: int, epoch: int, selfmap: torch.Tensor | None) -> None:
@@ -365,8 +372,7 @@ class NvshmemPush(Protocol):
                           self.direct, alignment, cap, epoch, self.timeout_ns,
                           [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(),
                            plan["send_ent"].data_ptr(), plan["pos"].data_ptr(), plan["counts"].data_ptr(),
-                           o["x"].data_ptr(), o["idx"].data_ptr(), o["w"].data_ptr(), o["src_rank"].data_ptr(),
-                           o["src_token"].data_ptr(), o["src_slot"].data_ptr(),
+                           o["x"].data_ptr(), o["idx"].data_ptr(), o["w"].data_ptr(), *_src_ptrs(o),
                            o["expert_offsets"].data_ptr() if em else 0, self.err.data_ptr(),
                            selfmap.data_ptr() if selfmap is not None else 0],
                           stream)
@@ -385,7 +391,7 @@ class NvshmemPush(Protocol):
             cap = max(most, 1)
         else:  # the same on every rank, as the handles' N is
             cap = max(1, min(handle.num_recv_rows, self._capacity(handle.output_layout)))
-        out, _ = self._outputs(max(cap, worst), handle.output_layout, x.dtype)
+        out = self._outputs(max(cap, worst), handle.output_layout, x.dtype)
         src = self._source(x)
         if self.W > 1:
             self.mem.barrier_on_stream("dispatch.counts")
