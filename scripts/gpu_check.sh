@@ -97,7 +97,7 @@ for s in "${SECTIONS[@]}"; do
       export SYMMOE_BENCH_COMMAND="$(bench_command scripts/gpu_check.sh deepep)"
       timeout ${DEEPEP_LIMIT_S:-400} python3 -m symmoe.bench.deepep --world-sizes "${DEEPEP_WORLD_SIZES:-2,4}" \
         --tokens "${DEEPEP_TOKENS:-128,512,1024,4096,8192}" --repeats "${BENCH_REPEATS:-30}" \
-        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml \
+        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml,protocol=pull \
         --config torch-push-20sms=configs/torch.yaml,protocol=push,kernel.num_sms=20 \
         --config nvshmem-push=configs/nvshmem.yaml --fp8 "${DEEPEP_FP8:-none}" ${DEEPEP_ARGS:-} \
         --json "$LOG/deepep.json" --md "$LOG/deepep.md" 2>&1 | grep -v -i "warn" | tee "$LOG/deepep.log"
@@ -107,7 +107,7 @@ for s in "${SECTIONS[@]}"; do
       export SYMMOE_BENCH_COMMAND="$(bench_command scripts/gpu_check.sh layer)"
       timeout ${LAYER_LIMIT_S:-500} python3 -m symmoe.bench.layer --world-sizes "${LAYER_WORLD_SIZES:-2,4}" \
         --tokens "${LAYER_TOKENS:-4096}" --repeats "${LAYER_REPEATS:-10}" \
-        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml \
+        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml,protocol=pull \
         --config nvshmem-push=configs/nvshmem.yaml \
         --json "$LOG/layer.json" --md "$LOG/layer.md" 2>&1 | grep -v -i "warn" | tee "$LOG/layer.log"
       rc=${PIPESTATUS[0]}; note "layer bench exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
@@ -209,7 +209,7 @@ for s in "${SECTIONS[@]}"; do
       export SYMMOE_BENCH_COMMAND="$(bench_command scripts/gpu_check.sh fp8)"
       timeout ${DEEPEP_LIMIT_S:-400} python3 -m symmoe.bench.deepep --fp8 "${FP8_SCALES:-float32}" \
         --world-sizes "${DEEPEP_WORLD_SIZES:-2}" --tokens "${DEEPEP_TOKENS:-512,4096}" --repeats "${BENCH_REPEATS:-30}" \
-        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml \
+        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml,protocol=pull \
         --json "$LOG/fp8_bench.json" --md "$LOG/fp8_bench.md" 2>&1 | grep -v -i "warn" | tee "$LOG/fp8_bench.log"
       rc=${PIPESTATUS[0]}; note "fp8 beside bf16 dispatch exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     *) echo "unknown section '$s'"; status=2 ;;

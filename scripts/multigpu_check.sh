@@ -89,7 +89,7 @@ for s in "${STEPS[@]}"; do
       export SYMMOE_BENCH_COMMAND="$(bench_command scripts/multigpu_check.sh deepep)"
       timeout -s INT -k 30 "${STEP_LIMIT_S:-1200}" python3 -m symmoe.bench.deepep --world-sizes "${DEEPEP_WORLD_SIZES:-$ws}" \
         --tokens "${DEEPEP_TOKENS:-128,512,4096,8192}" --repeats "${BENCH_REPEATS:-20}" \
-        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml \
+        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml,protocol=pull \
         --config torch-push-20sms=configs/torch.yaml,protocol=push,kernel.num_sms=20 \
         --config nvshmem=configs/nvshmem.yaml --config nccl=configs/nccl.yaml \
         --json "$LOG/deepep.json" --md "$LOG/deepep.md" 2>&1 | tee "$LOG/deepep.log"

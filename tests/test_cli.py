@@ -32,8 +32,19 @@ def test_size_lists_regions_that_add_up():
     rows = {l.split()[0]: l.split() for l in out.stdout.splitlines()[2:] if not l.startswith("#")}
     assert set(rows) == {"signals", "counts", "input", "recv", "combine", "total"}
     assert sum(int(rows[r][2]) for r in ["signals", "counts", "input", "recv", "combine"]) == int(rows["total"][1])
-    # torch.yaml pulls: receivers read the sources' inputs, so no receive pool, whatever they receive
+    # torch.yaml pushes: senders store rows into each receiver's pool of 4096 rows per peer
+    assert "# recv: a pool of 32768 rows (torch/push); a rank receives at most 266208 rows" in out.stdout
+    assert int(rows["recv"][2]) >= 32768 * 7168 * 2  # the rows, and their metadata
+
+
+def test_size_of_a_pull_config_has_no_receive_pool(tmp_path):
+    """Receivers read the sources' inputs, so no receive pool, whatever they receive."""
+    cfg = tmp_path / "pull.yaml"
+    cfg.write_text(open("configs/torch.yaml").read().replace("protocol: push", "protocol: pull"))
+    out = symmoe("size", str(cfg), "--world-size", "8")
+    assert out.returncode == 0, out.stderr
     assert "# recv: a pool of 0 rows (torch/pull); a rank receives at most 266208 rows" in out.stdout
+    rows = {l.split()[0]: l.split() for l in out.stdout.splitlines()[2:] if not l.startswith("#")}
     assert int(rows["recv"][2]) == 1024
 
 

@@ -124,7 +124,7 @@ def test_experts_must_divide_among_ranks():
 def test_config_check_cli_prints_effective_config_or_error_without_traceback(tmp_path):
     ok = subprocess.run([sys.executable, "-m", "symmoe.cli", "config", "check", "configs/torch.yaml"],
                         capture_output=True, text=True)
-    assert ok.returncode == 0 and "protocol: pull" in ok.stdout and "digest" in ok.stdout
+    assert ok.returncode == 0 and "protocol: push" in ok.stdout and "digest" in ok.stdout
     bad = subprocess.run([sys.executable, "-m", "symmoe.cli", "config", "check", write(tmp_path, "buffer:\n  topk: x\n")],
                          capture_output=True, text=True)
     assert bad.returncode == 1

@@ -453,7 +453,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     configs = dict(args.config) or {
         "torch-push": load("configs/torch.yaml").replace(protocol="push").to_dict(),
-        "torch-pull": load("configs/torch.yaml").to_dict(),
+        "torch-pull": load("configs/torch.yaml").replace(protocol="pull").to_dict(),
     }
     spec = {"tokens": [int(t) for t in args.tokens.split(",")], "configs": configs, "deepep": not args.no_deepep,
             "fp8": args.fp8,

@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
     shape = {"hidden": a.hidden, "topk": a.topk, "num_experts": a.experts, "ffn_hidden": a.ffn_hidden,
              "shared_ffn_hidden": a.shared_ffn_hidden}
     configs = dict(a.config) or {"torch-push": load("configs/torch.yaml").replace(protocol="push").to_dict(),
-                                 "torch-pull": load("configs/torch.yaml").to_dict()}
+                                 "torch-pull": load("configs/torch.yaml").replace(protocol="pull").to_dict()}
     sized = {"buffer.hidden": a.hidden, "buffer.topk": a.topk, "buffer.num_experts": a.experts,
              "buffer.max_tokens_per_rank": max(tokens), "buffer.output_layout": "rank"}
     configs = {n: from_dict(c).replace(**sized).to_dict() for n, c in configs.items()}

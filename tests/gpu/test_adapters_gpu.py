@@ -42,7 +42,7 @@ def test_the_layer_bench_runs_every_variant_on_the_gpu_and_they_agree_bitwise(tm
     from symmoe.bench import layer
     out = tmp_path / "layer.json"
     rc = layer.main(["--world-sizes", "2", "--tokens", "256", "--config", "torch-push=configs/torch.yaml,protocol=push",
-                     "--config", "torch-pull=configs/torch.yaml", "--hidden", "512", "--topk", "8", "--experts", "32",
+                     "--config", "torch-pull=configs/torch.yaml,protocol=pull", "--hidden", "512", "--topk", "8", "--experts", "32",
                      "--ffn-hidden", "256", "--repeats", "1", "--warmup", "1", "--json", str(out)])
     assert rc == 0
     (res,) = json.loads(out.read_text())["results"]
