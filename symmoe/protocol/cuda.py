@@ -261,6 +261,8 @@ class _CudaProtocol(Protocol):
         self._publish_x(x)
         # Allocate everything first: the launches below then follow each other closely.
         cap = self._capacity(output_layout)  # what the kernels may write; `worst` rows are returned
+        if worst:  # kept inside those rows too: outputs of exactly `worst` rows, returned whole (no slices)
+            cap = min(cap, worst)
         # Besides the outputs, int32 pieces of one allocation:
         # - selfmap: the output row of each (token, slot) this rank keeps; combine reduces those
         #   rows in place (written by the data kernels; entries of other ranks' slots are never read);
