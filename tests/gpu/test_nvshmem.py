@@ -299,3 +299,14 @@ def _memory_check(rank: int, world_size: int) -> bool:
         assert mem.local[off: off + 8].tolist() == [peer + 1] * 8
         mem.barrier("test.done")
     return True
+
+
+@pytest.mark.parametrize("world_size", [2, 4])
+def test_the_low_latency_mode_over_the_heap_is_the_references_bitwise(world_size, seed):
+    """One node: the low-latency kernels run over the NVSHMEM heap (nvshmem_ptr peers) as over
+    torch's symmetric memory, with and without receive hooks."""
+    from symmoe.testing.low_latency import check_low_latency
+    _usable()
+    got = spawn(check_low_latency, world_size, args=(_config(), seed + 9000 + world_size, 32, CHECK_ROUTINGS, "cuda"),
+                env=_env(world_size, shared=True), timeout_s=180.0)
+    assert got == [CASES] * world_size
