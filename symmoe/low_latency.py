@@ -212,11 +212,12 @@ def fp8_outputs(recv_x: torch.Tensor, use_ue8m0: bool) -> tuple[torch.Tensor, to
     from . import fp8
     L, N, H = recv_x.shape
     S = H // 128
-    data = recv_x.view(torch.uint8)[..., :H].view(fp8.FP8_DTYPE)
-    src = recv_x.view(torch.int32)[..., H // 4:H // 4 + S].view(torch.float32)
+    # Two tensor ops each (on a GPU machine's host every tensor made costs 3-6 µs).
+    data = recv_x.view(fp8.FP8_DTYPE)[..., :H]
+    src = recv_x.view(torch.float32)[..., H // 4:H // 4 + S]
     cols = -(-S // 4) if use_ue8m0 else S
-    scales = torch.empty((L, cols, N), dtype=torch.int32 if use_ue8m0 else torch.float32,
-                         device=recv_x.device).transpose(1, 2)
+    scales = torch.empty_strided((L, N, cols), (cols * N, 1, N), dtype=torch.int32 if use_ue8m0 else torch.float32,
+                                 device=recv_x.device)
 
     def finish() -> None:
         scales.copy_(fp8.ue8m0(src) if use_ue8m0 else src)
