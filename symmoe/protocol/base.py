@@ -135,16 +135,17 @@ class Protocol(ABC):
         or fewer when the layout cannot produce that many."""
         return min(self.layout.recv_rows, self.layout.worst_case_rows(output_layout))
 
-    def _outputs(self, cap: int, output_layout: str, dtype: torch.dtype,
-                 *extra: int) -> tuple[dict[str, torch.Tensor | None], list[torch.Tensor]]:
+    def _outputs(self, cap: int, output_layout: str, dtype: torch.dtype, *extra: int,
+                 cols: int = 0) -> tuple[dict[str, torch.Tensor | None], list[torch.Tensor]]:
         """A GPU dispatch's output tensors of ``cap`` rows, which its data kernels fill, and
         int32 tensors of the ``extra`` sizes (the protocol's own state of the dispatch). The
-        int32 ones are carved from one allocation (``int32_pieces``)."""
+        int32 ones are carved from one allocation (``int32_pieces``). x rows of ``cols``
+        elements of ``dtype`` (0: hidden; an FP8 dispatch's byte rows are narrower)."""
         lay, dev = self.layout, self.mem.device
         shape = (cap, lay.topk) if output_layout == "rank" else (cap,)
         src_rank, src_token, src_slot, *rest = int32_pieces(dev, (cap, cap, cap, *extra))
         return {
-            "x": torch.empty((cap, lay.hidden), dtype=dtype, device=dev),
+            "x": torch.empty((cap, cols or lay.hidden), dtype=dtype, device=dev),
             "idx": torch.empty(shape, dtype=torch.int64, device=dev),
             "w": torch.empty(shape, dtype=torch.float32, device=dev),
             "src_rank": src_rank, "src_token": src_token, "src_slot": src_slot,
@@ -156,9 +157,16 @@ class Protocol(ABC):
         """A num_worst_tokens dispatch's per-local-expert row counts, which the device writes."""
         return torch.empty(self.layout.local_experts, dtype=torch.int32, device=self.mem.device)
 
-    def input_view(self, num_tokens: int, dtype: torch.dtype) -> torch.Tensor:
-        """This rank's ``input`` region as x [num_tokens, hidden] (Buffer.input_view)."""
-        return self.mem.view(self.layout.offsets()["in_x"], dtype, (num_tokens, self.layout.hidden))
+    def input_view(self, num_tokens: int, dtype: torch.dtype, cols: int = 0) -> torch.Tensor:
+        """This rank's ``input`` region as x [num_tokens, cols] (0: hidden; Buffer.input_view),
+        rows ``cols`` elements apart: narrower rows (an FP8 dispatch's) lie packed."""
+        return self.mem.view(self.layout.offsets()["in_x"], dtype, (num_tokens, cols or self.layout.hidden))
+
+    def row_bytes(self, x: torch.Tensor) -> int:
+        """What the kernels take as ``row_bytes`` for x: its row bytes where they are fewer than
+        the layout's (an FP8 dispatch's packed rows), else 0 (full rows)."""
+        rb = x.shape[1] * x.element_size()
+        return 0 if rb == self.layout.x_row_bytes else rb
 
     def _in_input_region(self, x: torch.Tensor) -> bool:
         """x is the input region itself (built there by the caller): nothing to publish."""

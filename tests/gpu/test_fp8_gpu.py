@@ -1,8 +1,10 @@
 """FP8 dispatch on the GPU backends: (x_e4m3, scales) bitwise equal to symmoe.reference on
-torch (push and pull, 1 and 2 processes on one GPU), nvshmem (its shared kernels and its
-puts) and nccl (one rank), float32 and UE8M0 scales, both layouts, cached and worst-case
-sized; and, where deep_gemm imports, its contiguous grouped GEMM run on an expert-major
-dispatch's outputs as they are."""
+torch (push and pull, 1 and 2 processes on one GPU; the streamed push; every world-size-1
+kernel), nvshmem (its shared kernels and its puts) and nccl (one rank), float32 and UE8M0
+scales, both layouts, cached and worst-case sized, with bfloat16 dispatches in between. Every
+kernel moves rows of Fp8Format.row_bytes (H + scale bytes rounded up to 16: 528 bytes at
+H = 512, 7392 and 7232 at H = 7168), not bfloat16 rows. And, where deep_gemm imports, its
+contiguous grouped GEMM run on an expert-major dispatch's outputs as they are."""
 from __future__ import annotations
 
 import os
@@ -70,6 +72,33 @@ def test_nvshmem_fp8_dispatch_is_bitwise_the_reference(transport, seed):
 def test_nccl_fp8_dispatch_is_bitwise_the_reference(seed):
     _usable("nccl")
     assert _on_ranks(1, _config("nccl", **{"kernel.num_channels": 2}), seed + 29, ENV) == [CASES]
+
+
+def test_torch_streamed_push_fp8_is_bitwise_the_reference(seed):
+    """The streamed push (one kernel of sender and receiver channels) with FP8 rows."""
+    _usable("torch")
+    cfg = _config("torch", protocol="push", **{"kernel.push_mode": "stream"})
+    assert _on_ranks(2, cfg, seed + 41, ENV) == [CASES] * 2
+
+
+@pytest.mark.parametrize("copy_bytes", [0, 256])
+@pytest.mark.parametrize("protocol", ["push", "pull"])
+def test_torch_fp8_rows_at_deepseek_width_between_two_ranks(protocol, copy_bytes, seed):
+    """H = 7168: rows of 7392 and 7232 bytes, not multiples of the 128-byte-aligned pieces
+    (copy_bytes 256: 29 pieces, the last one shorter)."""
+    _usable("torch")
+    cfg = _config("torch", protocol=protocol, **{"buffer.hidden": 7168, "kernel.copy_bytes": copy_bytes})
+    assert _on_ranks(2, cfg, seed + 47 + copy_bytes, ENV) == [CASES] * 2
+
+
+@pytest.mark.parametrize("phases", ["off", "block", "grid", "steal"])
+@pytest.mark.parametrize("protocol", ["push", "pull"])
+def test_torch_fp8_rows_at_deepseek_width_alone(protocol, phases, seed):
+    """World size 1 at H = 7168: the alone kernels (the expert-major phased fan-out holding
+    narrow rows in shared memory in each mode; 'off': pull's or push's mover)."""
+    _usable("torch")
+    cfg = _config("torch", protocol=protocol, **{"buffer.hidden": 7168, "kernel.fan_phases": phases})
+    assert _on_ranks(1, cfg, seed + 53, ENV) == [CASES]
 
 
 def test_deep_gemm_takes_the_expert_major_fp8_outputs_as_they_are(seed):
