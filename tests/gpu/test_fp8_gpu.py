@@ -58,15 +58,17 @@ def test_torch_fp8_dispatch_is_bitwise_the_reference(world_size, protocol, seed)
     assert _on_ranks(world_size, cfg, seed + world_size, ENV) == [CASES] * world_size
 
 
-@pytest.mark.parametrize("transport", ["shared kernels", "puts"])
-def test_nvshmem_fp8_dispatch_is_bitwise_the_reference(transport, seed):
+@pytest.mark.parametrize("transport, world_size", [("shared kernels", 2), ("puts", 2), ("puts", 1)])
+def test_nvshmem_fp8_dispatch_is_bitwise_the_reference(transport, world_size, seed):
+    """The shared kernels over the NVSHMEM heap, nvshmem's own dispatch kernel (puts) and, at one
+    PE, symmoe_cuda's alone kernels that it launches: each given the FP8 rows' layout."""
     _usable("nvshmem")
     env = {**ENV, **({} if transport == "shared kernels" else {"SYMMOE_NVSHMEM_PUTS": "1"})}
     if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps_share(2, gpus=1) or 100)
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps_share(world_size, gpus=1) or 100)
     cfg = _config("nvshmem", **{"kernel.num_channels": 4})
-    assert spawn(check_fp8_dispatch, 2, args=(cfg, seed + 17, CHECK_ROUTINGS, ("rank", "expert"), "cuda"),
-                 env=env, timeout_s=300.0) == [CASES] * 2
+    assert spawn(check_fp8_dispatch, world_size, args=(cfg, seed + 17, CHECK_ROUTINGS, ("rank", "expert"), "cuda"),
+                 env=env, timeout_s=300.0) == [CASES] * world_size
 
 
 def test_nccl_fp8_dispatch_is_bitwise_the_reference(seed):
@@ -81,8 +83,7 @@ def test_torch_streamed_push_fp8_is_bitwise_the_reference(seed):
     assert _on_ranks(2, cfg, seed + 41, ENV) == [CASES] * 2
 
 
-@pytest.mark.parametrize("copy_bytes", [0, 256])
-@pytest.mark.parametrize("protocol", ["push", "pull"])
+@pytest.mark.parametrize("protocol, copy_bytes", [("push", 0), ("pull", 256)])
 def test_torch_fp8_rows_at_deepseek_width_between_two_ranks(protocol, copy_bytes, seed):
     """H = 7168: rows of 7392 and 7232 bytes, not multiples of the 128-byte-aligned pieces
     (copy_bytes 256: 29 pieces, the last one shorter)."""
@@ -91,11 +92,10 @@ def test_torch_fp8_rows_at_deepseek_width_between_two_ranks(protocol, copy_bytes
     assert _on_ranks(2, cfg, seed + 47 + copy_bytes, ENV) == [CASES] * 2
 
 
-@pytest.mark.parametrize("phases", ["off", "block", "grid", "steal"])
-@pytest.mark.parametrize("protocol", ["push", "pull"])
+@pytest.mark.parametrize("protocol, phases", [("push", "steal"), ("pull", "block"), ("pull", "grid"), ("push", "off")])
 def test_torch_fp8_rows_at_deepseek_width_alone(protocol, phases, seed):
     """World size 1 at H = 7168: the alone kernels (the expert-major phased fan-out holding
-    narrow rows in shared memory in each mode; 'off': pull's or push's mover)."""
+    narrow rows in shared memory in the steal, block and grid modes; 'off': push's mover)."""
     _usable("torch")
     cfg = _config("torch", protocol=protocol, **{"buffer.hidden": 7168, "kernel.fan_phases": phases})
     assert _on_ranks(1, cfg, seed + 53, ENV) == [CASES]
