@@ -129,19 +129,26 @@ class Buffer:
         packed four to an int32 [T, H/512]; buffer.dtype bfloat16): the bytes of both move
         unchanged, in either layout, and ``recv_x`` is the pair ``(recv_x_e4m3, recv_scales)``,
         the scales row-major or, with ``scale_layout="mn_major"``, in DeepGEMM's TMA-aligned
-        MN-major layout. Each token's rows are packed into this rank's input region first
-        (what ``input_view`` holds is overwritten). Combine takes ``buffer.dtype`` rows."""
+        MN-major layout. Each token's e4m3 and scale bytes are packed into one row of this rank's
+        input region first (what ``input_view`` holds is overwritten), and rows of only
+        ``Fp8Format.row_bytes(H)`` = H + scale bytes rounded up to 16 move (7392 bytes at
+        H = 7168 with float32 scales, against 14336 for bfloat16). Every rank of one dispatch must
+        pass the same kind of x, all FP8 (with the same scale format) or all ``buffer.dtype``:
+        the row size is not exchanged, and ranks that differ read each other's rows wrongly.
+        Combine takes ``buffer.dtype`` rows."""
         self._check_open("dispatch")
         validate.check_num_worst_tokens(num_worst_tokens)
         fp8_format = None
+        x_dtype, cols = self.dtype, 0
         if fp8.is_fp8(x):
             data, scales, fp8_format = fp8.check(x, self.layout.hidden, self.dtype, self.device, scale_layout)
-            x = self._protocol.input_view(data.shape[0], self.dtype)  # validated below, packed after
+            x_dtype, cols = torch.uint8, fp8_format.row_bytes(self.layout.hidden)
+            x = self._protocol.input_view(data.shape[0], x_dtype, cols)  # validated below, packed after
         else:
             fp8.check_scale_layout(scale_layout)
         if handle is not None:
-            validate.check_cached_dispatch(x, handle, topk_idx, topk_weights, self.layout, self.dtype, self.device,
-                                           output_layout, expert_alignment, id(self))
+            validate.check_cached_dispatch(x, handle, topk_idx, topk_weights, self.layout, x_dtype, self.device,
+                                           output_layout, expert_alignment, id(self), cols)
             if previous_event is not None:
                 previous_event.current_stream_wait()
             if fp8_format is not None:
@@ -150,8 +157,8 @@ class Buffer:
         else:
             output_layout = output_layout or self.config.buffer.output_layout
             alignment = self.config.buffer.expert_alignment if expert_alignment is None else expert_alignment
-            validate.check_dispatch(x, topk_idx, topk_weights, self.layout, self.dtype, self.device,
-                                    output_layout, alignment, values=not self._protocol.checks_topk_values)
+            validate.check_dispatch(x, topk_idx, topk_weights, self.layout, x_dtype, self.device,
+                                    output_layout, alignment, values=not self._protocol.checks_topk_values, cols=cols)
             if previous_event is not None:
                 previous_event.current_stream_wait()
             if fp8_format is not None:

@@ -3,9 +3,11 @@
 ``x = (x_e4m3 [T, H], scales)``, DeepEP's and DeepGEMM's form, with ``scales`` either
 float32 ``[T, H / 128]`` (one per 128 channels, SM90) or UE8M0 exponents packed four to an
 int32 ``[T, ceil(H / 512)]`` (SM100). Dispatch moves both unchanged: each token's e4m3 bytes
-and its scale bytes travel as one row of the buffer (``pack``), so every protocol and backend
-moves them with the kernels that move bfloat16 rows, and the receiver splits them again
-(``unpack``). Combine stays in ``buffer.dtype``.
+and its scale bytes travel as one byte row (``pack``) of ``Fp8Format.row_bytes(H)`` = H + scale
+bytes rounded up to 16 (7392 bytes at H = 7168 with float32 scales, 0.52x a bfloat16 row), so
+every protocol and backend moves them with the kernels that move bfloat16 rows, told the
+narrower row size, and the receiver splits them again (``unpack``). Combine stays in
+``buffer.dtype``.
 
 The receiver's scales come row-major, or with ``scale_layout="mn_major"`` in DeepGEMM's
 MN-major TMA-aligned layout (``deep_gemm.get_mn_major_tma_aligned_tensor``): shape
@@ -44,6 +46,11 @@ class Fp8Format:
     @property
     def name(self) -> str:
         return "float32" if self.scale_dtype == torch.float32 else "ue8m0"
+
+    def row_bytes(self, hidden: int) -> int:
+        """Bytes of one packed row at ``hidden`` channels: the e4m3 bytes, then the scale bytes,
+        rounded up to 16 (bulk copies move 16-byte multiples)."""
+        return -(-(hidden + self.scale_bytes) // 16) * 16
 
 
 def formats(hidden: int) -> dict[str, Fp8Format]:
@@ -115,10 +122,11 @@ def check_scale_layout(scale_layout: object) -> None:
 
 
 def pack(data: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """Write each token's e4m3 bytes, then its scale bytes, into ``out`` [T, H] (rows of the
-    buffer's dtype, 2H bytes each, room for H + 4S); return ``out``. Bytes past them are left as
-    they are: they travel but no one reads them. Copies go in 8- and 4-byte words (H is a
-    multiple of 128): byte-wise strided copies took as long as the dispatch itself on an H100."""
+    """Write each token's e4m3 bytes, then its scale bytes, into ``out`` [T, C] (rows of at least
+    H + 4S bytes, a multiple of 8: ``Fp8Format.row_bytes`` uint8 columns, or bfloat16 rows of 2H
+    bytes); return ``out``. Bytes past them are left as they are: they travel but no one reads
+    them. Copies go in 8- and 4-byte words (H is a multiple of 128): byte-wise strided copies
+    took as long as the dispatch itself on an H100."""
     H = data.shape[1]
     out.view(torch.int64)[:, :H // 8].copy_(data.view(torch.int64))
     out.view(torch.int32)[:, H // 4:H // 4 + scales.shape[1]].copy_(scales.view(torch.int32))
@@ -127,7 +135,8 @@ def pack(data: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> torch.T
 
 def unpack(rows: torch.Tensor, hidden: int, fmt: Fp8Format, scale_layout: str = "row") -> tuple[
         torch.Tensor, torch.Tensor]:
-    """Received rows [M, H] of the buffer's dtype -> (x_e4m3 [M, H] contiguous, scales [M, S])."""
+    """Received rows [M, C] as ``pack`` wrote them (any dtype, at least H + 4S bytes) ->
+    (x_e4m3 [M, H] contiguous, scales [M, S])."""
     data = rows.view(torch.int64)[:, :hidden // 8].contiguous().view(FP8_DTYPE)
     src = rows.view(torch.int32)[:, hidden // 4:hidden // 4 + fmt.scale_cols].view(fmt.scale_dtype)  # no copy
     if scale_layout == "row":

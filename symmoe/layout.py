@@ -52,6 +52,12 @@ def _up(n: int, a: int = ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
+def check_row_bytes(row_bytes: int, full: int) -> None:
+    """A dispatch's row bytes: 0 (full rows) or a multiple of 16 (bulk copies) up to ``full``."""
+    if row_bytes and not (0 < row_bytes <= full and row_bytes % 16 == 0):
+        raise ValueError(f"row_bytes={row_bytes}: must be 0 (full rows) or a multiple of 16 in 16..{full}")
+
+
 @dataclass(frozen=True)
 class Region:
     name: str
@@ -111,6 +117,11 @@ class BufferLayout:
             return self.recv_capacity
         return self.worst_case_rows("expert")
 
+    @cached_property
+    def x_row_bytes(self) -> int:
+        """Bytes of one row of x (``buffer.dtype``), as the regions are sized for."""
+        return self.hidden * self.elem_size
+
     @property
     def stage_bytes(self) -> int:
         """Bytes of a copy of ``recv_rows`` rows of x and of their K fp32 weights: where
@@ -163,13 +174,21 @@ class BufferLayout:
 
     # Order must match `struct Layout` in csrc/common/layout.cuh.
     KERNEL_FIELDS = ("world_size", "max_tokens", "hidden", "topk", "num_experts", "elem_size",
-                     "recv_rows", "pool_rows", "num_channels", "combine_slots")
+                     "recv_rows", "pool_rows", "num_channels", "combine_slots", "x_row_bytes")
     KERNEL_OFFSETS = ("barrier", "ready", "tail", "head", "ack", "counts", "in_x", "in_idx", "in_w", "in_pos",
                       "recv_x", "recv_idx", "recv_w", "recv_src", "combine_x", "combine_w")
 
-    def kernel_args(self) -> list[int]:
+    def kernel_args(self, row_bytes: int = 0) -> list[int]:
+        """The layout as ``struct Layout`` reads it. ``row_bytes``: the bytes of each x row a
+        dispatch moves, also their stride in the input region, the pool and the outputs (0: the
+        full ``x_row_bytes``); an FP8 dispatch's rows (``Fp8Format.row_bytes``) are narrower.
+        Every rank of one dispatch must pass the same."""
+        check_row_bytes(row_bytes, self.x_row_bytes)
         offs = self.offsets()
-        return [int(getattr(self, f)) for f in self.KERNEL_FIELDS] + [offs[k] for k in self.KERNEL_OFFSETS]
+        args = [int(getattr(self, f)) for f in self.KERNEL_FIELDS] + [offs[k] for k in self.KERNEL_OFFSETS]
+        if row_bytes:
+            args[self.KERNEL_FIELDS.index("x_row_bytes")] = row_bytes
+        return args
 
     def fits(self, most: int, worst: int = 0) -> bool:
         """Whether a dispatch whose receivers get at most ``most`` rows fits ``recv_rows`` and the

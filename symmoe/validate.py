@@ -67,12 +67,14 @@ def check_num_worst_tokens(n: object) -> None:
 
 def check_dispatch(x: object, topk_idx: object, topk_weights: object, lay: BufferLayout,
                    dtype: torch.dtype, device: torch.device, output_layout: str, alignment: int,
-                   values: bool = True) -> None:
+                   values: bool = True, cols: int = 0) -> None:
+    """x [T, cols] of ``dtype`` (cols 0: hidden; Buffer passes an FP8 dispatch's packed byte
+    rows, checked as FP8 already) and the routing."""
     if topk_idx is None or topk_weights is None:
         missing = "topk_idx" if topk_idx is None else "topk_weights"
         raise InputError(f"{missing} is None; dispatch needs topk_idx and topk_weights, or handle= for a cached "
                          "dispatch along an earlier routing")
-    x = _check_x(x, lay, dtype, device)
+    x = _check_x(x, lay, dtype, device, cols)
     idx = check_topk_idx(topk_idx, lay, device, values)
     if idx.shape[0] != x.shape[0]:
         raise InputError(f"topk_idx has {idx.shape[0]} rows but x has {x.shape[0]} tokens")
@@ -91,12 +93,14 @@ def check_dispatch(x: object, topk_idx: object, topk_weights: object, lay: Buffe
                          "outputs' worst case (recv_rows) was sized for")
 
 
-def _check_x(x: object, lay: BufferLayout, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _check_x(x: object, lay: BufferLayout, dtype: torch.dtype, device: torch.device, cols: int = 0) -> torch.Tensor:
     x = _tensor("x", x)
     _common("x", x, 2, device)
     if x.dtype != dtype:
         raise InputError(f"x has dtype {x.dtype}; this Buffer was configured for {dtype} (buffer.dtype)")
-    if x.shape[1] != lay.hidden:
+    if cols:  # packed FP8 rows (Buffer built them)
+        assert x.shape[1] == cols, (tuple(x.shape), cols)
+    elif x.shape[1] != lay.hidden:
         raise InputError(f"x has hidden size {x.shape[1]}; this Buffer was sized for hidden={lay.hidden}")
     return x
 
@@ -111,13 +115,14 @@ def _check_handle(handle: object, buffer_id: int, op: str) -> DispatchHandle:
 
 def check_cached_dispatch(x: object, handle: object, topk_idx: object, topk_weights: object, lay: BufferLayout,
                           dtype: torch.dtype, device: torch.device, output_layout: str | None,
-                          alignment: int | None, buffer_id: int) -> None:
-    """``dispatch(x, handle=...)``: x of the handle's tokens, nothing that would re-route."""
+                          alignment: int | None, buffer_id: int, cols: int = 0) -> None:
+    """``dispatch(x, handle=...)``: x of the handle's tokens, nothing that would re-route
+    (``cols`` as in check_dispatch)."""
     h = _check_handle(handle, buffer_id, "dispatch")
     if topk_idx is not None or topk_weights is not None:
         raise InputError("a cached dispatch (handle=...) takes no topk_idx/topk_weights: it moves x along the "
                          "routing of the dispatch that made the handle")
-    x = _check_x(x, lay, dtype, device)
+    x = _check_x(x, lay, dtype, device, cols)
     if x.shape[0] != h.num_tokens:
         raise InputError(f"x has {x.shape[0]} tokens; the handle's dispatch had {h.num_tokens} "
                          "(a cached dispatch moves the same tokens along the same routing)")

@@ -89,6 +89,13 @@ def test_fp8_ops_get_their_own_rows_beside_the_bf16_ops_of_the_same_run():
     assert "| 2 | 512 | fp8_dispatch | 120 | 80 (1.50) |" in deepep.markdown([res])
 
 
+def test_the_report_says_the_bytes_an_fp8_row_moves_beside_a_bf16_row():
+    rows = deepep.fp8_rows("float32")
+    assert rows == {"scales": "float32", "fp8_row_bytes": 7392, "bf16_row_bytes": 14336, "ratio": 0.516}
+    assert deepep.fp8_rows_line(rows) == "FP8 rows (float32 scales) move 7392 bytes each, bfloat16 rows 14336 (0.52x).\n"
+    assert deepep.fp8_rows("ue8m0")["fp8_row_bytes"] == 7232
+
+
 def test_fp8_outputs_are_equal_only_when_the_e4m3_bytes_and_the_scales_are():
     import torch
     from symmoe import fp8

@@ -23,6 +23,19 @@ def test_layout_header_mirrors_kernel_args():
     assert int(m.group(1)) + int(m.group(2)) == len(fields)
 
 
+def test_kernel_args_carry_a_dispatch_s_row_bytes():
+    """Full rows by default; an FP8 dispatch's narrower rows (16-byte multiples) where asked,
+    with every other field as it was."""
+    lay = BufferLayout(2, 64, 7168, 8, 32, 2)
+    at = BufferLayout.KERNEL_FIELDS.index("x_row_bytes")
+    full, narrow = lay.kernel_args(), lay.kernel_args(7392)
+    assert full[at] == lay.x_row_bytes == 14336 and narrow[at] == 7392
+    assert full[:at] + full[at + 1:] == narrow[:at] + narrow[at + 1:]
+    for bad in (7400, 14352, -16):
+        with pytest.raises(ValueError, match=f"row_bytes={bad}: must be 0 .* multiple of 16 in 16..14336"):
+            lay.kernel_args(bad)
+
+
 def test_gencode_default_and_override(monkeypatch):
     monkeypatch.delenv("SYMMOE_ARCH", raising=False)
     assert build.gencode() == ["-gencode=arch=compute_90a,code=sm_90a"]

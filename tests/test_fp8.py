@@ -21,6 +21,51 @@ def test_fp8_rows_and_scales_match_the_reference_bitwise(world_size, protocol, s
     assert spawn(check_fp8_dispatch, world_size, args=(cfg.to_dict(), seed + world_size)) == [cases] * world_size
 
 
+@pytest.mark.parametrize("hidden, scale_format, row_bytes", [
+    (7168, "float32", 7392),  # 7168 + 56 scales x 4 bytes: 0.52x a 14336-byte bfloat16 row
+    (7168, "ue8m0", 7232),    # 7168 + 14 words of 4 packed exponents = 7224, rounded up to 16
+    (256, "float32", 272),
+    (256, "ue8m0", 272),
+    (640, "ue8m0", 656),      # 5 exponents in two words
+])
+def test_fp8_rows_are_the_e4m3_and_scale_bytes_rounded_up_to_16(hidden, scale_format, row_bytes):
+    assert fp8.formats(hidden)[scale_format].row_bytes(hidden) == row_bytes
+
+
+@pytest.mark.parametrize("layout", ["rank", "expert"])
+@pytest.mark.parametrize("protocol", ["push", "pull"])
+def test_fp8_dispatch_moves_rows_of_row_bytes_not_bfloat16_rows(layout, protocol, seed, monkeypatch):
+    """What reaches the protocol is x packed into rows of Fp8Format.row_bytes bytes (exact,
+    cached and worst-case dispatches), and what it returns is rows of that width; the results
+    are the reference's, bit for bit."""
+    T, E = 12, 32
+    cfg = small_config(protocol=protocol, **{"buffer.hidden": H, "buffer.num_experts": E})
+    x = _fp8_x(T, H, seed=seed)
+    idx, w = _routing(T, 4, E, seed)
+    rb = fp8.formats(H)["float32"].row_bytes(H)
+    sent, received = [], []
+    with Buffer(None, cfg) as buf:
+        proto = type(buf._protocol)
+        for name in ("dispatch", "dispatch_cached"):  # the host's cached dispatch calls its dispatch
+            def spy(self, x, *args, _real=getattr(proto, name), **kw):
+                sent.append((tuple(x.shape), x.dtype))
+                out = _real(self, x, *args, **kw)
+                recv = out[0] if isinstance(out, tuple) else out
+                received.append((recv.x.shape[1], recv.x.dtype))
+                return out
+            monkeypatch.setattr(proto, name, spy)
+        want = reference.dispatch([x], [idx], [w], E, layout, cfg.buffer.expert_alignment).recv[0]
+        (a, sf), *_, handle, _ = buf.dispatch(x, idx, w, output_layout=layout)
+        assert torch.equal(a.view(torch.uint8), want.x[0].view(torch.uint8)) and torch.equal(sf, want.x[1])
+        (a, sf), *_ = buf.dispatch(x, handle=handle)
+        assert torch.equal(a.view(torch.uint8), want.x[0].view(torch.uint8)) and torch.equal(sf, want.x[1])
+        worst = want.topk_idx.shape[0] + 5
+        (a, sf), *_ = buf.dispatch(x, idx, w, output_layout=layout, num_worst_tokens=worst)
+        padded = reference.pad_recv(want, worst)
+        assert torch.equal(a.view(torch.uint8), padded.x[0].view(torch.uint8)) and torch.equal(sf, padded.x[1])
+    assert len(sent) >= 3 and set(sent) == {((T, rb), torch.uint8)} and set(received) == {(rb, torch.uint8)}
+
+
 def _fp8_x(T: int, hidden: int, scale_format: str = "float32", seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     return fp8.quantize(torch.randn(T, hidden, generator=g) * 3, scale_format)

@@ -56,18 +56,19 @@ void bind_context(pybind11::module_& m, Init init) {
            py::arg("scratch"), py::arg("in_rank"), py::arg("per_rank"), py::arg("per_expert"), py::arg("publish"),
            py::arg("epoch"), py::arg("stream"))
       .def("pull", &ctx_pull<Transport>, py::arg("self_x"), py::arg("out"), py::arg("expert_major"),
-           py::arg("alignment"), py::arg("epoch"), py::arg("stream"))
+           py::arg("alignment"), py::arg("epoch"), py::arg("stream"), py::arg("row_bytes") = 0)
       .def("push", &ctx_push<Transport>, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
-           py::arg("epoch"), py::arg("stream"))
+           py::arg("epoch"), py::arg("stream"), py::arg("row_bytes") = 0)
       .def("alone", &ctx_alone<Transport>, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
-           py::arg("counts"), py::arg("epoch"), py::arg("after_route"), py::arg("stream"))
+           py::arg("counts"), py::arg("epoch"), py::arg("after_route"), py::arg("stream"), py::arg("row_bytes") = 0)
       .def("push_stream", &ctx_push_stream<Transport>, py::arg("x"), py::arg("out"), py::arg("expert_major"),
-           py::arg("alignment"), py::arg("senders"), py::arg("receivers"), py::arg("epoch"), py::arg("stream"))
+           py::arg("alignment"), py::arg("senders"), py::arg("receivers"), py::arg("epoch"), py::arg("stream"),
+           py::arg("row_bytes") = 0)
       .def("unpack", &ctx_unpack<Transport>, py::arg("counts"), py::arg("out"), py::arg("expert_major"),
-           py::arg("alignment"), py::arg("stream"))
+           py::arg("alignment"), py::arg("stream"), py::arg("row_bytes") = 0)
       .def("recv_tail", &ctx_recv_tail<Transport>, py::arg("counts"), py::arg("out"), py::arg("worst"),
            py::arg("expert_major"), py::arg("alignment"), py::arg("per_expert"), py::arg("deferred"), py::arg("epoch"),
-           py::arg("stream"))
+           py::arg("stream"), py::arg("row_bytes") = 0)
       .def("combine_send", &ctx_combine_send<Transport>, py::arg("y"), py::arg("rw"), py::arg("src_rank"),
            py::arg("src_token"), py::arg("src_slot"), py::arg("rows"), py::arg("epoch"), py::arg("stream"))
       .def("combine_reduce", &ctx_combine_reduce<Transport>, py::arg("elem_size"), py::arg("is_bf16"), py::arg("y"),

@@ -18,6 +18,16 @@
 
 namespace symmoe {
 
+// Each launch takes `row_bytes`, the bytes of this dispatch's x rows (0: the layout's full rows; an
+// FP8 dispatch's are fewer), and runs on the Context for them (Ctx::rows).
+template <class T>
+struct OnRows {
+  Ctx<T>& full;
+  Ctx<T> c;  // the Context for these rows
+  OnRows(Ctx<T>& f, int64_t row_bytes) : full(f), c(f.rows(row_bytes)) {}
+  ~OnRows() { full.last = c.last; }  // what the launch recorded of the call
+};
+
 // A dispatch's outputs as protocol/cuda.py passes them: a dict of pointers and `capacity`.
 inline Outputs outputs(const pybind11::dict& o) {
   auto g = [&](const char* k) { return o[k].cast<uintptr_t>(); };
@@ -55,16 +65,20 @@ void launch_data(Ctx<T>& c, void (*kernel)(T, Layout, const uint8_t*, Outputs, b
 }
 
 template <class T>
-void ctx_pull(Ctx<T>& c, uintptr_t self_x, const pybind11::dict& out, bool expert_major, int alignment, int64_t epoch,
-              uintptr_t stream) {
+void ctx_pull(Ctx<T>& full, uintptr_t self_x, const pybind11::dict& out, bool expert_major, int alignment, int64_t epoch,
+              uintptr_t stream, int64_t row_bytes) {
+  OnRows<T> on(full, row_bytes);
+  Ctx<T>& c = on.c;
   const int W = int(c.L.world_size), LE = int(c.L.local_experts());
   launch_data(c, c.stamps ? pull_kernel<T, true> : pull_kernel<T>, RecvPlan::bytes(W, LE), RecvPlan::kept_bytes(W, LE),
               self_x, out, expert_major, alignment, c.sync(epoch, kCounterPull), stream, "pull_kernel launch");
 }
 
 template <class T>
-void ctx_push(Ctx<T>& c, uintptr_t x, const pybind11::dict& out, bool expert_major, int alignment, int64_t epoch,
-              uintptr_t stream) {
+void ctx_push(Ctx<T>& full, uintptr_t x, const pybind11::dict& out, bool expert_major, int alignment, int64_t epoch,
+              uintptr_t stream, int64_t row_bytes) {
+  OnRows<T> on(full, row_bytes);
+  Ctx<T>& c = on.c;
   const int W = int(c.L.world_size), LE = int(c.L.local_experts());
   launch_data(c, c.stamps ? push_kernel<T, true> : push_kernel<T>, SendPlan::bytes(W, LE),
               SendPlan::bytes(W, LE) /* push's phases read all of it */, x, out, expert_major, alignment,
@@ -81,8 +95,10 @@ void ctx_push(Ctx<T>& c, uintptr_t x, const pybind11::dict& out, bool expert_maj
 // route_kernel; both kernels then start on that routing's placed marks, not on its grid's end
 // (the expert-major one loads its first rows before them).
 template <class T>
-bool ctx_alone(Ctx<T>& c, uintptr_t x, const pybind11::dict& out, bool expert_major, int alignment, uintptr_t counts,
-               int64_t epoch, bool after_route, uintptr_t stream) {
+bool ctx_alone(Ctx<T>& full, uintptr_t x, const pybind11::dict& out, bool expert_major, int alignment, uintptr_t counts,
+               int64_t epoch, bool after_route, uintptr_t stream, int64_t row_bytes) {
+  OnRows<T> on(full, row_bytes);
+  Ctx<T>& c = on.c;
   const Layout& L = c.L;
   if (L.world_size != 1 || c.stamps || (expert_major && !c.mover.fan_phases)) return false;
   AloneArgs a{};
@@ -108,8 +124,10 @@ bool ctx_alone(Ctx<T>& c, uintptr_t x, const pybind11::dict& out, bool expert_ma
 // receiver blocks (push_stream.cuh; launch_shape.stream_split); no unpack follows. senders <=
 // the layout's num_channels.
 template <class T>
-void ctx_push_stream(Ctx<T>& c, uintptr_t x, const pybind11::dict& out, bool expert_major, int alignment, int senders,
-                     int receivers, int64_t epoch, uintptr_t stream) {
+void ctx_push_stream(Ctx<T>& full, uintptr_t x, const pybind11::dict& out, bool expert_major, int alignment,
+                     int senders, int receivers, int64_t epoch, uintptr_t stream, int64_t row_bytes) {
+  OnRows<T> on(full, row_bytes);
+  Ctx<T>& c = on.c;
   const Layout& L = c.L;
   if (senders < 1 || senders > L.num_channels)
     throw std::invalid_argument("push_stream: senders=" + std::to_string(senders) + " outside 1.." +
@@ -130,8 +148,9 @@ void ctx_push_stream(Ctx<T>& c, uintptr_t x, const pybind11::dict& out, bool exp
 }
 
 template <class T>
-void ctx_unpack(Ctx<T>& c, uintptr_t counts, const pybind11::dict& out, bool expert_major, int alignment,
-                uintptr_t stream) {
+void ctx_unpack(Ctx<T>& full, uintptr_t counts, const pybind11::dict& out, bool expert_major, int alignment,
+                uintptr_t stream, int64_t row_bytes) {
+  const Ctx<T> c = full.rows(row_bytes);  // records nothing
   const size_t smem = size_t(RecvPlan::bytes(int(c.L.world_size), int(c.L.local_experts())));
   unpack_kernel<T><<<c.shape.dispatch, kUnpackThreads, smem, S(stream)>>>(
       c.tp, c.L, P<const int32_t>(counts), outputs(out), expert_major, alignment, c.watch.err, c.rank());
@@ -142,8 +161,10 @@ void ctx_unpack(Ctx<T>& c, uintptr_t counts, const pybind11::dict& out, bool exp
 // received rows to `worst` filled, its per-expert counts (int32[L]) and, on bad ids or a receiver
 // over the limit, the host-mapped DeferredError. No host wait.
 template <class T>
-void ctx_recv_tail(Ctx<T>& c, uintptr_t counts, const pybind11::dict& out, int64_t worst, bool expert_major,
-                   int alignment, uintptr_t per_expert, uintptr_t deferred, int64_t epoch, uintptr_t stream) {
+void ctx_recv_tail(Ctx<T>& full, uintptr_t counts, const pybind11::dict& out, int64_t worst, bool expert_major,
+                   int alignment, uintptr_t per_expert, uintptr_t deferred, int64_t epoch, uintptr_t stream,
+                   int64_t row_bytes) {
+  const Ctx<T> c = full.rows(row_bytes);  // records nothing
   const Outputs o = outputs(out);
   const std::string e = launch_recv_tail(c.L, P<const int32_t>(counts),
                                          TailOutputs{o.x, o.idx, o.w, o.src_rank, o.src_token, o.src_slot}, worst,

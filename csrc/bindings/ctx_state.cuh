@@ -35,6 +35,7 @@ struct MoverSettings {
   MoveCfg move_fan{};      // the same for the expert-major dispatch (a piece goes to several rows)
   bool depth_auto = true;  // kernel.copy_depth 0: kRowDepth where two warps still fit, else 2
   int fan_phases = 0;      // 0 off, 1 per block, 2 grid-wide, 3 steal
+  int64_t max_piece = 0;   // kernel.copy_bytes
 
   // Rows of rb bytes split into equal pieces of at most `max_piece` bytes (0: 16 KB, and
   // kFanSlotBytes for the expert-major dispatch), each rounded up to 128 so every warp's slots
@@ -42,8 +43,13 @@ struct MoverSettings {
   void set_copy_bytes(int64_t rb, int64_t max_piece) {
     if (max_piece < 0 || max_piece % 128)
       throw std::invalid_argument("copy_bytes=" + std::to_string(max_piece) + ": must be 0 or a multiple of 128");
-    move.slot_bytes = piece_bytes(rb, max_piece ? max_piece : kMaxSlotBytes);
+    this->max_piece = max_piece;
     move_fan = move;
+    size_pieces(rb);
+  }
+  // The pieces of both movers for rows of rb bytes (nothing else changes).
+  void size_pieces(int64_t rb) {
+    move.slot_bytes = piece_bytes(rb, max_piece ? max_piece : kMaxSlotBytes);
     move_fan.slot_bytes = piece_bytes(rb, max_piece ? max_piece : kFanSlotBytes);
   }
   // Slots per warp of the data kernels' mover: depth - 1 loads in flight per warp. 0: 4 for
@@ -115,6 +121,9 @@ struct Ctx {
       throw std::invalid_argument("layout: expected " + std::to_string(kLayoutArgs) +
                                   " values (BufferLayout.kernel_args()), got " + std::to_string(layout.size()));
     std::memcpy(&L, layout.data(), sizeof(Layout));
+    if (L.x_row_bytes != L.full_row_bytes())  // narrower rows are per dispatch (rows())
+      throw std::invalid_argument("layout: x_row_bytes=" + std::to_string(L.x_row_bytes) + ", a Context takes full rows (" +
+                                  std::to_string(L.full_row_bytes()) + ")");
     int dev = 0, sms = 0, optin = 0;
     check(cudaGetDevice(&dev), "cudaGetDevice");
     // The SM count only checks the shape (launch_geometry): every block count comes from Python.
@@ -126,6 +135,22 @@ struct Ctx {
     mover.set_copy_bytes(L.row_bytes(), 0);
     mover.set_copy_depth(0);
     smem = allow_smem<Transport>(optin);
+  }
+
+  // This Context for a dispatch whose x rows are `rb` bytes (0: the layout's full rows): an FP8
+  // dispatch moves e4m3 + scale bytes, about half a bfloat16 row. The copy's layout has rows of rb
+  // bytes (moved, and their stride in the input region, the pool and the outputs: every rank of
+  // the dispatch passes the same rb) and its movers pieces sized for them; combine keeps the full
+  // rows. A launch on the copy records into its `last`: the caller hands that back (ctx_dispatch.cuh).
+  Ctx rows(int64_t rb) const {
+    Ctx c = *this;
+    if (rb == 0 || rb == L.full_row_bytes()) return c;
+    if (rb < 16 || rb > L.full_row_bytes() || rb % 16)
+      throw std::invalid_argument("row_bytes=" + std::to_string(rb) + ": must be 0 (full rows) or a multiple of 16 in 16.." +
+                                  std::to_string(L.full_row_bytes()));
+    c.L.x_row_bytes = rb;
+    c.mover.size_pieces(rb);
+    return c;
   }
 
   int rank() const { return watch.rank; }

@@ -8,20 +8,24 @@ namespace symmoe {
 
 struct Layout {
   // KERNEL_FIELDS. recv_rows: the most rows a receiver's outputs take (the receive capacity);
-  // pool_rows: rows of the recv region (the receive pool), never more.
+  // pool_rows: rows of the recv region (the receive pool), never more. x_row_bytes: the bytes of
+  // an x row that the dispatch kernels move, which are also its stride in the input region, the
+  // pool and the outputs: hidden * elem_size, or fewer for an FP8 dispatch (e4m3 + scales, a
+  // multiple of 16). The regions stay sized for full rows.
   int64_t world_size, max_tokens, hidden, topk, num_experts, elem_size, recv_rows, pool_rows, num_channels,
-      combine_slots;
+      combine_slots, x_row_bytes;
   // KERNEL_OFFSETS (bytes from the segment base)
   int64_t barrier, ready, tail, head, ack, counts, in_x, in_idx, in_w, in_pos, recv_x, recv_idx, recv_w, recv_src,
       combine_x, combine_w;
 
   __host__ __device__ int64_t local_experts() const { return num_experts / world_size; }
   __host__ __device__ int64_t counts_cols() const { return 1 + world_size + num_experts; }
-  __host__ __device__ int64_t row_bytes() const { return hidden * elem_size; }
+  __host__ __device__ int64_t row_bytes() const { return x_row_bytes; }
+  __host__ __device__ int64_t full_row_bytes() const { return hidden * elem_size; }
   __host__ __device__ int64_t pos_cols() const { return world_size + topk; }
 };
 
-constexpr int kLayoutArgs = 10 + 16;
+constexpr int kLayoutArgs = 11 + 16;
 // combine_slots = max(world_size, topk) <= kMaxSlots (checked on the host, protocol/base.py's
 // MAX_SLOTS): per-token slot lists and per-rank tables in shared memory are sized by it.
 constexpr int kMaxSlots = 64;

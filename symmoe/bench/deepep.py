@@ -18,7 +18,8 @@ Outputs are compared too: symmoe's ``recv_x`` and ``combined_x`` against DeepEP'
 ``--fp8 float32`` (or ``ue8m0``) adds two ops in the same run: ``fp8_dispatch`` and
 ``fp8_cached_dispatch``, where every implementation dispatches ``(x_e4m3, scales)`` quantized
 from the same rows (DeepEP V1's FP8 dispatch; its scales are float32 only); their received
-e4m3 bytes and scales are compared bitwise with DeepEP's too.
+e4m3 bytes and scales are compared bitwise with DeepEP's too. The report says the bytes a row
+moves in each (``fp8_rows``: H + scale bytes rounded up to 16, against 2H for bfloat16).
 
 ``--profile`` adds, per implementation and op, the device time of the kernels of a few calls
 (torch.profiler) beside the call's time: a call much longer than its kernels is spending its
@@ -389,6 +390,19 @@ def summarize(world_size: int, ranks: list[dict[str, Any]], names: list[str], mp
             "notes": {r_i: r["notes"] for r_i, r in enumerate(ranks) if r["notes"]}}
 
 
+def fp8_rows(kind: str, hidden: int = SHAPE["hidden"]) -> dict[str, Any]:
+    """The bytes one row moves in symmoe's FP8 dispatch with ``kind`` scales and in its bfloat16
+    dispatch, and their ratio."""
+    from .. import fp8
+    rb = fp8.formats(hidden)[kind].row_bytes(hidden)
+    return {"scales": kind, "fp8_row_bytes": rb, "bf16_row_bytes": 2 * hidden, "ratio": round(rb / (2 * hidden), 3)}
+
+
+def fp8_rows_line(rows: dict[str, Any]) -> str:
+    return (f"FP8 rows ({rows['scales']} scales) move {rows['fp8_row_bytes']} bytes each, bfloat16 rows "
+            f"{rows['bf16_row_bytes']} ({rows['ratio']:.2f}x).\n")
+
+
 def markdown(results: list[dict[str, Any]]) -> str:
     names = sorted({n for res in results for row in res["rows"] for n in row["us"]}, key=lambda n: (n != "deepep", n))
     head = "| W | tokens/rank | op | " + " | ".join(names) + " |"
@@ -462,6 +476,9 @@ def main(argv: list[str] | None = None) -> int:
             "trace_host": [int(t) for t in args.trace_host.split(",") if t],
             "trace_api": [int(t) for t in args.trace_api.split(",") if t]}
     names = (["deepep"] if spec["deepep"] else []) + list(configs)
+    rows = fp8_rows(args.fp8) if args.fp8 != "none" else None
+    if rows:
+        print(fp8_rows_line(rows), flush=True)
     results = []
     for W in (int(w) for w in args.world_sizes.split(",")):
         env = rank_env(W, args.mps_share, *(c["backend"] for c in configs.values()))
@@ -477,13 +494,14 @@ def main(argv: list[str] | None = None) -> int:
         results.append(res)
         print(markdown([res]), flush=True)
     doc = {**provenance("python -m symmoe.bench.deepep " + " ".join(argv if argv is not None else sys.argv[1:])),
-           "deepep": _deepep_version(), "configs": configs, "results": results}
+           "deepep": _deepep_version(), "configs": configs, "results": results,
+           **({"fp8_rows": rows} if rows else {})}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(doc, f, indent=1)
     if args.md:
         with open(args.md, "w") as f:
-            f.write(markdown(results))
+            f.write(markdown(results) + (f"\n{fp8_rows_line(rows)}" if rows else ""))
     return 0
 
 

@@ -124,20 +124,28 @@ class Protocol(ABC):
         or fewer when the layout cannot produce that many."""
         return min(self.layout.recv_rows, self.layout.worst_case_rows(output_layout))
 
-    def _outputs(self, cap: int, output_layout: str, dtype: torch.dtype, *extra: int) -> dict[str, Any]:
-        """A GPU dispatch's outputs of ``cap`` rows, which its data kernels fill: tensors "x",
-        "idx", "w", "expert_offsets" (expert-major, else None), and "block", an ``Int32Block``
-        whose pieces 0-2 are the source rank, token and slot columns and then one piece of each
-        ``extra`` size (the protocol's own state of the dispatch)."""
-        return dispatch_outputs(self.layout, cap, output_layout, dtype, self.mem.device, *extra)
+    def _outputs(self, cap: int, output_layout: str, dtype: torch.dtype, *extra: int, cols: int = 0) -> dict[str, Any]:
+        """A GPU dispatch's outputs of ``cap`` rows, which its data kernels fill: tensors "x"
+        (rows of ``cols`` elements of ``dtype``; 0: hidden, an FP8 dispatch's byte rows are
+        narrower), "idx", "w", "expert_offsets" (expert-major, else None), and "block", an
+        ``Int32Block`` whose pieces 0-2 are the source rank, token and slot columns and then one
+        piece of each ``extra`` size (the protocol's own state of the dispatch)."""
+        return dispatch_outputs(self.layout, cap, output_layout, dtype, self.mem.device, *extra, cols=cols)
 
     def _per_expert(self) -> torch.Tensor:
         """A num_worst_tokens dispatch's per-local-expert row counts, which the device writes."""
         return torch.empty(self.layout.local_experts, dtype=torch.int32, device=self.mem.device)
 
-    def input_view(self, num_tokens: int, dtype: torch.dtype) -> torch.Tensor:
-        """This rank's ``input`` region as x [num_tokens, hidden] (Buffer.input_view)."""
-        return self.mem.view(self.layout.offsets()["in_x"], dtype, (num_tokens, self.layout.hidden))
+    def input_view(self, num_tokens: int, dtype: torch.dtype, cols: int = 0) -> torch.Tensor:
+        """This rank's ``input`` region as x [num_tokens, cols] (0: hidden; Buffer.input_view),
+        rows ``cols`` elements apart: narrower rows (an FP8 dispatch's) lie packed."""
+        return self.mem.view(self.layout.offsets()["in_x"], dtype, (num_tokens, cols or self.layout.hidden))
+
+    def row_bytes(self, x: torch.Tensor) -> int:
+        """What the kernels take as ``row_bytes`` for x: its row bytes where they are fewer than
+        the layout's (an FP8 dispatch's packed rows), else 0 (full rows)."""
+        rb = x.shape[1] * x.element_size()
+        return 0 if rb == self.layout.x_row_bytes else rb
 
     def _in_input_region(self, x: torch.Tensor) -> bool:
         """x is the input region itself (built there by the caller): nothing to publish."""

@@ -273,7 +273,7 @@ class _CudaProtocol(Protocol):
         # The int32 pieces are only pointers here (outputs.Int32Block).
         routing_bytes, cells = self._routing_bytes(T), W * self._counts_shape[1]
         out = self._outputs(max(cap, worst), output_layout, x.dtype, max(1, T * lay.combine_slots), cells,
-                            routing_bytes // 4)
+                            routing_bytes // 4, cols=x.shape[1])
         block = out["block"]
         selfmap, counts_dev, routing = block.ptr(_SELFMAP), block.ptr(_COUNTS), block.ptr(_ROUTING)
         args = _kernel_outputs(out, cap, selfmap)
@@ -291,7 +291,7 @@ class _CudaProtocol(Protocol):
             self._counts_event.record()  # the current stream's
         cache = self._published = _RoutingState(block, routing, routing_bytes, counts_dev, selfmap)
         if worst:  # DeepEP's num_worst_tokens: the device finishes what the host would read
-            recv = self._tail(out, counts_dev, worst, expert_major, alignment, per_expert)
+            recv = self._tail(out, counts_dev, worst, expert_major, alignment, self.row_bytes(x), per_expert)
             counts = block.piece(_COUNTS, cells).view(self._counts_shape)  # the handle's, on the device
             return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, counts, out, recv,
                                      self.buffer_id, alignment, cache, worst)
@@ -306,22 +306,23 @@ class _CudaProtocol(Protocol):
                                  out, topk_idx, topk_weights, in_rank, self.buffer_id, cache)
 
     def _tail(self, out: dict[str, Any], counts_dev: int, worst: int, expert_major: bool,
-              alignment: int, per_expert: torch.Tensor | None = None) -> RecvResult:
+              alignment: int, row_bytes: int, per_expert: torch.Tensor | None = None) -> RecvResult:
         """The ``worst`` rows of a dispatch that does not wait on the host: after the data
-        kernels, a kernel fills the rows past the received ones and counts the rows per local
-        expert (into ``per_expert``) from the device's counts matrix; errors come back at a later
-        call (check)."""
+        kernels, a kernel fills the rows past the received ones (of ``row_bytes``, as the data
+        kernels') and counts the rows per local expert (into ``per_expert``) from the device's
+        counts matrix; errors come back at a later call (check)."""
         if per_expert is None:
             per_expert = self._per_expert()
         self.ctx.recv_tail(counts_dev, _kernel_outputs(out, worst, 0), worst, expert_major,
-                           alignment, per_expert.data_ptr(), self._deferred[1], self._epoch, stream_handle(self.device))
+                           alignment, per_expert.data_ptr(), self._deferred[1], self._epoch, stream_handle(self.device),
+                           row_bytes)
         return recv_views(out, worst, per_expert)  # the tail's kernel filled what the host would
 
     def _publish_x(self, x: torch.Tensor) -> None:
         """pull with peers: x into the input region, where they read it (own rows are read
         from x itself); nothing when x was built there (Buffer.input_view)."""
         if self.name == "pull" and self.world_size > 1 and x.shape[0] and not self._in_input_region(x):
-            self.input_view(x.shape[0], x.dtype).copy_(x)
+            self.input_view(x.shape[0], x.dtype, x.shape[1]).copy_(x)
 
     def _move(self, x: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
               counts_dev: int, after_route: bool, sp: int) -> None:
@@ -330,20 +331,21 @@ class _CudaProtocol(Protocol):
         as nvshmem runs them; ``after_route`` (right behind this dispatch's routing kernel): they
         start on the routing's placed chunks, before its last block hands the counts over (the
         expert-major one loads its first rows even before that). ``sp``: the current stream's
-        handle."""
+        handle. Rows of x's width (``row_bytes``: an FP8 dispatch's are narrower)."""
         epoch = self._next_epoch()
+        rb = self.row_bytes(x)
         if self.world_size == 1 and self.ctx.alone(_ptr(x), args, expert_major, alignment, counts_dev, epoch,
-                                                   after_route, sp):
+                                                   after_route, sp, rb):
             return
         if self.name == "pull":
-            self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp)
+            self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp, rb)
         elif self.shape.stream:
             senders, receivers = stream_split(self.shape.stream, self.layout.num_channels, self._stream_receivers)
-            self.ctx.push_stream(_ptr(x), args, expert_major, alignment, senders, receivers, epoch, sp)
+            self.ctx.push_stream(_ptr(x), args, expert_major, alignment, senders, receivers, epoch, sp, rb)
         else:
-            self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp)
+            self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp, rb)
             if self.world_size > 1:  # alone, push wrote every row, group start and padding row
-                self.ctx.unpack(counts_dev, args, expert_major, alignment, sp)
+                self.ctx.unpack(counts_dev, args, expert_major, alignment, sp, rb)
 
     def _routing_bytes(self, T: int) -> int:
         """Bytes of the input region, from ``in_idx`` on, that the routing kernel publishes (ids,
@@ -370,7 +372,7 @@ class _CudaProtocol(Protocol):
             # what the kernels may write (the received rows are fewer), never past recv_rows
             rows = min(handle.num_recv_rows, self._capacity(handle.output_layout))
         self._publish_x(x)
-        out = self._outputs(max(rows, 1, worst), handle.output_layout, x.dtype)
+        out = self._outputs(max(rows, 1, worst), handle.output_layout, x.dtype, cols=x.shape[1])
         args = _kernel_outputs(out, max(rows, 1), 0)  # same routing: the handle's selfmap holds
         # Then the counts barrier: peers read what was just republished (pull) and may refill
         # pools this rank still unpacks from an earlier dispatch (push). Alone, with this
@@ -381,7 +383,8 @@ class _CudaProtocol(Protocol):
             self._published = cache
         self._move(x, args, handle.output_layout == "expert", handle.alignment, cache.counts, False, sp)
         if not counted:
-            return self._tail(out, cache.counts, worst, handle.output_layout == "expert", handle.alignment)
+            return self._tail(out, cache.counts, worst, handle.output_layout == "expert", handle.alignment,
+                              self.row_bytes(x))
         return recv_views(out, rows, per_expert, worst)
 
     # -- combine ---------------------------------------------------------------------------

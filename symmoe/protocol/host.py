@@ -107,19 +107,19 @@ class _HostProtocol(Protocol):
             for src in range(lay.world_size):
                 T = T_of[src]
                 K = lay.topk
-                sx = self._region("in_x", x.dtype, (T, lay.hidden), rank=src)
+                sx = self._region("in_x", x.dtype, (T, x.shape[1]), rank=src)
                 si = self._region("in_idx", torch.int32, (T, K), rank=src)
                 sw = self._region("in_w", torch.float32, (T, K), rank=src)
                 self._move(sx, si, sw, src=src, dst=me, plan=plan, output_layout=output_layout, target=me)
             self._barrier("dispatch.done")
-        recv, handle = self._collect(x.dtype, routing, counts, plan, topk_idx, topk_weights, output_layout, alignment,
+        recv, handle = self._collect(x.dtype, x.shape[1], routing, counts, plan, topk_idx, topk_weights, output_layout, alignment,
                                      worst)
         return pad_recv(recv, worst), handle
 
     def _publish(self, x, topk_idx, topk_weights) -> None:
         T, K = topk_idx.shape
         if not self._in_input_region(x):
-            self.input_view(T, x.dtype).copy_(x)
+            self.input_view(T, x.dtype, x.shape[1]).copy_(x)
         self._region("in_idx", torch.int32, (T, K)).copy_(topk_idx)
         self._region("in_w", torch.float32, (T, K)).copy_(topk_weights)
 
@@ -129,7 +129,7 @@ class _HostProtocol(Protocol):
         for push; itself for pull). Per slot the row carries the local expert id (rank-major)
         or the slot's output row (expert-major), and the weight; -1 / 0 for other ranks' slots."""
         lay = self.layout
-        R, H, K, L, S = lay.pool_rows, lay.hidden, lay.topk, lay.local_experts, lay.combine_slots
+        R, K, L, S = lay.pool_rows, lay.topk, lay.local_experts, lay.combine_slots
         idx = topk_idx.long()
         tokens = ((idx >= 0) & (idx // L == dst)).any(1).nonzero().flatten()
         n = tokens.numel()
@@ -147,16 +147,17 @@ class _HostProtocol(Protocol):
         self._region("recv_w", torch.float32, (R, K), rank=target)[base:base + n] = torch.where(
             mine, topk_weights[tokens].float(), 0.0)
         self._region("recv_src", torch.int32, (R,), rank=target)[base:base + n] = (tokens * S + dst).to(torch.int32)
-        self._region("recv_x", x.dtype, (R, H), rank=target)[base:base + n] = x[tokens]
+        self._region("recv_x", x.dtype, (R, x.shape[1]), rank=target)[base:base + n] = x[tokens]
 
-    def _collect(self, dtype, routing, counts, plan, topk_idx, topk_weights, output_layout, alignment, worst):
-        """Copy this rank's pool into fresh output tensors (the pool is reused next call);
-        expert-major, each pool row once per slot, to the row the slot carries. The handle
-        covers ``worst`` rows when that is more (sources -1 past the received rows)."""
+    def _collect(self, dtype, cols, routing, counts, plan, topk_idx, topk_weights, output_layout, alignment, worst):
+        """Copy this rank's pool (rows of ``cols`` elements of ``dtype``, as x's: an FP8
+        dispatch's byte rows are narrower) into fresh output tensors (the pool is reused next
+        call); expert-major, each pool row once per slot, to the row the slot carries. The
+        handle covers ``worst`` rows when that is more (sources -1 past the received rows)."""
         lay, me = self.layout, self.mem.rank
-        W, H, K, L, S = lay.world_size, lay.hidden, lay.topk, lay.local_experts, lay.combine_slots
+        W, K, L, S = lay.world_size, lay.topk, lay.local_experts, lay.combine_slots
         rows, pool = int(plan["totals"][me]), int(plan["pool_rows"][me])
-        rx = self._region("recv_x", dtype, (lay.pool_rows, H))[:pool]
+        rx = self._region("recv_x", dtype, (lay.pool_rows, cols))[:pool]
         ri = self._region("recv_idx", torch.int32, (lay.pool_rows, K))[:pool].long()
         rw = self._region("recv_w", torch.float32, (lay.pool_rows, K))[:pool]
         rs = self._region("recv_src", torch.int32, (lay.pool_rows,))[:pool].long()
@@ -170,7 +171,7 @@ class _HostProtocol(Protocol):
             group, gstart = plan["group"][me], plan["group_start"][me]
             prow, k = (ri >= 0).nonzero(as_tuple=True)
             dest = ri[prow, k]
-            out_x = torch.zeros((rows, H), dtype=dtype)
+            out_x = torch.zeros((rows, cols), dtype=dtype)
             out_x[dest] = rx[prow]
             out_idx = torch.full((rows,), -1, dtype=torch.long)
             out_idx[dest] = torch.searchsorted(gstart, dest, right=True) - 1

@@ -168,6 +168,7 @@ class NvshmemPush(Protocol):
         check_combine_slots(layout, "nvshmem protocol")
         self.ext = mem.runtime.extension()
         self.args = layout.kernel_args()
+        self._row_args: dict[int, list[int]] = {0: self.args}  # by row bytes (row_args)
         self.offs = layout.offsets()
         mem.use_layout(self.args, self.offs["barrier"])
         k = config.kernel
@@ -230,6 +231,15 @@ class NvshmemPush(Protocol):
             self._stage_w = stage[R * row:].view(torch.float32).view(R, layout.topk)
 
     # -- helpers ---------------------------------------------------------------------------
+    def row_args(self, x: torch.Tensor) -> list[int]:
+        """The layout for a dispatch of x: its rows' bytes where they are narrower than the
+        layout's (an FP8 dispatch's), which the dispatch and tail kernels move and stride by."""
+        rb = self.row_bytes(x)
+        args = self._row_args.get(rb)
+        if args is None:
+            args = self._row_args[rb] = self.layout.kernel_args(rb)
+        return args
+
     def _raise_if_failed(self, stage: str) -> None:
         """StallError for an expired wait; InputError / CapacityError (once) left by an
         earlier num_worst_tokens dispatch that did not wait (the buffer stays usable)."""
@@ -284,7 +294,7 @@ class NvshmemPush(Protocol):
         # selfmap: the output row of each (token, slot) this rank keeps (combine reduces it in place).
         sizes = (max(1, T * K), max(1, T * K), max(1, T * (W + K)), max(1, T * W), W * (1 + W + lay.num_experts),
                  max(1, T * lay.combine_slots))
-        out = self._outputs(max(cap, worst), output_layout, x.dtype, *sizes)
+        out = self._outputs(max(cap, worst), output_layout, x.dtype, *sizes, cols=x.shape[1])
         pub_idx, pub_w, pos, send_ent, counts, selfmap = (out["block"].piece(3 + i, n) for i, n in enumerate(sizes))
         in_rank = torch.empty((T, W), dtype=torch.bool, device=dev)
         plan = {"pub_idx": pub_idx, "pub_w": pub_w.view(torch.float32), "pos": pos, "send_ent": send_ent,
@@ -307,7 +317,7 @@ class NvshmemPush(Protocol):
         if not worst:  # after the dispatch kernel: nothing may come between it and the plan kernel it follows
             self._counts_event.record(stream)
         if worst:  # DeepEP V1's num_worst_tokens: the device finishes what the host would read
-            recv = self._tail(out, plan["counts"], worst, em, alignment, per_expert)
+            recv = self._tail(out, plan["counts"], worst, em, alignment, self.row_args(x), per_expert)
             return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, plan["counts"], out, recv,
                                      self.buffer_id, alignment, plan, worst)
 
@@ -320,15 +330,15 @@ class NvshmemPush(Protocol):
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment,
                                  self._bad_info.tolist, out, topk_idx, topk_weights, in_rank, self.buffer_id, plan)
 
-    def _tail(self, out: dict[str, torch.Tensor | None], counts: torch.Tensor, worst: int, em: bool,
-              alignment: int, per_expert: torch.Tensor | None = None) -> RecvResult:
+    def _tail(self, out: dict[str, Any], counts: torch.Tensor, worst: int, em: bool,
+              alignment: int, args: list[int], per_expert: torch.Tensor | None = None) -> RecvResult:
         """The ``worst`` rows of a dispatch that does not wait on the host: kernels/tail.cuh
-        after the dispatch kernel fills the rows past the received ones and counts the rows
-        per local expert (into ``per_expert``); errors come back at a later call
-        (_raise_if_failed)."""
+        after the dispatch kernel fills the rows past the received ones (rows of ``args``, the
+        dispatch's ``row_args``) and counts the rows per local expert (into ``per_expert``);
+        errors come back at a later call (_raise_if_failed)."""
         if per_expert is None:
             per_expert = self._per_expert()
-        self.ext.tail(self.args, self.me, int(em), alignment, worst, self._dispatches,
+        self.ext.tail(args, self.me, int(em), alignment, worst, self._dispatches,
                       [counts.data_ptr(), *(out[k].data_ptr() for k in ("x", "idx", "w")), *_src_ptrs(out),
                        per_expert.data_ptr(), self._deferred.data_ptr()],
                       self.shape.tail, stream_handle(self.device))
@@ -337,7 +347,7 @@ class NvshmemPush(Protocol):
     def _source(self, x: torch.Tensor) -> torch.Tensor:
         """Where the puts read x: the input region when some peer is reached by puts."""
         if self.stage_inputs and x.shape[0] and not self._in_input_region(x):
-            return self.input_view(x.shape[0], x.dtype).copy_(x)
+            return self.input_view(x.shape[0], x.dtype, x.shape[1]).copy_(x)
         return x
 
     def _alone(self) -> Any:
@@ -360,15 +370,16 @@ class NvshmemPush(Protocol):
         """The dispatch kernel from the routing tables ``plan`` into ``o`` (``cap`` rows),
         recording the rows this rank keeps in ``selfmap`` (None: the same routing recorded them).
         Alone, symmoe_cuda's alone kernels instead (expert-major with kernel.fan_phases on,
-        where a row fits in shared memory)."""
+        where a row fits in shared memory). Rows of ``src``'s width (``row_args``)."""
         stream = stream_handle(self.device)
+        args = self.row_args(src)
         if self.W == 1 and (not em or self.fan_phases):
-            if self._alone().alone(self.args, em, alignment, cap, epoch, self.timeout_ns,
+            if self._alone().alone(args, em, alignment, cap, epoch, self.timeout_ns,
                                    self._alone_ptrs(src, plan, o, em, selfmap), self.fan_phases, self.shape.alone,
                                    self.shape.sms, self._alone_done.data_ptr(), self.ext.error_mirror(),
                                    self.err.data_ptr(), stream):
                 return
-        self.ext.dispatch(self.mem.local.data_ptr(), self.args, self.me, self.shape.channels, self.ring_rows, int(em),
+        self.ext.dispatch(self.mem.local.data_ptr(), args, self.me, self.shape.channels, self.ring_rows, int(em),
                           self.direct, alignment, cap, epoch, self.timeout_ns,
                           [src.data_ptr(), plan["pub_idx"].data_ptr(), plan["pub_w"].data_ptr(),
                            plan["send_ent"].data_ptr(), plan["pos"].data_ptr(), plan["counts"].data_ptr(),
@@ -391,7 +402,7 @@ class NvshmemPush(Protocol):
             cap = max(most, 1)
         else:  # the same on every rank, as the handles' N is
             cap = max(1, min(handle.num_recv_rows, self._capacity(handle.output_layout)))
-        out = self._outputs(max(cap, worst), handle.output_layout, x.dtype)
+        out = self._outputs(max(cap, worst), handle.output_layout, x.dtype, cols=x.shape[1])
         src = self._source(x)
         if self.W > 1:
             self.mem.barrier_on_stream("dispatch.counts")
@@ -400,7 +411,8 @@ class NvshmemPush(Protocol):
         self._send(src, handle.cache, out, cap, handle.output_layout == "expert", handle.alignment,
                    self._dispatches, None)
         if not counted:
-            return self._tail(out, handle.cache["counts"], worst, handle.output_layout == "expert", handle.alignment)
+            return self._tail(out, handle.cache["counts"], worst, handle.output_layout == "expert", handle.alignment,
+                              self.row_args(x))
         return recv_views(out, mine, per_expert, worst)
 
     def barrier_on_stream(self) -> None:

@@ -47,11 +47,12 @@ SRC_RANK, SRC_TOKEN, SRC_SLOT = 0, 1, 2  # the source columns' pieces of a dispa
 
 
 def dispatch_outputs(lay: BufferLayout, cap: int, output_layout: str, dtype: torch.dtype, device: torch.device,
-                     *extra: int) -> dict[str, Any]:
-    """``Protocol._outputs``: the output tensors of ``cap`` rows and the int32 block."""
+                     *extra: int, cols: int = 0) -> dict[str, Any]:
+    """``Protocol._outputs``: the output tensors of ``cap`` rows (x rows of ``cols`` elements,
+    0: hidden) and the int32 block."""
     shape = (cap, lay.topk) if output_layout == "rank" else (cap,)
     return {
-        "x": torch.empty((cap, lay.hidden), dtype=dtype, device=device),
+        "x": torch.empty((cap, cols or lay.hidden), dtype=dtype, device=device),
         "idx": torch.empty(shape, dtype=torch.int64, device=device),
         "w": torch.empty(shape, dtype=torch.float32, device=device),
         "expert_offsets": (torch.empty(lay.local_experts + 1, dtype=torch.int64, device=device)

@@ -355,7 +355,8 @@ def check_fp8_dispatch(rank: int, world_size: int, config: dict[str, Any], seed:
     """FP8 x = (e4m3, scales) in both layouts, with float32 and UE8M0 scales, row-major and
     DeepGEMM's MN-major scales out: recv bitwise equal to the reference's, the grouped layout
     (both forms) equal to ``reference.grouped_layout``, then a cached FP8 dispatch of new x, a
-    worst-case-sized one (``num_worst_tokens``), and a bfloat16 combine on the handle, exact.
+    worst-case-sized one (``num_worst_tokens``), a bfloat16 combine on the handle, exact, and
+    a bfloat16 dispatch between FP8 ones (full rows after narrow ones, on one Buffer).
     Returns the number of cases."""
     cfg: Config = from_dict(config)
     b = cfg.buffer
@@ -411,5 +412,24 @@ def check_fp8_dispatch(rank: int, world_size: int, config: dict[str, Any], seed:
                             assert_bitwise(f"worst-case grouped_layout(psum={psum})",
                                            buf.grouped_layout(wh, psum=psum),
                                            reference.grouped_layout(padded, psum=psum), ctx)
+                    _check_bf16_between(buf, inputs, xs2, ref2, rank, layout, b.num_experts, b.expert_alignment,
+                                        dev, scale_layout, ctx)
                     checked += 1
     return checked
+
+
+def _check_bf16_between(buf: Buffer, inputs, xs, ref_fp8, rank: int, layout: str, num_experts: int, alignment: int,
+                        dev: torch.device, scale_layout: str, ctx: str) -> None:
+    """FP8 rows are narrower than bfloat16 ones on the same Buffer: a bfloat16 dispatch right
+    after FP8 ones moves full rows again, and an FP8 cached dispatch (of ``xs``, whose reference
+    is ``ref_fp8``) on its handle narrow ones."""
+    mine = inputs[rank]
+    ref = reference.dispatch([i.x for i in inputs], [i.topk_idx for i in inputs], [i.topk_weights for i in inputs],
+                             num_experts, layout, alignment)
+    rx, *_, handle, event = buf.dispatch(mine.x.to(dev), mine.topk_idx.to(dev), mine.topk_weights.to(dev),
+                                         output_layout=layout, expert_alignment=alignment)
+    event.synchronize()
+    assert_bitwise("bfloat16 recv_x after FP8 dispatches", rx, ref.recv[rank].x, ctx)
+    rx, *_, event = buf.dispatch((xs[rank][0].to(dev), xs[rank][1].to(dev)), handle=handle, scale_layout=scale_layout)
+    event.synchronize()
+    _check_pair("FP8 cached recv_x on a bfloat16 dispatch's handle", rx, ref_fp8.recv[rank].x, scale_layout, ctx)

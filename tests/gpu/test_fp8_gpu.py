@@ -1,8 +1,10 @@
 """FP8 dispatch on the GPU backends: (x_e4m3, scales) bitwise equal to symmoe.reference on
-torch (push and pull, 1 and 2 processes on one GPU), nvshmem (its shared kernels and its
-puts) and nccl (one rank), float32 and UE8M0 scales, both layouts, cached and worst-case
-sized; and, where deep_gemm imports, its contiguous grouped GEMM run on an expert-major
-dispatch's outputs as they are."""
+torch (push and pull, 1 and 2 processes on one GPU; the streamed push; every world-size-1
+kernel), nvshmem (its shared kernels and its puts) and nccl (one rank), float32 and UE8M0
+scales, both layouts, cached and worst-case sized, with bfloat16 dispatches in between. Every
+kernel moves rows of Fp8Format.row_bytes (H + scale bytes rounded up to 16: 528 bytes at
+H = 512, 7392 and 7232 at H = 7168), not bfloat16 rows. And, where deep_gemm imports, its
+contiguous grouped GEMM run on an expert-major dispatch's outputs as they are."""
 from __future__ import annotations
 
 import os
@@ -56,20 +58,47 @@ def test_torch_fp8_dispatch_is_bitwise_the_reference(world_size, protocol, seed)
     assert _on_ranks(world_size, cfg, seed + world_size, ENV) == [CASES] * world_size
 
 
-@pytest.mark.parametrize("transport", ["shared kernels", "puts"])
-def test_nvshmem_fp8_dispatch_is_bitwise_the_reference(transport, seed):
+@pytest.mark.parametrize("transport, world_size", [("shared kernels", 2), ("puts", 2), ("puts", 1)])
+def test_nvshmem_fp8_dispatch_is_bitwise_the_reference(transport, world_size, seed):
+    """The shared kernels over the NVSHMEM heap, nvshmem's own dispatch kernel (puts) and, at one
+    PE, symmoe_cuda's alone kernels that it launches: each given the FP8 rows' layout."""
     _usable("nvshmem")
     env = {**ENV, **({} if transport == "shared kernels" else {"SYMMOE_NVSHMEM_PUTS": "1"})}
     if os.environ.get("CUDA_MPS_PIPE_DIRECTORY"):
-        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps_share(2, gpus=1) or 100)
+        env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] = str(mps_share(world_size, gpus=1) or 100)
     cfg = _config("nvshmem", **{"kernel.num_channels": 4})
-    assert spawn(check_fp8_dispatch, 2, args=(cfg, seed + 17, CHECK_ROUTINGS, ("rank", "expert"), "cuda"),
-                 env=env, timeout_s=300.0) == [CASES] * 2
+    assert spawn(check_fp8_dispatch, world_size, args=(cfg, seed + 17, CHECK_ROUTINGS, ("rank", "expert"), "cuda"),
+                 env=env, timeout_s=300.0) == [CASES] * world_size
 
 
 def test_nccl_fp8_dispatch_is_bitwise_the_reference(seed):
     _usable("nccl")
     assert _on_ranks(1, _config("nccl", **{"kernel.num_channels": 2}), seed + 29, ENV) == [CASES]
+
+
+def test_torch_streamed_push_fp8_is_bitwise_the_reference(seed):
+    """The streamed push (one kernel of sender and receiver channels) with FP8 rows."""
+    _usable("torch")
+    cfg = _config("torch", protocol="push", **{"kernel.push_mode": "stream"})
+    assert _on_ranks(2, cfg, seed + 41, ENV) == [CASES] * 2
+
+
+@pytest.mark.parametrize("protocol, copy_bytes", [("push", 0), ("pull", 256)])
+def test_torch_fp8_rows_at_deepseek_width_between_two_ranks(protocol, copy_bytes, seed):
+    """H = 7168: rows of 7392 and 7232 bytes, not multiples of the 128-byte-aligned pieces
+    (copy_bytes 256: 29 pieces, the last one shorter)."""
+    _usable("torch")
+    cfg = _config("torch", protocol=protocol, **{"buffer.hidden": 7168, "kernel.copy_bytes": copy_bytes})
+    assert _on_ranks(2, cfg, seed + 47 + copy_bytes, ENV) == [CASES] * 2
+
+
+@pytest.mark.parametrize("protocol, phases", [("push", "steal"), ("pull", "block"), ("pull", "grid"), ("push", "off")])
+def test_torch_fp8_rows_at_deepseek_width_alone(protocol, phases, seed):
+    """World size 1 at H = 7168: the alone kernels (the expert-major phased fan-out holding
+    narrow rows in shared memory in the steal, block and grid modes; 'off': push's mover)."""
+    _usable("torch")
+    cfg = _config("torch", protocol=protocol, **{"buffer.hidden": 7168, "kernel.fan_phases": phases})
+    assert _on_ranks(1, cfg, seed + 53, ENV) == [CASES]
 
 
 def test_deep_gemm_takes_the_expert_major_fp8_outputs_as_they_are(seed):
