@@ -194,6 +194,7 @@ for s in "${SECTIONS[@]}"; do
       reap_ranks
       [ "$rc" -ne 0 ] && status=1
       llsets=(); for kv in ${LL_SET:-}; do llsets+=(--set "$kv"); done  # e.g. LL_SET='low_latency.num_sms=66'
+      export SYMMOE_BENCH_COMMAND="$(bench_command scripts/gpu_check.sh lowlat)"
       timeout ${LL_LIMIT_S:-240} python3 -m symmoe.bench.low_latency --world-sizes "${LL_WORLD_SIZES:-2,4}" ${llsets[@]+"${llsets[@]}"} \
         --tokens "${LL_TOKENS:-128}" --repeats "${BENCH_REPEATS:-50}" --trace-host --json "$LOG/lowlat.json" --md "$LOG/lowlat.md" \
         2>&1 | grep -v -i "warn" | tee "$LOG/lowlat.log"

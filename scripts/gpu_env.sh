@@ -30,7 +30,8 @@ python3 -c "import torch; print('torch', torch.__version__, 'cuda', torch.versio
 bench_command() {
   local v pre=""
   for v in BENCH_WORLD_SIZES BENCH_BACKENDS BENCH_PROTOCOLS BENCH_REPEATS BENCH_SET BENCH_X_IN_BUFFER BENCH_CPU MPS \
-           LAYER_WORLD_SIZES LAYER_TOKENS LAYER_REPEATS; do
+           LAYER_WORLD_SIZES LAYER_TOKENS LAYER_REPEATS DEEPEP_WORLD_SIZES DEEPEP_TOKENS DEEPEP_ARGS DEEPEP_FP8 \
+           FP8_SCALES LL_WORLD_SIZES LL_TOKENS LL_SET; do
     [ -n "${!v:-}" ] && pre+="$v='${!v}' "
   done
   echo "${pre}$*"
