@@ -27,3 +27,16 @@ def test_a_score_weighs_every_op_and_batch_size_alike():
 def test_a_candidate_takes_each_cells_slowest_rank_and_fails_if_any_rank_could_not_run_it():
     assert tune._slowest([{"a": 1.0, "b": 5.0}, {"a": 3.0, "b": 2.0}]) == {"a": 3.0, "b": 5.0}
     assert tune._slowest([{"a": 1.0}, None]) is None
+
+
+def test_the_shipped_torch_config_is_what_the_committed_tune_run_chose():
+    """configs/torch.yaml defaults to the launch settings `symmoe tune` found on the GPU machine
+    (benchmarks/tune_h100/), so a rerun that finds others updates both."""
+    from symmoe.config import load
+
+    shipped, tuned = load("configs/torch.yaml"), load("benchmarks/tune_h100/tuned_torch.yaml")
+    for knob in tune.knobs_for(shipped, sms=132):
+        section, _, key = knob.rpartition(".")
+        got = getattr(getattr(shipped, section), key) if section else getattr(shipped, key)
+        want = getattr(getattr(tuned, section), key) if section else getattr(tuned, key)
+        assert got == want, f"{knob}: configs/torch.yaml has {got!r}, the tune run chose {want!r}"
