@@ -9,9 +9,10 @@
 #   tokens per rank at W = $LL_WORLD_SIZES (2,4), beside DeepEP V1's normal mode when deep_ep imports;
 #   LL_SET='low_latency.num_sms=66' sets symmoe config values for it; it prints each op's phases from the
 #   kernels' timer stamps after the timings, then each call's host time split by layer: --trace-host)
-#   fp8: the FP8 dispatch tests on every backend (tests/gpu/test_fp8_gpu.py), then FP8 beside bf16
-#   dispatch in one run (symmoe.bench.deepep --fp8, DeepEP too when built); DEEPEP_FP8=float32 adds
-#   the FP8 ops to the deepep section
+#   fp8: the FP8 dispatch tests on every backend (tests/gpu/test_fp8_gpu.py; DeepGEMM's grouped GEMM
+#   on the outputs when "build" built it from DEEPGEMM_SRC, scripts/build_deepgemm.sh), then FP8 beside
+#   bf16 dispatch in one run (symmoe.bench.deepep --fp8, DeepEP too when built); DEEPEP_FP8=float32
+#   adds the FP8 ops to the deepep section
 #   deepep: symmoe beside DeepEP V1 (symmoe.bench.deepep) at W = $DEEPEP_WORLD_SIZES (2,4) ranks under MPS,
 #   $DEEPEP_TOKENS (128,512,1024,4096,8192) tokens per rank; DeepEP is built by "build" from DEEPEP_SRC
 #   (DEEPEP_ARGS="--trace-host 128 --trace-api 128": more symmoe.bench.deepep arguments)
@@ -87,10 +88,18 @@ for s in "${SECTIONS[@]}"; do
       if [ -n "${DEEPEP_SRC:-}" ]; then  # DeepEP V1 beside symmoe's build: both compile at once
         ( scripts/build_deepep.sh "$DEEPEP_SRC" "$LOG/deep_ep" >"$LOG/deepep_build.log" 2>&1 ) & deepep_pid=$!
       fi
+      if [ -n "${DEEPGEMM_SRC:-}" ]; then  # DeepGEMM for the FP8 test's grouped GEMM, also at once
+        ( scripts/build_deepgemm.sh "$DEEPGEMM_SRC" "$LOG/deep_gemm" >"$LOG/deepgemm_build.log" 2>&1 ) & deepgemm_pid=$!
+      fi
       build_kernels || status=1
       if [ -n "${DEEPEP_SRC:-}" ]; then
         if wait $deepep_pid; then note "DeepEP V1 built from $DEEPEP_SRC"; export PYTHONPATH=$LOG/deep_ep:$PYTHONPATH
         else note "DeepEP V1 build FAILED ($LOG/deepep_build.log)"; tail -20 "$LOG/deepep_build.log"; fi
+      fi
+      if [ -n "${DEEPGEMM_SRC:-}" ]; then  # its kernels compile at their first call, into DG_JIT_CACHE_DIR
+        if wait $deepgemm_pid; then note "DeepGEMM built from $DEEPGEMM_SRC"
+          export PYTHONPATH=$LOG/deep_gemm:$PYTHONPATH DG_JIT_CACHE_DIR=${DG_JIT_CACHE_DIR:-/tmp/dg_jit}
+        else note "DeepGEMM build FAILED ($LOG/deepgemm_build.log)"; tail -20 "$LOG/deepgemm_build.log"; fi
       fi ;;
     deepep)  # every ratio is DeepEP's whole-call time over symmoe's, measured in the same job
       python3 -c "import deep_ep" 2>/dev/null || note "deep_ep not importable: symmoe runs alone (set DEEPEP_SRC and run build first)"
