@@ -200,8 +200,8 @@ def check_fp8(hidden: int, use_fp8: bool, round_scale: bool, use_ue8m0: bool) ->
 
 def fp8_row_bytes(hidden: int) -> int:
     """Bytes an FP8 row moves: the e4m3 data, then one float32 scale per 128 channels, in 16-byte pieces."""
-    from .fp8 import BLOCK, Fp8Format
-    return Fp8Format(torch.float32, hidden // BLOCK).row_bytes(hidden)
+    from .fp8 import formats
+    return formats(hidden)["float32"].row_bytes(hidden)
 
 
 def fp8_outputs(recv_x: torch.Tensor, use_ue8m0: bool) -> tuple[torch.Tensor, torch.Tensor, Any]:

@@ -3,12 +3,13 @@ from __future__ import annotations
 
 import torch
 
-from symmoe.protocol.outputs import Int32Block, int32_pieces
+from symmoe.protocol.outputs import Int32Block
 
 
 def test_pieces_have_their_sizes_start_128_byte_aligned_and_never_overlap():
     sizes = (5, 32, 1, 70, 33)
-    pieces = int32_pieces(torch.device("cpu"), sizes)
+    block = Int32Block(torch.device("cpu"), sizes)
+    pieces = [block.piece(i, n) for i, n in enumerate(sizes)]
     assert [p.numel() for p in pieces] == list(sizes)
     assert all(p.dtype == torch.int32 and p.is_contiguous() for p in pieces)
     base = pieces[0].data_ptr()
@@ -22,7 +23,8 @@ def test_pieces_have_their_sizes_start_128_byte_aligned_and_never_overlap():
 
 
 def test_a_piece_viewed_as_float32_or_reshaped_is_the_same_memory():
-    w, counts = int32_pieces(torch.device("cpu"), (8, 2 * 259))
+    block = Int32Block(torch.device("cpu"), (8, 2 * 259))
+    w, counts = block.piece(0, 8), block.piece(1, 2 * 259)
     assert w.view(torch.float32).data_ptr() == w.data_ptr()
     assert counts.view(2, 259).shape == (2, 259)
 

@@ -37,12 +37,6 @@ class Int32Block:
         return self.base[o:o + n]
 
 
-def int32_pieces(device: torch.device, sizes: "tuple[int, ...]") -> list[torch.Tensor]:
-    """Every piece of an ``Int32Block`` of ``sizes`` as a tensor (where the caller needs them all)."""
-    block = Int32Block(device, sizes)
-    return [block.piece(i, n) for i, n in enumerate(sizes)]
-
-
 SRC_RANK, SRC_TOKEN, SRC_SLOT = 0, 1, 2  # the source columns' pieces of a dispatch's Int32Block
 
 
