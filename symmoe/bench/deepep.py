@@ -243,6 +243,26 @@ def _api_table(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 10,
     return prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows, max_name_column_width=50)
 
 
+def _py_table(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 20, rows: int = 40) -> str:
+    """cProfile's table of ``calls`` calls, by time spent in each function itself: which Python
+    functions and which torch or binding calls a call's host time goes to."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        sync()
+        prof.enable()
+        fn()
+        prof.disable()
+        torch.cuda.synchronize()
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).strip_dirs().sort_stats("tottime").print_stats(rows)
+    return out.getvalue()
+
+
 def _python_us(n: int = 100000) -> float:
     """µs of a plain Python loop of ``n`` additions: how fast this host runs Python."""
     t0 = time.perf_counter()
@@ -341,6 +361,11 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
             tables = {im.name: {op: _api_table(lambda: im.call(op), sync) for op in ops} for im in live}
             if rank == 0:
                 cell["api_tables"] = tables
+        if T in spec.get("trace_py", ()):
+            tables = {im.name: {op: _py_table(lambda: im.call(op), sync) for op in ops} for im in live
+                      if im.name != "deepep"}
+            if rank == 0:
+                cell["py_tables"] = tables
         if T in spec["trace_host"]:
             cell["python_loop_us"] = _python_us()
             cell["launch_us"] = _launch_us()
@@ -384,6 +409,8 @@ def summarize(world_size: int, ranks: list[dict[str, Any]], names: list[str], mp
                            if "kernels_us" in ranks[0]["cells"][T]},
             "api_tables": {T: ranks[0]["cells"][T]["api_tables"] for T in ranks[0]["cells"]
                            if "api_tables" in ranks[0]["cells"][T]},
+            "py_tables": {T: ranks[0]["cells"][T]["py_tables"] for T in ranks[0]["cells"]
+                          if "py_tables" in ranks[0]["cells"][T]},
             "host_us": {T: [{"launch_us": r["cells"][T]["launch_us"], "python_loop_us": r["cells"][T]["python_loop_us"],
                              **r["cells"][T]["host_us"]} for r in ranks]
                         for T in ranks[0]["cells"] if "host_us" in ranks[0]["cells"][T]},
@@ -459,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--profile", default="", help="token counts whose kernels to profile (comma list)")
     ap.add_argument("--trace-host", default="", help="token counts whose calls' host time is split by layer and launch")
     ap.add_argument("--trace-api", default="", help="token counts whose calls' torch ops and CUDA API calls rank 0 tables")
+    ap.add_argument("--trace-py", default="", help="token counts whose symmoe calls rank 0 profiles (cProfile, by own time)")
     ap.add_argument("--json", default="")
     ap.add_argument("--md", default="")
     args = ap.parse_args(argv)
@@ -474,7 +502,8 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": args.repeats,
             "warmup": args.warmup, "seed": args.seed, "profile": [int(t) for t in args.profile.split(",") if t],
             "trace_host": [int(t) for t in args.trace_host.split(",") if t],
-            "trace_api": [int(t) for t in args.trace_api.split(",") if t]}
+            "trace_api": [int(t) for t in args.trace_api.split(",") if t],
+            "trace_py": [int(t) for t in args.trace_py.split(",") if t]}
     names = (["deepep"] if spec["deepep"] else []) + list(configs)
     rows = fp8_rows(args.fp8) if args.fp8 != "none" else None
     if rows:
