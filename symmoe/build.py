@@ -4,8 +4,10 @@ Each module is an :class:`ExtensionSpec` in :data:`EXTENSIONS`; backends that ne
 module (nvshmem, nccl) add a spec with :func:`register`. :func:`load` builds on first use and
 imports the shared object; :func:`build_all` prebuilds everything (``symmoe build``).
 
-Raw pointers and CUDA streams cross into the modules as Python ints, so no torch C++ header
-is needed: the modules compile against a CPU-only torch (CI) just as on the GPU machine.
+Raw pointers and CUDA streams cross into the kernel modules as Python ints, so they need no
+torch C++ header. One host module (``symmoe_host``, ``compiler="torch"``) makes a dispatch's
+tensors with torch's C++ API instead, built by the C++ compiler. Every module compiles against
+a CPU-only torch (CI) just as on the GPU machine.
 
 Cache: ``$SYMMOE_CACHE`` or ``~/.cache/symmoe``, one folder per module and key; the key
 hashes the sources and every header under ``csrc/``, the GPU architecture
@@ -52,6 +54,9 @@ class ExtensionSpec:
     lib_dists: tuple[str, ...] = ()  # pip distributions whose versions key the cache
     extra_nvcc: tuple[str, ...] = ()
     description: str = ""
+    # "nvcc": CUDA kernels bound with pybind11, pointers as ints (no torch header). "torch": host
+    # C++ over torch's C++ API and its pybind11 (tensors in and out), compiled by the C++ compiler.
+    compiler: str = "nvcc"
 
 
 EXTENSIONS: dict[str, ExtensionSpec] = {}
@@ -67,6 +72,12 @@ register(ExtensionSpec(
     name="symmoe_cuda",
     sources=("bindings/symmoe_cuda.cu",),
     description="kernels over load/store peers (torch symmetric memory); the one-rank dispatch kernels (nvshmem alone)",
+))
+register(ExtensionSpec(
+    name="symmoe_host",
+    sources=("host/tensors.cpp",),
+    compiler="torch",
+    description="a GPU dispatch's output tensors, made and cut in C++ (torch's C++ API)",
 ))
 register(ExtensionSpec(
     name="symmoe_ll",
@@ -159,13 +170,41 @@ def _headers() -> list[Path]:
     return sorted(p for p in CSRC.rglob("*") if p.suffix in (".cuh", ".h", ".hpp", ".inc"))
 
 
+def cxx_path() -> str | None:
+    """The C++ compiler of the ``torch`` modules: $CXX, else c++ or g++ on PATH."""
+    cand = os.environ.get("CXX")
+    if cand and shutil.which(cand):
+        return shutil.which(cand)
+    return shutil.which("c++") or shutil.which("g++")
+
+
+def compiler_path(spec: ExtensionSpec) -> str:
+    """The compiler that builds ``spec``; BuildError when this machine has none."""
+    if spec.compiler == "torch":
+        cxx = cxx_path()
+        if cxx is None:
+            raise BuildError(f"{spec.name}: no C++ compiler found (set CXX or put c++ on PATH)")
+        return cxx
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise BuildError("nvcc not found (set NVCC or CUDA_HOME, or put it on PATH): needed to build the CUDA kernels")
+    return nvcc
+
+
 def cache_key(spec: ExtensionSpec, nvcc: str) -> str:
+    """The key of ``spec`` built by compiler ``nvcc`` (the C++ compiler for a ``torch`` module)."""
     h = hashlib.sha256()
     for rel in spec.sources:
         p = CSRC / rel
         if not p.exists():
             raise BuildError(f"{spec.name}: source {p} is missing")
         h.update(rel.encode() + b"\0" + p.read_bytes())
+    if spec.compiler == "torch":  # its one source includes only torch's headers
+        import torch
+
+        parts = [_tool_version(nvcc), ext_suffix(), torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI)]
+        h.update("\0".join(parts).encode())
+        return h.hexdigest()[:20]
     for p in _headers():
         h.update(str(p.relative_to(CSRC)).encode() + b"\0" + p.read_bytes())
     try:
@@ -177,6 +216,11 @@ def cache_key(spec: ExtensionSpec, nvcc: str) -> str:
     parts += [f"{d}={dist_version(d)}" for d in spec.lib_dists]
     h.update("\0".join(parts).encode())
     return h.hexdigest()[:20]
+
+
+def _tool_version(tool: str) -> str:
+    out = subprocess.run([tool, "--version"], capture_output=True, text=True).stdout.strip()
+    return out.splitlines()[0] if out else "unknown"
 
 
 def module_path(spec: ExtensionSpec, key: str) -> Path:
@@ -191,7 +235,27 @@ def _run(cmd: list[str], what: str) -> str:
     return proc.stdout + proc.stderr
 
 
+def _compile_torch(spec: ExtensionSpec, cxx: str, out: Path, log: list[str]) -> None:
+    """A ``torch`` module: its sources against torch's headers (and the pybind11 torch ships),
+    linked to torch's libraries, which torch has loaded by the time the module is imported."""
+    import torch
+    from torch.utils import cpp_extension
+
+    libs = cpp_extension.library_paths()
+    cmd = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
+           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+           f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H",
+           *[f"-I{i}" for i in cpp_extension.include_paths()], f"-I{sysconfig.get_paths()['include']}",
+           *[str(CSRC / rel) for rel in spec.sources],
+           *[f"-L{d}" for d in libs], *[f"-Wl,-rpath,{d}" for d in libs],
+           "-lc10", "-ltorch", "-ltorch_cpu", "-ltorch_python", "-o", str(out)]
+    log.append(_run(cmd, f"compiling {', '.join(spec.sources)}"))
+
+
 def _compile(spec: ExtensionSpec, nvcc: str, out: Path, log: list[str]) -> None:
+    if spec.compiler == "torch":
+        _compile_torch(spec, nvcc, out, log)
+        return
     build = out.parent
     incs = [str(CSRC)] + pybind11_includes() + list(spec.include_dirs())
     common = gencode() + ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
@@ -219,9 +283,7 @@ def build(name: str, force: bool = False, verbose: bool = False) -> Path:
     if name not in EXTENSIONS:
         raise BuildError(f"unknown extension {name!r}; registered: {', '.join(EXTENSIONS)}")
     spec = EXTENSIONS[name]
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise BuildError("nvcc not found (set NVCC or CUDA_HOME, or put it on PATH): needed to build the CUDA kernels")
+    nvcc = compiler_path(spec)
     key = cache_key(spec, nvcc)
     path = module_path(spec, key)
     if path.exists() and not force:

@@ -78,12 +78,12 @@ def test_a_dispatch_s_wait_says_whether_it_filled_the_guess_and_marks_its_span(c
     counts, per_expert = np.zeros(6, np.int32), np.zeros(4, np.int32)
     guess = SimpleNamespace(target=(5, False, counts.ctypes.data, per_expert.ctypes.data))
     finished = SimpleNamespace(query=lambda: True)  # the stream, asked only after a timed-out spin
-    proto = SimpleNamespace(_counts_wait=w._wait, _filled=cuda_module.COUNTS_FILLED)
-    assert Protocol._wait_counts(proto, finished, 7, None) is False
+    proto = SimpleNamespace(_counts_wait=w._wait, _filled=cuda_module.COUNTS_FILLED, _stream=lambda: finished)
+    assert Protocol._wait_counts(proto, 7, None) is False
     t0, t1 = proto.wait_marks
     assert t0 <= t1
     w.counts[:] = 3
-    assert Protocol._wait_counts(proto, finished, 7, guess) is True
+    assert Protocol._wait_counts(proto, 7, guess) is True
     assert counts.tolist() == [3] * 6
     w.ready[0] = 6  # not this dispatch's epoch: the finished stream ends the wait, nothing filled
-    assert Protocol._wait_counts(proto, finished, 7, guess) is False
+    assert Protocol._wait_counts(proto, 7, guess) is False

@@ -10,6 +10,7 @@
 
 #include "ctx_combine.cuh"
 #include "ctx_dispatch.cuh"
+#include "ctx_dispatch_call.cuh"
 #include "ctx_route.cuh"
 #include "ctx_state.cuh"
 #include "host_mapped.h"
@@ -34,6 +35,8 @@ void bind_context(pybind11::module_& m, Init init) {
                               py::arg("bulk copy") = int(kStageBulkCopy),
                               py::arg("dispatch.phase") = int(kStageFanPhase),
                               py::arg("dispatch.route") = int(kStageRouteChunk));
+  m.attr("MOVE_MODES") = py::dict(py::arg("pull") = int(kMovePull), py::arg("push") = int(kMovePush),
+                                  py::arg("push_stream") = int(kMovePushStream));
   m.attr("DEFERRED") = py::dict(py::arg("capacity") = int(kDeferredCapacity), py::arg("bad_ids") = int(kDeferredBadIds));
   bind_counts_wait(m);
   bind_host_mapped(m);
@@ -64,6 +67,14 @@ void bind_context(pybind11::module_& m, Init init) {
       .def("push_stream", &ctx_push_stream<Transport>, py::arg("x"), py::arg("out"), py::arg("expert_major"),
            py::arg("alignment"), py::arg("senders"), py::arg("receivers"), py::arg("epoch"), py::arg("stream"),
            py::arg("row_bytes") = 0)
+      .def("move", &ctx_move<Transport>, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
+           py::arg("counts"), py::arg("after_route"), py::arg("mode"), py::arg("senders"), py::arg("receivers"),
+           py::arg("epoch"), py::arg("stream"), py::arg("row_bytes") = 0)
+      .def("dispatch", &ctx_dispatch<Transport>, py::arg("host"), py::arg("counts"), py::arg("routing"),
+           py::arg("ready"), py::arg("summary"), py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"),
+           py::arg("scratch"), py::arg("in_rank"), py::arg("route_epoch"), py::arg("x"), py::arg("out"),
+           py::arg("expert_major"), py::arg("alignment"), py::arg("mode"), py::arg("senders"), py::arg("receivers"),
+           py::arg("data_epoch"), py::arg("stream"), py::arg("row_bytes") = 0)
       .def("unpack", &ctx_unpack<Transport>, py::arg("counts"), py::arg("out"), py::arg("expert_major"),
            py::arg("alignment"), py::arg("stream"), py::arg("row_bytes") = 0)
       .def("recv_tail", &ctx_recv_tail<Transport>, py::arg("counts"), py::arg("out"), py::arg("worst"),

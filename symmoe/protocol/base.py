@@ -77,23 +77,31 @@ class Protocol(ABC):
     def __init__(self, mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int):
         self.mem, self.layout, self.config, self.buffer_id = mem, layout, config, buffer_id
 
-    def _wait_counts(self, event: torch.cuda.Event, epoch: int, guess: Guess | None) -> bool:
+    def _wait_counts(self, epoch: int, guess: Guess | None) -> bool:
         """The one host wait of a GPU dispatch, with its marks; True when the wait filled
         ``guess`` (its result is complete, nothing is to be raised), False when the host must
         read the counts. ``self._counts_wait`` (host_wait.h's CountsWait, the protocol's) spins
         on the host-mapped word the routing kernel sets once the counts matrix is in host memory
         (ready also when a device wait failed: the caller checks the error word). Every ms
-        without it the stream is asked (``event``, recorded after the data kernel): a fault
-        raises there, and a finished data kernel means the routing's matrix is in place.
-        Spinning wakes within a microsecond; ``event.synchronize()`` woke tens of µs after the
-        kernel."""
+        without it the current stream is asked, where the data kernel was the last launch: a
+        fault raises there, and a finished data kernel means the routing's matrix is in place.
+        (An event recorded for this cost every dispatch ~8 µs of host time; the stream is asked
+        only on the slow path.) Spinning wakes within a microsecond; ``event.synchronize()``
+        woke tens of µs after the kernel."""
         target = guess.target if guess is not None else NO_GUESS
         wait = self._counts_wait.wait
         t0 = time.perf_counter()
-        while not (got := wait(epoch, 1e-3, *target)) and not event.query():
-            pass
+        stream = None
+        while not (got := wait(epoch, 1e-3, *target)):
+            stream = stream or self._stream()
+            if stream.query():
+                break
         self.wait_marks = (t0, time.perf_counter())
         return got == self._filled
+
+    def _stream(self) -> torch.cuda.Stream:
+        """The current stream of this protocol's device (the GPU protocols' launches go there)."""
+        return torch.cuda.current_stream(self.mem.device)
 
     @abstractmethod
     def get_dispatch_layout(self, topk_idx: torch.Tensor) -> DispatchLayout:
@@ -124,13 +132,16 @@ class Protocol(ABC):
         or fewer when the layout cannot produce that many."""
         return min(self.layout.recv_rows, self.layout.worst_case_rows(output_layout))
 
-    def _outputs(self, cap: int, output_layout: str, dtype: torch.dtype, *extra: int, cols: int = 0) -> dict[str, Any]:
+    def _outputs(self, cap: int, output_layout: str, dtype: torch.dtype, *extra: int, cols: int = 0,
+                 in_rank_tokens: int = -1) -> dict[str, Any]:
         """A GPU dispatch's outputs of ``cap`` rows, which its data kernels fill: tensors "x"
         (rows of ``cols`` elements of ``dtype``; 0: hidden, an FP8 dispatch's byte rows are
         narrower), "idx", "w", "expert_offsets" (expert-major, else None), and "block", an
         ``Int32Block`` whose pieces 0-2 are the source rank, token and slot columns and then one
-        piece of each ``extra`` size (the protocol's own state of the dispatch)."""
-        return dispatch_outputs(self.layout, cap, output_layout, dtype, self.mem.device, *extra, cols=cols)
+        piece of each ``extra`` size (the protocol's own state of the dispatch); with
+        ``in_rank_tokens`` >= 0 also "in_rank", the dispatch's is_token_in_rank of that many tokens."""
+        return dispatch_outputs(self.layout, cap, output_layout, dtype, self.mem.device, *extra, cols=cols,
+                                in_rank_tokens=in_rank_tokens)
 
     def _per_expert(self) -> torch.Tensor:
         """A num_worst_tokens dispatch's per-local-expert row counts, which the device writes."""

@@ -16,7 +16,7 @@ from ..errors import CapacityError, InputError
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..results import RecvResult, fill_tail
-from .outputs import SRC_RANK, SRC_SLOT, SRC_TOKEN
+from .outputs import SRC_SLOT, cut
 
 
 def received_rows(lay: BufferLayout, counts: np.ndarray, rank: int, output_layout: str,
@@ -162,18 +162,15 @@ def make_handle(output_layout: str, topk_idx: torch.Tensor, topk_weights: torch.
     recv's own source views, and the slot column from ``out``; ``recv_counts`` as
     ``DispatchHandle.recv_counts`` (where the host read the counts)."""
     rows = recv.src_rank.shape[0]
+    slot = out.get("src_slot")  # recv_views cut it with the others
+    if slot is None or slot.shape[0] != rows:
+        slot = out["block"].piece(SRC_SLOT, rows)
     return DispatchHandle(
         output_layout=output_layout, num_tokens=topk_idx.shape[0], topk_idx=topk_idx.long(),
         topk_weights=topk_weights, is_token_in_rank=in_rank, counts=counts, num_recv_rows=rows,
-        recv_src_rank=recv.src_rank, recv_src_token=recv.src_token, recv_src_slot=out["block"].piece(SRC_SLOT, rows),
+        recv_src_rank=recv.src_rank, recv_src_token=recv.src_token, recv_src_slot=slot,
         expert_offsets=out["expert_offsets"], buffer_id=buffer_id, alignment=alignment, cache=cache,
         num_worst_tokens=worst, recv_counts=recv_counts)
-
-
-def head(t: torch.Tensor, n: int) -> torch.Tensor:
-    """The first ``n`` rows of ``t``: ``t`` itself where that is all of them. A slice costs the
-    host 1-2 µs and a result takes seven; at world size 1 they usually keep every row."""
-    return t if t.shape[0] == n else t[:n]
 
 
 def recv_views(out: dict[str, Any], rows: int, per_expert: torch.Tensor, worst: int = 0) -> RecvResult:
@@ -181,14 +178,12 @@ def recv_views(out: dict[str, Any], rows: int, per_expert: torch.Tensor, worst: 
     ``worst`` rows when that is more (the rows past ``rows`` filled as ``results.pad_recv``
     defines, on the stream); ``per_expert`` a host tensor (reading it costs no sync)."""
     n = max(rows, worst)
-    block = out["block"]
-    recv = RecvResult(
-        x=head(out["x"], n), topk_idx=head(out["idx"], n), topk_weights=head(out["w"], n),
-        num_recv_tokens_per_expert=per_expert, src_rank=block.piece(SRC_RANK, n),
-        src_token=block.piece(SRC_TOKEN, n), expert_offsets=out["expert_offsets"])
+    x, idx, w, src_rank, src_token, out["src_slot"] = cut(out, n)  # the slot column: the handle's (make_handle)
+    recv = RecvResult(x=x, topk_idx=idx, topk_weights=w, num_recv_tokens_per_expert=per_expert, src_rank=src_rank,
+                      src_token=src_token, expert_offsets=out["expert_offsets"])
     if n > rows:
         fill_tail(recv, rows)
-        block.piece(SRC_SLOT, n)[rows:].fill_(-1)  # the handle's third source column
+        out["src_slot"][rows:].fill_(-1)  # the handle's third source column
     return recv
 
 

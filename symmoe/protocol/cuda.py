@@ -150,7 +150,15 @@ class _CudaProtocol(Protocol):
         self.ctx.set_copy_bytes(config.kernel.copy_bytes)
         self.ctx.set_copy_depth(config.kernel.copy_depth)
         self.ctx.set_fan_phases(fan_phases_mode(config, self.world_size, gpu))
-        self._stream_receivers = config.kernel.stream_receivers
+        # How the data kernels move rows (csrc/bindings/ctx_dispatch_call.cuh's ctx_move), fixed here.
+        modes = self.mod.MOVE_MODES
+        if self.name == "pull":
+            self._move_mode = (modes["pull"], 0, 0)
+        elif self.shape.stream:
+            self._move_mode = (modes["push_stream"],
+                               *stream_split(self.shape.stream, layout.num_channels, config.kernel.stream_receivers))
+        else:
+            self._move_mode = (modes["push"], 0, 0)
         self._epoch = 0
         W, E = layout.world_size, layout.num_experts
         self._published: _RoutingState | None = None  # whose routing copy is now in the input region
@@ -166,7 +174,6 @@ class _CudaProtocol(Protocol):
         words = SUMMARY_HEAD + layout.local_experts
         self._summary = self.mod.host_alloc_mapped(4 * words)
         self._summary_np = np.ctypeslib.as_array((ctypes.c_int32 * words).from_address(self._summary[0]))
-        self._counts_event = torch.cuda.Event()
         self._counts_ready = self.mod.host_alloc_mapped(8)  # the dispatch's epoch once the matrix is in
         self._counts_shape = (W, 1 + W + E)
         self._bad_flag = torch.zeros(1, dtype=torch.int32, device=self.device)
@@ -186,9 +193,6 @@ class _CudaProtocol(Protocol):
         self._closed = False
 
     # -- helpers ---------------------------------------------------------------------------
-    def _stream(self) -> torch.cuda.Stream:
-        return torch.cuda.current_stream(self.device)
-
     def _next_epoch(self) -> int:
         self._epoch += 1
         return self._epoch
@@ -273,22 +277,23 @@ class _CudaProtocol(Protocol):
         # The int32 pieces are only pointers here (outputs.Int32Block).
         routing_bytes, cells = self._routing_bytes(T), W * self._counts_shape[1]
         out = self._outputs(max(cap, worst), output_layout, x.dtype, max(1, T * lay.combine_slots), cells,
-                            routing_bytes // 4, cols=x.shape[1])
+                            routing_bytes // 4, cols=x.shape[1], in_rank_tokens=T)
         block = out["block"]
         selfmap, counts_dev, routing = block.ptr(_SELFMAP), block.ptr(_COUNTS), block.ptr(_ROUTING)
         args = _kernel_outputs(out, cap, selfmap)
-        in_rank = torch.empty((T, W), dtype=torch.bool, device=self.device)
+        in_rank = out["in_rank"]  # the routing kernel writes every entry
         sp = stream_handle(self.device)
-        # num_worst_tokens: no host wait, so no host copy of the counts either.
-        self.ctx.set_routing_outputs(0 if worst else self._counts_mapped[1], counts_dev, routing,
-                                     0 if worst else self._counts_ready[1], 0 if worst else self._summary[1],
-                                     alignment)
         per_expert = self._per_expert() if worst else None
-        self._layout(topk_idx, topk_weights, True, None, None, in_rank, sp)
-        epoch = self._epoch  # the routing's, which its kernel writes to _counts_ready after the counts matrix
-        self._move(x, args, expert_major, alignment, counts_dev, True, sp)
-        if not worst:  # after the data kernel: nothing may come between it and the routing kernel it follows
-            self._counts_event.record()  # the current stream's
+        # The routing kernel publishing at `epoch` (it writes it to _counts_ready after the counts
+        # matrix), then the data kernels at the next epoch: one call. num_worst_tokens: no host
+        # wait, so no host copy of the counts either.
+        epoch = self._epoch + 1
+        self._epoch += 2
+        self.ctx.dispatch(0 if worst else self._counts_mapped[1], counts_dev, routing,
+                          0 if worst else self._counts_ready[1], 0 if worst else self._summary[1],
+                          _ptr(topk_idx), topk_idx.dtype == torch.int64, _ptr(topk_weights), T,
+                          _ptr(self._route_scratch), _ptr(in_rank), epoch, _ptr(x), args, expert_major,
+                          alignment, *self._move_mode, epoch + 1, sp, self.row_bytes(x))
         cache = self._published = _RoutingState(block, routing, routing_bytes, counts_dev, selfmap)
         if worst:  # DeepEP's num_worst_tokens: the device finishes what the host would read
             recv = self._tail(out, counts_dev, worst, expert_major, alignment, self.row_bytes(x), per_expert)
@@ -299,7 +304,7 @@ class _CudaProtocol(Protocol):
         # The data kernel keeps the GPU busy meanwhile; what needs no counts is done before.
         topk_idx = topk_idx.long()  # the handle's (a launch for int32 ids)
         guess = Guess.of(lay, output_layout, alignment, out, topk_idx, topk_weights, in_rank, self.buffer_id, cache)
-        if self._wait_counts(self._counts_event, epoch, guess):
+        if self._wait_counts(epoch, guess):
             return guess.recv, guess.handle  # the wait found nothing to raise
         self.check()
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment, self._bad_record,
@@ -326,26 +331,15 @@ class _CudaProtocol(Protocol):
 
     def _move(self, x: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
               counts_dev: int, after_route: bool, sp: int) -> None:
-        """The data kernels, after the routing (or its republication) and the counts barrier.
-        Alone, the alone kernels where they apply (``ctx_alone`` in csrc/bindings/ctx_dispatch.cuh),
-        as nvshmem runs them; ``after_route`` (right behind this dispatch's routing kernel): they
-        start on the routing's placed chunks, before its last block hands the counts over (the
-        expert-major one loads its first rows even before that). ``sp``: the current stream's
-        handle. Rows of x's width (``row_bytes``: an FP8 dispatch's are narrower)."""
-        epoch = self._next_epoch()
-        rb = self.row_bytes(x)
-        if self.world_size == 1 and self.ctx.alone(_ptr(x), args, expert_major, alignment, counts_dev, epoch,
-                                                   after_route, sp, rb):
-            return
-        if self.name == "pull":
-            self.ctx.pull(_ptr(x), args, expert_major, alignment, epoch, sp, rb)
-        elif self.shape.stream:
-            senders, receivers = stream_split(self.shape.stream, self.layout.num_channels, self._stream_receivers)
-            self.ctx.push_stream(_ptr(x), args, expert_major, alignment, senders, receivers, epoch, sp, rb)
-        else:
-            self.ctx.push(_ptr(x), args, expert_major, alignment, epoch, sp, rb)
-            if self.world_size > 1:  # alone, push wrote every row, group start and padding row
-                self.ctx.unpack(counts_dev, args, expert_major, alignment, sp, rb)
+        """The data kernels, after the routing (or its republication) and the counts barrier
+        (``ctx_move`` in csrc/bindings/ctx_dispatch_call.cuh). Alone, the alone kernels where
+        they apply (``ctx_alone``), as nvshmem runs them; ``after_route`` (right behind this
+        dispatch's routing kernel): they start on the routing's placed chunks, before its last
+        block hands the counts over (the expert-major one loads its first rows even before
+        that). ``sp``: the current stream's handle. Rows of x's width (``row_bytes``: an FP8
+        dispatch's are narrower)."""
+        self.ctx.move(_ptr(x), args, expert_major, alignment, counts_dev, after_route, *self._move_mode,
+                      self._next_epoch(), sp, self.row_bytes(x))
 
     def _routing_bytes(self, T: int) -> int:
         """Bytes of the input region, from ``in_idx`` on, that the routing kernel publishes (ids,

@@ -200,7 +200,6 @@ class NvshmemPush(Protocol):
         # the plan kernel writes the matrix and the bad-id record straight into it.
         self._bad_info = torch.zeros(4, dtype=torch.int64, pin_memory=True)
         self._counts_host = torch.zeros((W, 1 + W + E), dtype=torch.int32, pin_memory=True)
-        self._counts_event = torch.cuda.Event()
         self._counts_ready = torch.zeros(1, dtype=torch.int64, pin_memory=True)  # epoch once the matrix is in
         check_summary_head("symmoe_nvshmem", self.ext.SUMMARY_HEAD)
         # Beside the matrix, what the host reads of it after its wait (counts.summary_of).
@@ -294,9 +293,9 @@ class NvshmemPush(Protocol):
         # selfmap: the output row of each (token, slot) this rank keeps (combine reduces it in place).
         sizes = (max(1, T * K), max(1, T * K), max(1, T * (W + K)), max(1, T * W), W * (1 + W + lay.num_experts),
                  max(1, T * lay.combine_slots))
-        out = self._outputs(max(cap, worst), output_layout, x.dtype, *sizes, cols=x.shape[1])
+        out = self._outputs(max(cap, worst), output_layout, x.dtype, *sizes, cols=x.shape[1], in_rank_tokens=T)
         pub_idx, pub_w, pos, send_ent, counts, selfmap = (out["block"].piece(3 + i, n) for i, n in enumerate(sizes))
-        in_rank = torch.empty((T, W), dtype=torch.bool, device=dev)
+        in_rank = out["in_rank"]
         plan = {"pub_idx": pub_idx, "pub_w": pub_w.view(torch.float32), "pos": pos, "send_ent": send_ent,
                 "counts": counts.view(W, 1 + W + lay.num_experts), "selfmap": selfmap}
         src = self._source(x)
@@ -314,8 +313,6 @@ class NvshmemPush(Protocol):
             "bad_flag": self._bad_flag.data_ptr(), "bad_info": self._bad_info.data_ptr()}, stream.cuda_stream,
             alignment)
         self._send(src, plan, out, cap, em, alignment, epoch, plan["selfmap"])
-        if not worst:  # after the dispatch kernel: nothing may come between it and the plan kernel it follows
-            self._counts_event.record(stream)
         if worst:  # DeepEP V1's num_worst_tokens: the device finishes what the host would read
             recv = self._tail(out, plan["counts"], worst, em, alignment, self.row_args(x), per_expert)
             return recv, make_handle(output_layout, topk_idx, topk_weights, in_rank, plan["counts"], out, recv,
@@ -324,7 +321,7 @@ class NvshmemPush(Protocol):
         # The one host wait; the data kernel runs meanwhile. What needs no counts is done before.
         topk_idx = topk_idx.long()  # the handle's (a launch for int32 ids)
         guess = Guess.of(lay, output_layout, alignment, out, topk_idx, topk_weights, in_rank, self.buffer_id, plan)
-        if self._wait_counts(self._counts_event, epoch, guess):
+        if self._wait_counts(epoch, guess):
             return guess.recv, guess.handle  # the wait found nothing to raise
         raise_if_failed(self.mem, "dispatch.counts")
         return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment,

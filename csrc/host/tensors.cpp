@@ -1,0 +1,77 @@
+// symmoe_host: the tensors of a GPU dispatch, made and cut in C++.
+//
+// On a GPU machine's host every tensor Python makes costs 3-6 µs (a CUDA torch.empty about 6,
+// a slice 3-5), and a small-batch dispatch made about a dozen of them: more host time than its
+// kernels take on the device. Here they cost about a microsecond each, and one call makes all
+// of a dispatch's outputs (``outputs``) or all of its views (``cut``). Only torch's C++ API is
+// used (no CUDA header): the module builds against a CPU-only torch as on the GPU machine.
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+namespace {
+
+at::TensorOptions on(const at::Device& device, at::ScalarType dtype) {
+  return at::TensorOptions().dtype(dtype).device(device);
+}
+
+void check_count(const char* what, int64_t n) {
+  if (n < 0) throw std::invalid_argument(std::string(what) + "=" + std::to_string(n) + ": must be >= 0");
+}
+
+// A dispatch's outputs of `rows` rows (outputs.dispatch_outputs): x [rows, cols] of `dtype`;
+// the received expert ids and weights, [rows, idx_cols] (rank-major: top-k per row) or [rows]
+// (idx_cols 0, expert-major); `offsets` int64 group starts (expert-major, else None); the int32
+// block of `block_words` (outputs.Int32Block); and a [tokens, world] bool is_token_in_rank
+// (None when tokens < 0).
+py::tuple outputs(int64_t rows, int64_t cols, at::ScalarType dtype, int64_t idx_cols, int64_t offsets,
+                  int64_t block_words, int64_t tokens, int64_t world, const at::Device& device) {
+  check_count("rows", rows);
+  check_count("cols", cols);
+  check_count("idx_cols", idx_cols);
+  check_count("offsets", offsets);
+  check_count("block_words", block_words);
+  const auto per_row = idx_cols ? std::vector<int64_t>{rows, idx_cols} : std::vector<int64_t>{rows};
+  at::Tensor x = at::empty({rows, cols}, on(device, dtype));
+  at::Tensor idx = at::empty(per_row, on(device, at::kLong));
+  at::Tensor w = at::empty(per_row, on(device, at::kFloat));
+  py::object offs = py::none(), in_rank = py::none();
+  if (offsets) offs = py::cast(at::empty({offsets}, on(device, at::kLong)));
+  at::Tensor block = at::empty({std::max<int64_t>(block_words, 1)}, on(device, at::kInt));
+  if (tokens >= 0) in_rank = py::cast(at::empty({tokens, world}, on(device, at::kBool)));
+  return py::make_tuple(x, idx, w, offs, block, in_rank);
+}
+
+// The first n rows of t: t itself when that is all of them.
+at::Tensor head(const at::Tensor& t, int64_t n) { return t.size(0) == n ? t : t.narrow(0, 0, n); }
+
+// The first n rows of a dispatch's x, idx and w, and n words of the block's source rank, token
+// and slot pieces (at word offsets rank, token, slot): recv_views' six tensors.
+py::tuple cut(int64_t n, const at::Tensor& x, const at::Tensor& idx, const at::Tensor& w, const at::Tensor& block,
+              int64_t rank, int64_t token, int64_t slot) {
+  check_count("n", n);
+  if (n > x.size(0) || n > idx.size(0) || n > w.size(0))
+    throw std::invalid_argument("cut: " + std::to_string(n) + " rows of outputs of " + std::to_string(x.size(0)) +
+                                " rows");
+  const int64_t words = block.size(0);
+  for (int64_t at_word : {rank, token, slot})
+    if (at_word < 0 || at_word + n > words)
+      throw std::invalid_argument("cut: a piece at word " + std::to_string(at_word) + " of " + std::to_string(n) +
+                                  " words does not fit the block's " + std::to_string(words));
+  return py::make_tuple(head(x, n), head(idx, n), head(w, n), block.narrow(0, rank, n), block.narrow(0, token, n),
+                        block.narrow(0, slot, n));
+}
+
+}  // namespace
+
+PYBIND11_MODULE(symmoe_host, m) {
+  m.doc() = "A GPU dispatch's output tensors, made and cut in C++ (symmoe/protocol/outputs.py)";
+  m.def("outputs", &outputs, py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("idx_cols"),
+        py::arg("offsets"), py::arg("block_words"), py::arg("tokens"), py::arg("world"), py::arg("device"));
+  m.def("cut", &cut, py::arg("n"), py::arg("x"), py::arg("idx"), py::arg("w"), py::arg("block"), py::arg("rank"),
+        py::arg("token"), py::arg("slot"));
+}
