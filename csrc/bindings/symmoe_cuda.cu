@@ -2,10 +2,11 @@
 // segments are mapped into this process (torch symmetric memory). Pointers, sizes and CUDA
 // streams cross from Python as integers: no torch headers, so this builds with a CPU torch.
 // Also `alone`, a one-rank dispatch from plain routing tables, which the nvshmem protocol
-// launches alone.
+// launches alone, and the FP8 dispatch's row packing, which every backend's Buffer uses.
 #include "../common/transport.cuh"
 #include "alone_launch.cuh"
 #include "bind_context.cuh"
+#include "fp8_rows_launch.cuh"
 
 using namespace symmoe;
 
@@ -24,4 +25,11 @@ PYBIND11_MODULE(symmoe_cuda, m) {
         py::arg("done"), py::arg("err"), py::arg("err_host"), py::arg("stream"),
         "A one-rank dispatch (kernels/alone.cuh) from a protocol's own routing tables: expert-major the phased "
         "fan-out, rank-major the mover. False: not launched (peers, or no row fits in shared memory).");
+  m.def("fp8_pack_rows", &fp8_pack_rows, py::arg("data"), py::arg("scales"), py::arg("out"), py::arg("tokens"),
+        py::arg("hidden"), py::arg("scale_words"), py::arg("row_bytes"), py::arg("stream"),
+        "An FP8 dispatch's rows: each token's e4m3 bytes, then its scale words (symmoe/fp8.py pack).");
+  m.def("fp8_unpack_rows", &fp8_unpack_rows, py::arg("rows"), py::arg("count"), py::arg("hidden"),
+        py::arg("scale_words"), py::arg("row_bytes"), py::arg("data"), py::arg("scales"), py::arg("scale_row"),
+        py::arg("scale_col"), py::arg("stream"),
+        "Received FP8 rows split into contiguous e4m3 data and scale words at the given strides (symmoe/fp8.py unpack).");
 }

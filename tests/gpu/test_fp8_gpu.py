@@ -50,6 +50,32 @@ def _on_ranks(world_size: int, cfg: dict[str, Any], seed: int, env: dict[str, st
     return on_ranks(check_fp8_dispatch, world_size, (cfg, seed, CHECK_ROUTINGS, ("rank", "expert"), "cuda"), env)
 
 
+@pytest.mark.parametrize("scale_format", ["float32", "ue8m0"])
+@pytest.mark.parametrize("rows", [0, 1, 37])
+def test_pack_and_unpack_kernels_move_the_bytes_torch_s_copies_move(rows, scale_format, seed):
+    """fp8.pack / fp8.unpack on the GPU (csrc/kernels/fp8_rows.cuh) give the CPU's bytes, the
+    bytes past a row's data and scales untouched, scales row-major and MN-major."""
+    from symmoe import fp8
+
+    if not torch.cuda.is_available():
+        gpu_unusable("no GPU")
+    H = 512
+    g = torch.Generator().manual_seed(seed)
+    data, scales = fp8.quantize(torch.randn(rows, H, generator=g), scale_format)
+    fmt = fp8.formats(H)[scale_format]
+    C = fmt.row_bytes(H) + 32  # wider rows: the kernels take the row stride
+    fill = torch.randint(0, 256, (rows, C), generator=g, dtype=torch.uint8)
+    want = fp8.pack(data, scales, fill.clone())
+    got = fp8.pack(data.cuda(), scales.cuda(), fill.cuda())
+    assert torch.equal(got.cpu(), want)
+    for layout in ("row", "mn_major"):
+        want_d, want_s = fp8.unpack(want, H, fmt, layout)
+        got_d, got_s = fp8.unpack(got, H, fmt, layout)
+        assert torch.equal(got_d.cpu().view(torch.uint8), want_d.view(torch.uint8))
+        assert torch.equal(got_s.cpu().view(torch.int32), want_s.view(torch.int32))
+        assert got_s.stride() == want_s.stride() and got_d.is_contiguous()
+
+
 @pytest.mark.parametrize("protocol", ["push", "pull"])
 @pytest.mark.parametrize("world_size", [1, 2])
 def test_torch_fp8_dispatch_is_bitwise_the_reference(world_size, protocol, seed):
