@@ -53,20 +53,9 @@ void bind_context(pybind11::module_& m, Init init) {
       .def("set_fan_phases", &C::set_fan_phases, py::arg("mode"))
       .def("set_input_check", &C::set_input_check, py::arg("flag"), py::arg("info"))
       .def("set_stamps", &C::set_stamps, py::arg("stamps"), py::arg("words") = 0)
-      .def("set_routing_outputs", &C::set_routing_outputs, py::arg("host"), py::arg("snap"), py::arg("copy"),
-           py::arg("ready"), py::arg("summary") = 0, py::arg("alignment") = 1)
       .def("layout", &ctx_layout<Transport>, py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"),
            py::arg("scratch"), py::arg("in_rank"), py::arg("per_rank"), py::arg("per_expert"), py::arg("publish"),
            py::arg("epoch"), py::arg("stream"))
-      .def("pull", &ctx_pull<Transport>, py::arg("self_x"), py::arg("out"), py::arg("expert_major"),
-           py::arg("alignment"), py::arg("epoch"), py::arg("stream"), py::arg("row_bytes") = 0)
-      .def("push", &ctx_push<Transport>, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
-           py::arg("epoch"), py::arg("stream"), py::arg("row_bytes") = 0)
-      .def("alone", &ctx_alone<Transport>, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
-           py::arg("counts"), py::arg("epoch"), py::arg("after_route"), py::arg("stream"), py::arg("row_bytes") = 0)
-      .def("push_stream", &ctx_push_stream<Transport>, py::arg("x"), py::arg("out"), py::arg("expert_major"),
-           py::arg("alignment"), py::arg("senders"), py::arg("receivers"), py::arg("epoch"), py::arg("stream"),
-           py::arg("row_bytes") = 0)
       .def("move", &ctx_move<Transport>, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("counts"), py::arg("after_route"), py::arg("mode"), py::arg("senders"), py::arg("receivers"),
            py::arg("epoch"), py::arg("stream"), py::arg("row_bytes") = 0)
@@ -75,17 +64,13 @@ void bind_context(pybind11::module_& m, Init init) {
            py::arg("scratch"), py::arg("in_rank"), py::arg("route_epoch"), py::arg("x"), py::arg("out"),
            py::arg("expert_major"), py::arg("alignment"), py::arg("mode"), py::arg("senders"), py::arg("receivers"),
            py::arg("data_epoch"), py::arg("stream"), py::arg("row_bytes") = 0)
-      .def("unpack", &ctx_unpack<Transport>, py::arg("counts"), py::arg("out"), py::arg("expert_major"),
-           py::arg("alignment"), py::arg("stream"), py::arg("row_bytes") = 0)
       .def("recv_tail", &ctx_recv_tail<Transport>, py::arg("counts"), py::arg("out"), py::arg("worst"),
            py::arg("expert_major"), py::arg("alignment"), py::arg("per_expert"), py::arg("deferred"), py::arg("epoch"),
            py::arg("stream"), py::arg("row_bytes") = 0)
-      .def("combine_send", &ctx_combine_send<Transport>, py::arg("y"), py::arg("rw"), py::arg("src_rank"),
-           py::arg("src_token"), py::arg("src_slot"), py::arg("rows"), py::arg("epoch"), py::arg("stream"))
-      .def("combine_reduce", &ctx_combine_reduce<Transport>, py::arg("elem_size"), py::arg("is_bf16"), py::arg("y"),
-           py::arg("rw"), py::arg("in_rank"), py::arg("topk_idx"), py::arg("topk_w"), py::arg("tokens"),
-           py::arg("selfmap"), py::arg("out"), py::arg("out_w"), py::arg("expert_major"), py::arg("epoch"),
-           py::arg("stream"))
+      .def("combine", &ctx_combine<Transport>, py::arg("elem_size"), py::arg("is_bf16"), py::arg("y"), py::arg("rw"),
+           py::arg("src_rank"), py::arg("src_token"), py::arg("src_slot"), py::arg("rows"), py::arg("in_rank"),
+           py::arg("topk_idx"), py::arg("topk_w"), py::arg("tokens"), py::arg("selfmap"), py::arg("out"),
+           py::arg("out_w"), py::arg("expert_major"), py::arg("epoch"), py::arg("stream"))
       .def("republish", &ctx_republish<Transport>, py::arg("routing"), py::arg("nbytes"), py::arg("counts"),
            py::arg("epoch"), py::arg("stream"))
       .def("barrier", &ctx_barrier<Transport>, py::arg("flags_offset"), py::arg("epoch"), py::arg("stage"),

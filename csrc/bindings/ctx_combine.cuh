@@ -46,6 +46,19 @@ void ctx_combine_reduce(Ctx<T>& c, int elem_size, bool is_bf16, uintptr_t y, uin
   check(cudaGetLastError(), "combine_reduce_kernel launch");
 }
 
+// Context.combine: the send (with peers) at `epoch`, then the reduction at the next epoch (at
+// `epoch` alone), in one call from Python.
+template <class T>
+void ctx_combine(Ctx<T>& c, int elem_size, bool is_bf16, uintptr_t y, uintptr_t rw, uintptr_t src_rank,
+                 uintptr_t src_token, uintptr_t src_slot, int64_t rows, uintptr_t in_rank, uintptr_t topk_idx,
+                 uintptr_t topk_w, int64_t tokens, uintptr_t selfmap, uintptr_t out, uintptr_t out_w,
+                 bool expert_major, int64_t epoch, uintptr_t stream) {
+  const bool send = c.L.world_size > 1;  // alone, every row is this rank's own: nothing to send
+  if (send) ctx_combine_send(c, y, rw, src_rank, src_token, src_slot, rows, epoch, stream);
+  ctx_combine_reduce(c, elem_size, is_bf16, y, rw, in_rank, topk_idx, topk_w, tokens, selfmap, out, out_w,
+                     expert_major, epoch + (send ? 1 : 0), stream);
+}
+
 // A device barrier of every rank on the stream (one block), stage `stage` on a timeout.
 template <class T>
 void ctx_barrier(Ctx<T>& c, int64_t flags_off, int64_t epoch, int stage, uintptr_t stream) {

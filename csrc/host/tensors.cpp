@@ -3,7 +3,7 @@
 // On a GPU machine's host every tensor Python makes costs 3-6 µs (a CUDA torch.empty about 6,
 // a slice 3-5), and a small-batch dispatch made about a dozen of them: more host time than its
 // kernels take on the device. Here they cost about a microsecond each, and one call makes all
-// of a dispatch's outputs (``outputs``) or all of its views (``cut``). Only torch's C++ API is
+// of a dispatch's outputs (``outputs``), all of its views (``cut``) or a combine's outputs. Only torch's C++ API is
 // used (no CUDA header): the module builds against a CPU-only torch as on the GPU machine.
 #include <torch/extension.h>
 
@@ -46,6 +46,17 @@ py::tuple outputs(int64_t rows, int64_t cols, at::ScalarType dtype, int64_t idx_
   return py::make_tuple(x, idx, w, offs, block, in_rank);
 }
 
+// A combine's outputs: x [tokens, hidden] of `dtype` and, for weights_cols > 0, the combined
+// weights [tokens, weights_cols] float32 (else None).
+py::tuple combine_outputs(int64_t tokens, int64_t hidden, at::ScalarType dtype, int64_t weights_cols,
+                          const at::Device& device) {
+  check_count("tokens", tokens);
+  check_count("hidden", hidden);
+  py::object w = py::none();
+  if (weights_cols > 0) w = py::cast(at::empty({tokens, weights_cols}, on(device, at::kFloat)));
+  return py::make_tuple(at::empty({tokens, hidden}, on(device, dtype)), w);
+}
+
 // The first n rows of t: t itself when that is all of them.
 at::Tensor head(const at::Tensor& t, int64_t n) { return t.size(0) == n ? t : t.narrow(0, 0, n); }
 
@@ -72,6 +83,8 @@ PYBIND11_MODULE(symmoe_host, m) {
   m.doc() = "A GPU dispatch's output tensors, made and cut in C++ (symmoe/protocol/outputs.py)";
   m.def("outputs", &outputs, py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("idx_cols"),
         py::arg("offsets"), py::arg("block_words"), py::arg("tokens"), py::arg("world"), py::arg("device"));
+  m.def("combine_outputs", &combine_outputs, py::arg("tokens"), py::arg("hidden"), py::arg("dtype"),
+        py::arg("weights_cols"), py::arg("device"));
   m.def("cut", &cut, py::arg("n"), py::arg("x"), py::arg("idx"), py::arg("w"), py::arg("block"), py::arg("rank"),
         py::arg("token"), py::arg("slot"));
 }

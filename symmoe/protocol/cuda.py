@@ -391,15 +391,15 @@ class _CudaProtocol(Protocol):
         expert_major = handle.output_layout == "expert"
         sp = stream_handle(self.device)
         rw = recv_topk_weights.float().contiguous() if recv_topk_weights is not None else None
-        out = torch.empty((T, lay.hidden), dtype=y.dtype, device=self.device)
-        out_w = torch.empty((T, lay.topk), dtype=torch.float32, device=self.device) if rw is not None else None
-        selfmap = handle.cache.selfmap  # a device address
-        if self.world_size > 1:  # alone, every row is this rank's own: nothing to send
-            self.ctx.combine_send(_ptr(y), _ptr(rw), _ptr(handle.recv_src_rank), _ptr(handle.recv_src_token),
-                                  _ptr(handle.recv_src_slot), rows, self._next_epoch(), sp)
-        self.ctx.combine_reduce(y.element_size(), y.dtype == torch.bfloat16, _ptr(y), _ptr(rw),
-                                _ptr(handle.is_token_in_rank), _ptr(handle.topk_idx), _ptr(handle.topk_weights), T,
-                                selfmap, _ptr(out), _ptr(out_w), expert_major, self._next_epoch(), sp)
+        out, out_w = build.load("symmoe_host").combine_outputs(T, lay.hidden, y.dtype, lay.topk if rw is not None else 0,
+                                                               self.device)
+        # The send (with peers) and the reduction, at consecutive epochs: one call.
+        epoch = self._epoch + 1
+        self._epoch += 2 if self.world_size > 1 else 1
+        self.ctx.combine(y.element_size(), y.dtype == torch.bfloat16, _ptr(y), _ptr(rw), _ptr(handle.recv_src_rank),
+                         _ptr(handle.recv_src_token), _ptr(handle.recv_src_slot), rows, _ptr(handle.is_token_in_rank),
+                         _ptr(handle.topk_idx), _ptr(handle.topk_weights), T, handle.cache.selfmap, _ptr(out),
+                         _ptr(out_w), expert_major, epoch, sp)
         return out, out_w
 
     # -- lifetime --------------------------------------------------------------------------
