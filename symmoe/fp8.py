@@ -18,6 +18,7 @@ gives what ``deep_gemm.m_grouped_fp8_gemm_nt_contiguous`` takes as it is, with
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,8 +54,10 @@ class Fp8Format:
         return -(-(hidden + self.scale_bytes) // 16) * 16
 
 
+@functools.lru_cache(maxsize=None)
 def formats(hidden: int) -> dict[str, Fp8Format]:
-    """The two scale formats at ``hidden`` channels, by name."""
+    """The two scale formats at ``hidden`` channels, by name (made once per width: every FP8
+    dispatch checks its scales against them; read them, never change them)."""
     return {"float32": Fp8Format(torch.float32, hidden // BLOCK),
             "ue8m0": Fp8Format(torch.int32, -(-hidden // (4 * BLOCK)))}
 

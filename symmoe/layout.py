@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import torch
 
@@ -147,7 +147,12 @@ class BufferLayout:
         return self.regions["combine"].end
 
     # -- sub-array offsets the kernels use -----------------------------------------------
-    def offsets(self) -> dict[str, int]:
+    def offsets(self) -> Mapping[str, int]:
+        """Byte offsets of the sub-arrays, made once (dispatches read them): read, never change them."""
+        return self._offsets
+
+    @cached_property
+    def _offsets(self) -> Mapping[str, int]:
         W, T, H, K, R, C = self.world_size, self.max_tokens, self.hidden, self.topk, self.pool_rows, self.num_channels
         g = self.regions
         sig = g["signals"].offset
