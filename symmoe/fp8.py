@@ -131,15 +131,21 @@ def _cuda_rows():
     return build.load("symmoe_cuda"), stream_handle
 
 
+def _aligned(*rows: torch.Tensor) -> bool:
+    """Each tensor starts, and each of its rows starts, 16 bytes aligned: the row kernels' vectors."""
+    return all(t.data_ptr() % 16 == 0 and t.stride(0) * t.element_size() % 16 == 0 for t in rows)
+
+
 def pack(data: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Write each token's e4m3 bytes, then its scale bytes, into ``out`` [T, C] (rows of at least
     H + 4S bytes, a multiple of 8: ``Fp8Format.row_bytes`` uint8 columns, or bfloat16 rows of 2H
     bytes); return ``out``. Bytes past them are left as they are: they travel but no one reads
     them. On the GPU one kernel copies both (16 bytes a thread for the data; torch's two strided
-    copies took 80 µs at 4096 tokens of H = 7168 on an H100, and ~15 µs of host time); elsewhere
-    torch copies them in 8- and 4-byte words (H is a multiple of 128)."""
+    copies took 80 µs at 4096 tokens of H = 7168 on an H100, and ~15 µs of host time) where the
+    rows are 16-byte aligned; elsewhere torch copies them in 8- and 4-byte words (H is a multiple
+    of 128)."""
     H = data.shape[1]
-    if data.is_cuda:
+    if data.is_cuda and _aligned(data, out) and scales.data_ptr() % 4 == 0:
         mod, stream_handle = _cuda_rows()
         mod.fp8_pack_rows(data.data_ptr(), scales.contiguous().data_ptr(), out.data_ptr(), data.shape[0], H,
                           scales.shape[1], out.stride(0) * out.element_size(), stream_handle(data.device))
@@ -154,7 +160,7 @@ def unpack(rows: torch.Tensor, hidden: int, fmt: Fp8Format, scale_layout: str = 
     """Received rows [M, C] as ``pack`` wrote them (any dtype, at least H + 4S bytes) ->
     (x_e4m3 [M, H] contiguous, scales [M, S], row-major or ``mn_major``: ``mn_major_like``'s
     layout). On the GPU one kernel writes both."""
-    if rows.is_cuda:
+    if rows.is_cuda and _aligned(rows):
         M, S = rows.shape[0], fmt.scale_cols
         data = torch.empty((M, hidden), dtype=FP8_DTYPE, device=rows.device)
         if scale_layout == "row":
