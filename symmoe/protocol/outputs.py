@@ -20,8 +20,12 @@ class Int32Block:
 
     __slots__ = ("base", "offsets", "_ptr")
 
-    def __init__(self, device: torch.device, sizes: "tuple[int, ...]", base: torch.Tensor | None = None):
-        self.offsets, n = self.plan(sizes)
+    def __init__(self, device: torch.device, sizes: "tuple[int, ...]", base: torch.Tensor | None = None,
+                 offsets: "list[int] | None" = None):
+        n = 0
+        if offsets is None:  # else the caller planned the block (plan) and made ``base``
+            offsets, n = self.plan(sizes)
+        self.offsets = offsets
         self.base = torch.empty(max(n, 1), dtype=torch.int32, device=device) if base is None else base
         self._ptr = self.base.data_ptr()
 
@@ -60,7 +64,7 @@ def dispatch_outputs(lay: BufferLayout, cap: int, output_layout: str, dtype: tor
     x, idx, w, offs, base, in_rank = build.load("symmoe_host").outputs(
         cap, cols or lay.hidden, dtype, lay.topk if rank_major else 0, 0 if rank_major else lay.local_experts + 1,
         words, in_rank_tokens, lay.world_size, device)
-    return {"x": x, "idx": idx, "w": w, "expert_offsets": offs, "block": Int32Block(device, sizes, base),
+    return {"x": x, "idx": idx, "w": w, "expert_offsets": offs, "block": Int32Block(device, sizes, base, offsets),
             "in_rank": in_rank}
 
 
