@@ -86,10 +86,11 @@ _SELFMAP, _COUNTS, _ROUTING = 3, 4, 5
 
 def _kernel_outputs(out: dict[str, Any], cap: int, selfmap: int) -> dict[str, int]:
     """The data kernels' view of a dispatch's outputs: their pointers and their rows, and
-    where they record the rows this rank kept of its own tokens (0: already recorded)."""
-    block = out["block"]
-    return {"x": _ptr(out["x"]), "idx": _ptr(out["idx"]), "w": _ptr(out["w"]),
-            "expert_offsets": _ptr(out["expert_offsets"]), "src_rank": block.ptr(SRC_RANK),
+    where they record the rows this rank kept of its own tokens (0: already recorded). The
+    outputs hold at least one row each (data_ptr directly: a call less each, on every dispatch)."""
+    block, offs = out["block"], out["expert_offsets"]
+    return {"x": out["x"].data_ptr(), "idx": out["idx"].data_ptr(), "w": out["w"].data_ptr(),
+            "expert_offsets": 0 if offs is None else offs.data_ptr(), "src_rank": block.ptr(SRC_RANK),
             "src_token": block.ptr(SRC_TOKEN), "src_slot": block.ptr(SRC_SLOT), "capacity": cap, "selfmap": selfmap}
 
 
@@ -164,6 +165,7 @@ class _CudaProtocol(Protocol):
         self._published: _RoutingState | None = None  # whose routing copy is now in the input region
         # zeroed: route_kernel's chunk marks start below every epoch
         self._route_scratch = torch.zeros(self.ctx.layout_scratch_bytes() // 4, dtype=torch.int32, device=self.device)
+        self._scratch_ptr = self._route_scratch.data_ptr()
         # The routing kernel leaves the exchanged counts matrix in host-mapped memory (and, for
         # push, a device snapshot): no copy launches between the routing and the data kernels.
         cells = W * (1 + W + E)
@@ -291,8 +293,8 @@ class _CudaProtocol(Protocol):
         self._epoch += 2
         self.ctx.dispatch(0 if worst else self._counts_mapped[1], counts_dev, routing,
                           0 if worst else self._counts_ready[1], 0 if worst else self._summary[1],
-                          _ptr(topk_idx), topk_idx.dtype == torch.int64, _ptr(topk_weights), T,
-                          _ptr(self._route_scratch), _ptr(in_rank), epoch, _ptr(x), args, expert_major,
+                          topk_idx.data_ptr(), topk_idx.dtype == torch.int64, topk_weights.data_ptr(), T,
+                          self._scratch_ptr, in_rank.data_ptr(), epoch, x.data_ptr(), args, expert_major,
                           alignment, *self._move_mode, epoch + 1, sp, self.row_bytes(x))
         cache = self._published = _RoutingState(block, routing, routing_bytes, counts_dev, selfmap)
         if worst:  # DeepEP's num_worst_tokens: the device finishes what the host would read

@@ -2,6 +2,7 @@
 state (``Int32Block``), from which tensors are made only where a caller sees them."""
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -30,8 +31,10 @@ class Int32Block:
         self._ptr = self.base.data_ptr()
 
     @staticmethod
+    @functools.lru_cache(maxsize=256)  # a dispatch's sizes repeat with its token count
     def plan(sizes: "tuple[int, ...]") -> "tuple[list[int], int]":
-        """(each piece's word offset, the words of the whole block)."""
+        """(each piece's word offset, the words of the whole block); the list is shared: read it,
+        never change it."""
         offsets: list[int] = []
         n = 0
         for size in sizes:
