@@ -242,7 +242,7 @@ def _compile_torch(spec: ExtensionSpec, cxx: str, out: Path, log: list[str]) -> 
     from torch.utils import cpp_extension
 
     libs = cpp_extension.library_paths()
-    cmd = [cxx, "-std=c++17", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",
+    cmd = [cxx, "-std=c++20", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",  # as torch.utils.cpp_extension
            f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
            f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H",
            *[f"-I{i}" for i in cpp_extension.include_paths()], f"-I{sysconfig.get_paths()['include']}",
