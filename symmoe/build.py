@@ -202,7 +202,8 @@ def cache_key(spec: ExtensionSpec, nvcc: str) -> str:
     if spec.compiler == "torch":  # its one source includes only torch's headers
         import torch
 
-        parts = [_tool_version(nvcc), ext_suffix(), torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI)]
+        parts = [_tool_version(nvcc), ext_suffix(), torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI),
+                 *TORCH_CXX_FLAGS]
         h.update("\0".join(parts).encode())
         return h.hexdigest()[:20]
     for p in _headers():
@@ -235,6 +236,9 @@ def _run(cmd: list[str], what: str) -> str:
     return proc.stdout + proc.stderr
 
 
+TORCH_CXX_FLAGS = ("-std=c++20", "-O2", "-fPIC", "-shared", "-fvisibility=hidden")  # C++20 as torch's own extensions
+
+
 def _compile_torch(spec: ExtensionSpec, cxx: str, out: Path, log: list[str]) -> None:
     """A ``torch`` module: its sources against torch's headers (and the pybind11 torch ships),
     linked to torch's libraries, which torch has loaded by the time the module is imported."""
@@ -242,8 +246,7 @@ def _compile_torch(spec: ExtensionSpec, cxx: str, out: Path, log: list[str]) -> 
     from torch.utils import cpp_extension
 
     libs = cpp_extension.library_paths()
-    cmd = [cxx, "-std=c++20", "-O2", "-fPIC", "-shared", "-fvisibility=hidden",  # as torch.utils.cpp_extension
-           f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
+    cmd = [cxx, *TORCH_CXX_FLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={int(torch._C._GLIBCXX_USE_CXX11_ABI)}",
            f"-DTORCH_EXTENSION_NAME={spec.name}", "-DTORCH_API_INCLUDE_EXTENSION_H",
            *[f"-I{i}" for i in cpp_extension.include_paths()], f"-I{sysconfig.get_paths()['include']}",
            *[str(CSRC / rel) for rel in spec.sources],
