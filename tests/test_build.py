@@ -153,3 +153,36 @@ def test_compile_error_is_a_build_error_with_compiler_output(tmp_path, monkeypat
                         build.ExtensionSpec(name="_broken_for_test", sources=("bindings/_broken_for_test.cu",)))
     with pytest.raises(build.BuildError, match="compiling bindings/_broken_for_test.cu"):
         build.build("_broken_for_test")
+
+
+def test_the_host_module_s_key_follows_its_source_compiler_torch_and_flags(tmp_path, monkeypatch):
+    """symmoe_host (torch's C++ API, the C++ compiler) is rebuilt when its source, the compiler,
+    torch or its flags change; the kernel headers under csrc/ do not key it."""
+    import torch
+
+    csrc = tmp_path / "csrc"
+    shutil.copytree(CSRC, csrc)
+    monkeypatch.setattr(build, "CSRC", csrc)
+    monkeypatch.setattr(build, "_tool_version", lambda tool: "c++ 12")
+    spec = build.EXTENSIONS["symmoe_host"]
+    assert spec.compiler == "torch"
+    key = lambda: build.cache_key(spec, "c++")  # noqa: E731
+    seen = {key()}
+    header = csrc / "common" / "layout.cuh"
+    header.write_text(header.read_text() + "\n// edited\n")
+    assert key() in seen  # a kernel header: the same key
+    monkeypatch.setattr(build, "_tool_version", lambda tool: "c++ 13")
+    seen.add(key())
+    monkeypatch.setattr(build, "_tool_version", lambda tool: "c++ 12")
+    monkeypatch.setattr(torch, "__version__", "0.0.1")
+    seen.add(key())
+    monkeypatch.undo()
+    monkeypatch.setattr(build, "CSRC", csrc)
+    monkeypatch.setattr(build, "_tool_version", lambda tool: "c++ 12")
+    monkeypatch.setattr(build, "TORCH_CXX_FLAGS", build.TORCH_CXX_FLAGS + ("-g",))
+    seen.add(key())
+    monkeypatch.setattr(build, "TORCH_CXX_FLAGS", build.TORCH_CXX_FLAGS[:-1])
+    source = csrc / spec.sources[0]
+    source.write_text(source.read_text() + "\n// edited\n")
+    seen.add(key())
+    assert len(seen) == 5  # the original and one new key per change
