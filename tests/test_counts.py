@@ -199,6 +199,11 @@ def test_a_guess_is_made_only_where_the_rows_are_known_up_to_masked_pairs():
         if known:
             T, K = mine.topk_idx.shape
             assert guess.rows == (T if layout == "rank" else T * K)
+            # Outputs of fewer rows (buffer.recv_capacity below the tokens): no guess, which could
+            # only be over capacity
+            short = {k: (v[:guess.rows - 1] if k in ("x", "idx", "w") else v)
+                     for k, v in _worst_case_outputs(lay, layout).items()}
+            assert Guess.of(lay, layout, alignment, short, mine.topk_idx, mine.topk_weights, in_rank, 1, None) is None
 
 
 @pytest.mark.build

@@ -90,10 +90,13 @@ class Guess:
     def of(lay: BufferLayout, output_layout: str, alignment: int, out: dict[str, Any],
            topk_idx: torch.Tensor, topk_weights: torch.Tensor, in_rank: torch.Tensor, buffer_id: int,
            cache: Any) -> "Guess | None":
-        """The guess where the rows are known up to masked pairs (world size 1), else None."""
+        """The guess where the rows are known up to masked pairs (world size 1) and fit the
+        outputs, else None (more rows than the outputs hold would be over capacity: no result)."""
         if lay.world_size != 1 or (output_layout == "expert" and alignment != 1):
             return None
         rows = topk_idx.shape[0] * (topk_idx.shape[1] if output_layout == "expert" else 1)
+        if rows > out["x"].shape[0]:
+            return None
         return Guess(lay, rows, output_layout, alignment, out, topk_idx, topk_weights, in_rank, buffer_id, cache)
 
 
