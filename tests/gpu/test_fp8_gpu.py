@@ -73,7 +73,11 @@ def test_pack_and_unpack_kernels_move_the_bytes_torch_s_copies_move(rows, scale_
         got_d, got_s = fp8.unpack(got, H, fmt, layout)
         assert torch.equal(got_d.cpu().view(torch.uint8), want_d.view(torch.uint8))
         assert torch.equal(got_s.cpu().view(torch.int32), want_s.view(torch.int32))
-        assert got_s.stride() == want_s.stride() and got_d.is_contiguous()
+        assert got_d.is_contiguous()
+        if layout == "row":  # torch keeps a 0- or 1-row view's strides: compare the layout there
+            assert got_s.is_contiguous()
+        else:
+            assert got_s.stride() == want_s.stride()
 
 
 @pytest.mark.parametrize("protocol", ["push", "pull"])
