@@ -92,6 +92,7 @@ class TorchSymmMemory(SymmetricMemory):
             bases = [self._buf.data_ptr()]
         # Zero everything (flags, counts) before any peer can signal into it.
         self._buf.zero_()
+        self._local = self._buf[: self.nbytes]  # made once: dispatches read it (a slice costs the host µs)
         self._bases = torch.tensor(bases, dtype=torch.int64, device=dev)
         self._bases_host = bases
         torch.cuda.synchronize(dev)
@@ -100,7 +101,7 @@ class TorchSymmMemory(SymmetricMemory):
 
     @property
     def local(self) -> torch.Tensor:
-        return self._buf[: self.nbytes]
+        return self._local
 
     @property
     def peer_bases(self) -> torch.Tensor:
@@ -158,7 +159,7 @@ class TorchSymmMemory(SymmetricMemory):
             except Exception:
                 pass
         self._handle = None
-        self._buf = None  # type: ignore[assignment]
+        self._buf = self._local = None  # type: ignore[assignment]
         if self._err is not None and self._module is not None:
             try:
                 self._module.host_free(self._err[0])

@@ -76,6 +76,7 @@ class Protocol(ABC):
 
     def __init__(self, mem: SymmetricMemory, layout: BufferLayout, config: Config, buffer_id: int):
         self.mem, self.layout, self.config, self.buffer_id = mem, layout, config, buffer_id
+        self._input_views: dict[tuple[int, torch.dtype, int], torch.Tensor] = {}  # input_view's, by shape
 
     def _wait_counts(self, epoch: int, guess: Guess | None) -> bool:
         """The one host wait of a GPU dispatch, with its marks; True when the wait filled
@@ -149,8 +150,14 @@ class Protocol(ABC):
 
     def input_view(self, num_tokens: int, dtype: torch.dtype, cols: int = 0) -> torch.Tensor:
         """This rank's ``input`` region as x [num_tokens, cols] (0: hidden; Buffer.input_view),
-        rows ``cols`` elements apart: narrower rows (an FP8 dispatch's) lie packed."""
-        return self.mem.view(self.layout.offsets()["in_x"], dtype, (num_tokens, cols or self.layout.hidden))
+        rows ``cols`` elements apart: narrower rows (an FP8 dispatch's) lie packed. Made once per
+        shape (three tensor ops that every FP8 and pull dispatch paid): the same memory each time."""
+        key = (num_tokens, dtype, cols)
+        view = self._input_views.get(key)
+        if view is None:
+            view = self._input_views[key] = self.mem.view(self.layout.offsets()["in_x"], dtype,
+                                                          (num_tokens, cols or self.layout.hidden))
+        return view
 
     def row_bytes(self, x: torch.Tensor) -> int:
         """What the kernels take as ``row_bytes`` for x: its row bytes where they are fewer than
@@ -173,4 +180,6 @@ class Protocol(ABC):
         stream when ``synchronize``). Host protocols finish inside each call: nothing to check."""
 
     def close(self) -> None:
-        """Release what the protocol holds besides the SymmetricMemory (streams, modules)."""
+        """Release what the protocol holds besides the SymmetricMemory (streams, modules), and its
+        views of that memory (which would keep it alive)."""
+        self._input_views.clear()

@@ -419,6 +419,7 @@ class _CudaProtocol(Protocol):
                 self.mod.host_free(h)
             except Exception:
                 pass
+        super().close()
 
     def __del__(self) -> None:
         try:
