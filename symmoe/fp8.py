@@ -124,11 +124,18 @@ def check_scale_layout(scale_layout: object) -> None:
                          "(DeepGEMM's TMA-aligned MN-major scales)")
 
 
-def _cuda_rows():
-    """symmoe_cuda (its fp8_pack_rows / fp8_unpack_rows kernels) and the current stream's handle."""
-    from . import build
-    from .protocol.base import stream_handle
-    return build.load("symmoe_cuda"), stream_handle
+_GPU: tuple = ()  # (symmoe_cuda, symmoe_host, stream_handle) once the GPU path first runs
+
+
+def _gpu() -> tuple:
+    """symmoe_cuda (the fp8_pack_rows / fp8_unpack_rows kernels), symmoe_host (the split's
+    outputs) and the current stream's handle, imported once (every FP8 dispatch packs and splits)."""
+    global _GPU
+    if not _GPU:
+        from . import build
+        from .protocol.base import stream_handle
+        _GPU = (build.load("symmoe_cuda"), build.load("symmoe_host"), stream_handle)
+    return _GPU
 
 
 def _aligned(*rows: torch.Tensor) -> bool:
@@ -146,7 +153,7 @@ def pack(data: torch.Tensor, scales: torch.Tensor, out: torch.Tensor) -> torch.T
     of 128)."""
     H = data.shape[1]
     if data.is_cuda and _aligned(data, out) and scales.data_ptr() % 4 == 0:
-        mod, stream_handle = _cuda_rows()
+        mod, _, stream_handle = _gpu()
         mod.fp8_pack_rows(data.data_ptr(), scales.contiguous().data_ptr(), out.data_ptr(), data.shape[0], H,
                           scales.shape[1], out.stride(0) * out.element_size(), stream_handle(data.device))
         return out
@@ -161,18 +168,12 @@ def unpack(rows: torch.Tensor, hidden: int, fmt: Fp8Format, scale_layout: str = 
     (x_e4m3 [M, H] contiguous, scales [M, S], row-major or ``mn_major``: ``mn_major_like``'s
     layout). On the GPU one kernel writes both."""
     if rows.is_cuda and _aligned(rows):
+        mod, host, stream_handle = _gpu()
         M, S = rows.shape[0], fmt.scale_cols
-        data = torch.empty((M, hidden), dtype=FP8_DTYPE, device=rows.device)
-        if scale_layout == "row":
-            store = scales = torch.empty((M, S), dtype=fmt.scale_dtype, device=rows.device)
-            strides = (S, 1)
-        else:
-            aligned = tma_aligned_rows(M, 4)
-            store = torch.empty((S, aligned), dtype=fmt.scale_dtype, device=rows.device)
-            scales, strides = store[:, :M].t(), (1, aligned)
-        mod, stream_handle = _cuda_rows()
+        data, scales, *strides = host.fp8_split_outputs(M, hidden, S, fmt.scale_dtype, scale_layout != "row",
+                                                        rows.device)
         mod.fp8_unpack_rows(rows.data_ptr(), M, hidden, S, rows.stride(0) * rows.element_size(), data.data_ptr(),
-                            store.data_ptr(), *strides, stream_handle(rows.device))
+                            scales.data_ptr(), *strides, stream_handle(rows.device))
         return data, scales
     data = rows.view(torch.int64)[:, :hidden // 8].contiguous().view(FP8_DTYPE)
     src = rows.view(torch.int32)[:, hidden // 4:hidden // 4 + fmt.scale_cols].view(fmt.scale_dtype)  # no copy

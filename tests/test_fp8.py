@@ -229,3 +229,25 @@ def test_quantize_matches_deep_gemms_per_token_cast_and_refuses_other_formats(se
     assert torch.equal(d8.view(torch.uint8), want.view(torch.uint8))
     with pytest.raises(InputError, match="scale_format='e8m0'; allowed: 'float32', 'ue8m0'"):
         fp8.quantize(x, "e8m0")
+
+
+@pytest.mark.parametrize("rows", [0, 1, 5, 37])
+@pytest.mark.parametrize("scale_format", ["float32", "ue8m0"])
+@pytest.mark.parametrize("scale_layout", ["row", "mn_major"])
+def test_the_gpu_split_s_outputs_have_the_layout_unpack_gives(rows, scale_format, scale_layout):
+    """fp8.unpack on the GPU splits into tensors made by symmoe_host.fp8_split_outputs (made on the
+    CPU here): the e4m3 data contiguous, the scales of the shape, dtype and strides the torch path's
+    scales have, and the strides the kernel is told are the scales' own."""
+    from symmoe import build
+
+    H = 512
+    fmt = fp8.formats(H)[scale_format]
+    data, scales, *strides = build.load("symmoe_host").fp8_split_outputs(
+        rows, H, fmt.scale_cols, fmt.scale_dtype, scale_layout != "row", torch.device("cpu"))
+    packed = fp8.pack(*fp8.quantize(torch.randn(rows, H), scale_format),
+                      torch.zeros(rows, fmt.row_bytes(H), dtype=torch.uint8))
+    want_d, want_s = fp8.unpack(packed, H, fmt, scale_layout)
+    assert (data.shape, data.dtype, data.is_contiguous()) == (want_d.shape, want_d.dtype, True)
+    assert (scales.shape, scales.dtype) == (want_s.shape, want_s.dtype)
+    if rows > 1:  # torch keeps any strides on a 0- or 1-row view
+        assert scales.stride() == want_s.stride() == tuple(strides)

@@ -3,7 +3,8 @@
 // On a GPU machine's host every tensor Python makes costs 3-6 µs (a CUDA torch.empty about 6,
 // a slice 3-5), and a small-batch dispatch made about a dozen of them: more host time than its
 // kernels take on the device. Here they cost about a microsecond each, and one call makes all
-// of a dispatch's outputs (``outputs``), all of its views (``cut``) or a combine's outputs. Only torch's C++ API is
+// of a dispatch's outputs (``outputs``), all of its views (``cut``), a combine's outputs or where
+// an FP8 dispatch's rows are split to. Only torch's C++ API is
 // used (no CUDA header): the module builds against a CPU-only torch as on the GPU machine.
 #include <torch/extension.h>
 
@@ -57,6 +58,22 @@ py::tuple combine_outputs(int64_t tokens, int64_t hidden, at::ScalarType dtype, 
   return py::make_tuple(at::empty({tokens, hidden}, on(device, dtype)), w);
 }
 
+// Where an FP8 dispatch's received rows are split to (fp8.unpack): e4m3 data [rows, hidden]
+// and scales [rows, scale_cols] of `scale_dtype`, row-major or, mn_major, DeepGEMM's MN-major
+// TMA-aligned layout (fp8.mn_major_like: a [scale_cols, align(rows, 4)] store seen transposed);
+// with the scales' strides in elements (row, column).
+py::tuple fp8_split_outputs(int64_t rows, int64_t hidden, int64_t scale_cols, at::ScalarType scale_dtype,
+                            bool mn_major, const at::Device& device) {
+  check_count("rows", rows);
+  check_count("hidden", hidden);
+  check_count("scale_cols", scale_cols);
+  at::Tensor data = at::empty({rows, hidden}, on(device, at::kFloat8_e4m3fn));
+  if (!mn_major) return py::make_tuple(data, at::empty({rows, scale_cols}, on(device, scale_dtype)), scale_cols, 1);
+  const int64_t aligned = (rows + 3) / 4 * 4;  // fp8.tma_aligned_rows(rows, 4)
+  at::Tensor scales = at::empty({scale_cols, aligned}, on(device, scale_dtype)).narrow(1, 0, rows).t();
+  return py::make_tuple(data, scales, 1, aligned);
+}
+
 // The first n rows of t: t itself when that is all of them.
 at::Tensor head(const at::Tensor& t, int64_t n) { return t.size(0) == n ? t : t.narrow(0, 0, n); }
 
@@ -85,6 +102,8 @@ PYBIND11_MODULE(symmoe_host, m) {
         py::arg("offsets"), py::arg("block_words"), py::arg("tokens"), py::arg("world"), py::arg("device"));
   m.def("combine_outputs", &combine_outputs, py::arg("tokens"), py::arg("hidden"), py::arg("dtype"),
         py::arg("weights_cols"), py::arg("device"));
+  m.def("fp8_split_outputs", &fp8_split_outputs, py::arg("rows"), py::arg("hidden"), py::arg("scale_cols"),
+        py::arg("scale_dtype"), py::arg("mn_major"), py::arg("device"));
   m.def("cut", &cut, py::arg("n"), py::arg("x"), py::arg("idx"), py::arg("w"), py::arg("block"), py::arg("rank"),
         py::arg("token"), py::arg("slot"));
 }
