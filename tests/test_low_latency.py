@@ -245,3 +245,19 @@ def test_the_benchmark_prints_rank_0s_host_split_beside_the_hosts_speed():
     assert "- dispatch+combine: call 240.0, Buffer.low_latency_dispatch 180.0, ll.dispatch_send 9.0" in md
     assert "- fp8 dispatch: call 300.0, engine.fp8_rows 20.0" in md
     assert "host µs per call" not in markdown([summarize(4, [rank(None)])])
+
+
+def test_the_gpu_engine_s_outputs_are_the_host_engine_s_shapes_and_dtypes():
+    """CudaLowLatency makes its five outputs in one symmoe_host call (made on the CPU here): the
+    shapes and dtypes of _Engine._outputs, which the host engine and the kernels use."""
+    from types import SimpleNamespace
+
+    from symmoe import build
+    from symmoe.protocol.low_latency import CudaLowLatency, _Engine
+
+    lay = LowLatencyLayout(16, 256, 32, 4, 8)
+    for hidden in (256, 128):
+        engine = SimpleNamespace(lay=lay, device=torch.device("cpu"), _host=build.load("symmoe_host"))
+        got, want = CudaLowLatency._outputs(engine, hidden), _Engine._outputs(engine, hidden)
+        assert [(t.shape, t.dtype) for t in got] == [(t.shape, t.dtype) for t in want]
+        assert all(t.is_contiguous() for t in got)
