@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import cProfile
 import ctypes
-import pstats
 import time
 import types
 from typing import Any
@@ -24,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from symmoe.bench.timing import profile_table
 from symmoe.buffer import Buffer
 from symmoe.compat import deep_ep_v1
 from symmoe.config import Config
@@ -115,10 +115,7 @@ def main() -> None:
     for _ in range(a.calls):
         call()
     prof.disable()
-    stats = pstats.Stats(prof).strip_dirs().stats
-    print(f"{'calls':>6} {'own us':>7} {'cum us':>7}  (cProfile, its own cost included)")
-    for (file, line, name), (_, n, own, cum, _) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:a.top]:
-        print(f"{n / a.calls:6.1f} {own / a.calls * 1e6:7.2f} {cum / a.calls * 1e6:7.2f}  {file}:{line}({name})")
+    print(profile_table(prof, a.calls, a.top), end="")
 
 
 if __name__ == "__main__":

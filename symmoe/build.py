@@ -77,7 +77,7 @@ register(ExtensionSpec(
     name="symmoe_host",
     sources=("host/tensors.cpp",),
     compiler="torch",
-    description="a GPU dispatch's output tensors, made and cut in C++ (torch's C++ API)",
+    description="the GPU protocols' output tensors (dispatch, combine, FP8 split, low latency), made and cut in C++",
 ))
 register(ExtensionSpec(
     name="symmoe_ll",
@@ -191,8 +191,9 @@ def compiler_path(spec: ExtensionSpec) -> str:
     return nvcc
 
 
-def cache_key(spec: ExtensionSpec, nvcc: str) -> str:
-    """The key of ``spec`` built by compiler ``nvcc`` (the C++ compiler for a ``torch`` module)."""
+def cache_key(spec: ExtensionSpec, compiler: str) -> str:
+    """The key of ``spec`` built by ``compiler`` (``compiler_path``: nvcc, or the C++ compiler of a
+    ``torch`` module)."""
     h = hashlib.sha256()
     for rel in spec.sources:
         p = CSRC / rel
@@ -202,7 +203,7 @@ def cache_key(spec: ExtensionSpec, nvcc: str) -> str:
     if spec.compiler == "torch":  # its one source includes only torch's headers
         import torch
 
-        parts = [_tool_version(nvcc), ext_suffix(), torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI),
+        parts = [_tool_version(compiler), ext_suffix(), torch.__version__, str(torch._C._GLIBCXX_USE_CXX11_ABI),
                  *TORCH_CXX_FLAGS]
         h.update("\0".join(parts).encode())
         return h.hexdigest()[:20]
@@ -213,7 +214,7 @@ def cache_key(spec: ExtensionSpec, nvcc: str) -> str:
         pyb = pybind11.__version__
     except ImportError:
         pyb = "absent"
-    parts = [arch(), nvcc_version(nvcc), ext_suffix(), pyb, repr(spec.extra_nvcc), str(spec.needs_rdc)]
+    parts = [arch(), nvcc_version(compiler), ext_suffix(), pyb, repr(spec.extra_nvcc), str(spec.needs_rdc)]
     parts += [f"{d}={dist_version(d)}" for d in spec.lib_dists]
     h.update("\0".join(parts).encode())
     return h.hexdigest()[:20]
@@ -255,10 +256,11 @@ def _compile_torch(spec: ExtensionSpec, cxx: str, out: Path, log: list[str]) -> 
     log.append(_run(cmd, f"compiling {', '.join(spec.sources)}"))
 
 
-def _compile(spec: ExtensionSpec, nvcc: str, out: Path, log: list[str]) -> None:
+def _compile(spec: ExtensionSpec, compiler: str, out: Path, log: list[str]) -> None:
     if spec.compiler == "torch":
-        _compile_torch(spec, nvcc, out, log)
+        _compile_torch(spec, compiler, out, log)
         return
+    nvcc = compiler
     build = out.parent
     incs = [str(CSRC)] + pybind11_includes() + list(spec.include_dirs())
     common = gencode() + ["-std=c++17", "-O3", "-Xcompiler", "-fPIC", "-Xcompiler", "-fvisibility=hidden",
@@ -286,8 +288,8 @@ def build(name: str, force: bool = False, verbose: bool = False) -> Path:
     if name not in EXTENSIONS:
         raise BuildError(f"unknown extension {name!r}; registered: {', '.join(EXTENSIONS)}")
     spec = EXTENSIONS[name]
-    nvcc = compiler_path(spec)
-    key = cache_key(spec, nvcc)
+    compiler = compiler_path(spec)
+    key = cache_key(spec, compiler)
     path = module_path(spec, key)
     if path.exists() and not force:
         return path
@@ -301,7 +303,7 @@ def build(name: str, force: bool = False, verbose: bool = False) -> Path:
         with tempfile.TemporaryDirectory(dir=path.parent, prefix="build-") as tmp:
             out = Path(tmp) / path.name
             log: list[str] = []
-            _compile(spec, nvcc, out, log)
+            _compile(spec, compiler, out, log)
             os.replace(out, path)
             (path.parent / "build.log").write_text("\n".join(x for x in log if x))
         if verbose:

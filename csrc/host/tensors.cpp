@@ -8,11 +8,11 @@
 // used (no CUDA header): the module builds against a CPU-only torch as on the GPU machine.
 #include <torch/extension.h>
 
+#include <algorithm>
 #include <cstdint>
-#include <optional>
 #include <stdexcept>
 #include <string>
-#include <tuple>
+#include <vector>
 
 namespace {
 

@@ -41,6 +41,7 @@ import torch
 from .. import launch
 from ..config import from_dict, load, parse_key_value
 from .gpu import provenance
+from .timing import profile_table
 
 OPS = ("dispatch", "worst_dispatch", "cached_dispatch", "combine")
 FP8_OPS = ("fp8_dispatch", "fp8_cached_dispatch")  # with --fp8: x as (e4m3, scales), same run
@@ -244,11 +245,9 @@ def _api_table(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 10,
 
 
 def _py_table(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 20, rows: int = 40) -> str:
-    """cProfile's account of ``calls`` calls, per call: each Python function and each torch or
-    binding call it sees, with its own µs and its cumulative µs (cProfile's own cost included:
-    about a µs a call event), the most own time first."""
+    """cProfile's account of ``calls`` calls of ``fn`` (``timing.profile_table``), each after
+    the device and the ranks lined up."""
     import cProfile
-    import pstats
 
     prof = cProfile.Profile()
     for _ in range(calls):
@@ -258,12 +257,7 @@ def _py_table(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 20, 
         fn()
         prof.disable()
         torch.cuda.synchronize()
-    stats = pstats.Stats(prof).strip_dirs().stats  # {(file, line, name): (prim, n, own s, cum s, callers)}
-    lines = [f"{'calls/call':>10} {'own us':>8} {'cum us':>8}  function"]
-    for (file, line, name), (_, n, own, cum, _) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:rows]:
-        where = f"{file}:{line}({name})" if line else name
-        lines.append(f"{n / calls:10.1f} {own / calls * 1e6:8.1f} {cum / calls * 1e6:8.1f}  {where}")
-    return "\n".join(lines) + "\n"
+    return profile_table(prof, calls, rows)
 
 
 def _python_us(n: int = 100000) -> float:

@@ -2,6 +2,7 @@
 clock on the CPU, warm-up first, median and spread over many repeats."""
 from __future__ import annotations
 
+import cProfile
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -98,3 +99,17 @@ def repeat(fn: Callable[[], None], device: torch.device, warmup: int, repeats: i
             fn()
     timer.flush()
     return samples
+
+
+def profile_table(prof: "cProfile.Profile", calls: int, rows: int = 40) -> str:
+    """cProfile's account of ``calls`` calls, per call: each Python function and each torch or
+    binding call it saw, with its own and its cumulative µs (cProfile's own cost included: about
+    a µs a call event), the most own time first, ``rows`` of them."""
+    import pstats
+
+    stats = pstats.Stats(prof).strip_dirs().stats  # {(file, line, name): (prim, n, own s, cum s, callers)}
+    lines = [f"{'calls/call':>10} {'own us':>8} {'cum us':>8}  function"]
+    for (file, line, name), (_, n, own, cum, _) in sorted(stats.items(), key=lambda kv: -kv[1][2])[:rows]:
+        where = f"{file}:{line}({name})" if line else name
+        lines.append(f"{n / calls:10.1f} {own / calls * 1e6:8.2f} {cum / calls * 1e6:8.2f}  {where}")
+    return "\n".join(lines) + "\n"
