@@ -11,7 +11,7 @@
 #   kernels' timer stamps after the timings, then each call's host time split by layer: --trace-host)
 #   fp8: the FP8 dispatch tests on every backend (tests/gpu/test_fp8_gpu.py; DeepGEMM's grouped GEMM
 #   on the outputs when "build" built it from DEEPGEMM_SRC, scripts/build_deepgemm.sh), then FP8 beside
-#   bf16 dispatch in one run (symmoe.bench.deepep --fp8, DeepEP too when built); DEEPEP_FP8=float32
+#   bf16 dispatch in one run (symmoe.bench.deepep --fp8, DeepEP too when built; DEEPEP_ARGS as in deepep); DEEPEP_FP8=float32
 #   adds the FP8 ops to the deepep section
 #   deepep: symmoe beside DeepEP V1 (symmoe.bench.deepep) at W = $DEEPEP_WORLD_SIZES (2,4) ranks under MPS,
 #   $DEEPEP_TOKENS (128,512,1024,4096,8192) tokens per rank; DeepEP is built by "build" from DEEPEP_SRC
@@ -219,7 +219,7 @@ for s in "${SECTIONS[@]}"; do
       export SYMMOE_BENCH_COMMAND="$(bench_command scripts/gpu_check.sh fp8)"
       timeout ${DEEPEP_LIMIT_S:-400} python3 -m symmoe.bench.deepep --fp8 "${FP8_SCALES:-float32}" \
         --world-sizes "${DEEPEP_WORLD_SIZES:-2}" --tokens "${DEEPEP_TOKENS:-512,4096}" --repeats "${BENCH_REPEATS:-30}" \
-        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml,protocol=pull \
+        --config torch-push=configs/torch.yaml,protocol=push --config torch-pull=configs/torch.yaml,protocol=pull ${DEEPEP_ARGS:-} \
         --json "$LOG/fp8_bench.json" --md "$LOG/fp8_bench.md" 2>&1 | grep -v -i "warn" | tee "$LOG/fp8_bench.log"
       rc=${PIPESTATUS[0]}; note "fp8 beside bf16 dispatch exit $rc"; [ "$rc" -ne 0 ] && status=1 ;;
     *) echo "unknown section '$s'"; status=2 ;;
