@@ -43,6 +43,7 @@ class Buffer:
         self.dtype = DTYPES[cfg.buffer.dtype]
         self.memory = backends.create(cfg, group, self.layout.total_bytes)
         self._ll: Any = None  # (layout, memory, engine) of the low-latency mode, made by its first call
+        self._ll_key: tuple[int, ...] = ()  # its (T_max, hidden, num_experts, topk)
         try:
             self._protocol = protocol.make(self.memory, self.layout, cfg, id(self))
         except BaseException:
@@ -243,9 +244,10 @@ class Buffer:
 
     # -- low-latency mode (DeepEP V1's form; docs/low_latency.md) ------------------------------
     def _low_latency(self, T_max: int, hidden: int, num_experts: int, topk: int):
-        lay = LowLatencyLayout(T_max, hidden, num_experts, self.world_size, topk)
-        if self._ll is not None and self._ll[0] == lay:
+        key = (T_max, hidden, num_experts, topk)
+        if self._ll is not None and self._ll_key == key:  # every call: no layout object made
             return self._ll[2]
+        lay = LowLatencyLayout(T_max, hidden, num_experts, self.world_size, topk)
         # First call, or new sizes: a collective allocation (every rank makes the same call).
         if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
             raise InputError(f"low_latency_dispatch: the first call with these sizes (T_max={T_max}, hidden={hidden}, "
@@ -259,7 +261,7 @@ class Buffer:
         except BaseException:
             mem.close()
             raise
-        self._ll = (lay, mem, engine)
+        self._ll, self._ll_key = (lay, mem, engine), key
         return engine
 
     def _close_low_latency(self) -> None:
