@@ -282,8 +282,7 @@ class Buffer:
         ``recv_x[j]`` holds local expert ``j``'s rows, source rank 0's first, each source's in its
         token order; only the first ``recv_count[j]`` rows are defined (DeepGEMM's masked_m).
         ``return_recv_hook=True``: the call only sends; ``hook()`` receives (a second kernel), and
-        recv_x/recv_count are defined after it; no SM waits in between (without hooks one kernel
-        sends, then receives). Collective; every rank
+        recv_x/recv_count are defined after it; no SM waits in between. Collective; every rank
         passes the same ``num_max_dispatch_tokens_per_rank`` and ``num_experts``. The first call
         (and one with new sizes) allocates this mode's symmetric buffer, so make it eagerly before
         capturing a CUDA graph; later calls allocate only their outputs and are capturable.

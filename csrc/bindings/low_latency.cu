@@ -1,7 +1,6 @@
 // symmoe_ll: the low-latency mode's kernels (kernels/low_latency.cuh) over load/store peers.
 // Pointers and streams cross as integers (no torch headers). One object per buffer keeps the
-// geometry and launch shapes, so a call costs one pybind11 call and one launch: dispatch and
-// combine send and receive in one kernel, or (receive hooks) the send and the receive apart.
+// geometry and launch shapes, so a call costs one pybind11 call and one launch.
 #include <cuda_runtime.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -56,12 +55,9 @@ struct LowLatency {
                                   " needs " + std::to_string(per_expert) + " bytes of shared memory per expert list; "
                                   "this GPU has " + std::to_string(room) + " (lower num_max_dispatch_tokens_per_rank)");
     const int64_t smem = ce * per_expert;
-    if (smem > 48 * 1024) {
+    if (smem > 48 * 1024)
       check(cudaFuncSetAttribute(ll::dispatch_send_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
             "dispatch_send_kernel shared memory (expert row lists)");
-      check(cudaFuncSetAttribute(ll::dispatch_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-            "dispatch_kernel shared memory (expert row lists)");
-    }
     parts = std::max(1, sms / g.L);
   }
 
@@ -93,39 +89,18 @@ struct LowLatency {
         g, d, P<int4>(recv_x), P<int>(count), P<int>(info), P<int>(slot), P<int64_t>(range), parts, m16);
     check(cudaGetLastError(), "dispatch_recv_kernel launch");
   }
-  // Without a receive hook: dispatch_send + dispatch_recv in one launch (ll::dispatch_kernel),
-  // on the larger of their grids.
-  void dispatch(uintptr_t x, uintptr_t topk_idx, int T, uintptr_t recv_x, uintptr_t count, uintptr_t info,
-                uintptr_t slot, uintptr_t range, uintptr_t stream, int64_t row_bytes) {
-    const int grid = std::max(std::min(sms, g.E), expert_grid()), m16 = row16(row_bytes);
-    ll::dispatch_kernel<<<grid, ll::kThreads, size_t(ce) * T * sizeof(int), P<CUstream_st>(stream)>>>(
-        g, d, P<const int4>(x), P<const int64_t>(topk_idx), T, ce, m16, P<int4>(recv_x), P<int>(count), P<int>(info),
-        P<int>(slot), P<int64_t>(range), parts);
-    check(cudaGetLastError(), "dispatch_kernel launch");
-  }
   void combine_send(uintptr_t y, uintptr_t info, uintptr_t slot, uintptr_t range, uintptr_t stream) {
     ll::combine_send_kernel<<<expert_grid(), ll::kThreads, 0, P<CUstream_st>(stream)>>>(
         g, d, P<const int4>(y), P<const int>(info), P<const int>(slot), P<const int64_t>(range), parts);
     check(cudaGetLastError(), "combine_send_kernel launch");
   }
-  // Blocks per token of the combine's receive when the grid outnumbers the tokens: each takes
-  // kThreads columns at a time.
-  int token_parts(int T) const {
-    return std::max(1, std::min(sms / std::max(1, T), (g.H / 8 + ll::kThreads - 1) / ll::kThreads));
-  }
-  int token_grid(int T) const { return std::max(1, std::min(sms, T * token_parts(T))); }
   void combine_recv(uintptr_t topk_idx, uintptr_t topk_weights, int T, uintptr_t out, uintptr_t stream) {
-    ll::combine_recv_kernel<<<token_grid(T), ll::kThreads, 0, P<CUstream_st>(stream)>>>(
-        g, d, P<const int64_t>(topk_idx), P<const float>(topk_weights), T, P<int4>(out), token_parts(T));
+    // Blocks per token when the grid outnumbers the tokens: each takes kThreads columns at a time.
+    const int tparts = std::max(1, std::min(sms / std::max(1, T), (g.H / 8 + ll::kThreads - 1) / ll::kThreads));
+    const int grid = std::max(1, std::min(sms, T * tparts));
+    ll::combine_recv_kernel<<<grid, ll::kThreads, 0, P<CUstream_st>(stream)>>>(
+        g, d, P<const int64_t>(topk_idx), P<const float>(topk_weights), T, P<int4>(out), tparts);
     check(cudaGetLastError(), "combine_recv_kernel launch");
-  }
-  // Without a receive hook: combine_send + combine_recv in one launch (ll::combine_kernel).
-  void combine(uintptr_t y, uintptr_t info, uintptr_t slot, uintptr_t range, uintptr_t topk_idx,
-               uintptr_t topk_weights, int T, uintptr_t out, uintptr_t stream) {
-    ll::combine_kernel<<<std::max(expert_grid(), token_grid(T)), ll::kThreads, 0, P<CUstream_st>(stream)>>>(
-        g, d, P<const int4>(y), P<const int>(info), P<const int>(slot), P<const int64_t>(range), parts,
-        P<const int64_t>(topk_idx), P<const float>(topk_weights), T, P<int4>(out), token_parts(T));
-    check(cudaGetLastError(), "combine_kernel launch");
   }
   // The launch shapes, for the benchmark's notes and the tests.
   py::dict shapes() const {
@@ -172,8 +147,6 @@ PYBIND11_MODULE(symmoe_ll, m) {
       .def(py::init<const std::vector<int64_t>&, uintptr_t, uintptr_t, uintptr_t, uintptr_t, uintptr_t, double, int>(),
            py::arg("geometry"), py::arg("local"), py::arg("peer_bases"), py::arg("state"), py::arg("err"),
            py::arg("err_host"), py::arg("timeout_s"), py::arg("num_sms"))
-      .def("dispatch", &LowLatency::dispatch)
-      .def("combine", &LowLatency::combine)
       .def("dispatch_send", &LowLatency::dispatch_send)
       .def("dispatch_recv", &LowLatency::dispatch_recv)
       .def("combine_send", &LowLatency::combine_send)

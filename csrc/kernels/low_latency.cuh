@@ -185,9 +185,8 @@ __device__ __forceinline__ int list_rows(const int64_t* ids, int TK, int K, int 
 // time: warp w < ce lists expert w's rows into s_list[w] (dynamic shared memory, ce * T ints)
 // and its dmeta region, then every warp copies pieces of the listed rows into the experts'
 // slot regions, then each expert's flag gets (seq << 32) | rows.
-// Returns the call's seq (every thread). Blocks past the E experts list nothing.
-__device__ __forceinline__ int dispatch_send(const Geometry& g, const Device& d, const int4* x,
-                                             const int64_t* topk_idx, int T, int ce, int m16) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    dispatch_send_kernel(Geometry g, Device d, const int4* x, const int64_t* topk_idx, int T, int ce, int m16) {
   int* s_list = reinterpret_cast<int*>(dyn_smem());
   __shared__ int s_cnt[kWarps], s_pre[kWarps + 1];
   __shared__ int s_seq;
@@ -244,22 +243,16 @@ __device__ __forceinline__ int dispatch_send(const Geometry& g, const Device& d,
   }
   advance_seq(d, 0, seq);
   stamp(d, kStampDispatchSend, kStampEnd);
-  return seq;
-}
-
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    dispatch_send_kernel(Geometry g, Device d, const int4* x, const int64_t* topk_idx, int T, int ce, int m16) {
-  dispatch_send(g, d, x, topk_idx, T, ce, m16);
 }
 
 // Dispatch, receive: unit (j, p) waits for every source's flag of local expert j, then packs
 // part p of its rows (pieces p, p + parts, ... per warp) in source order into recv_x[j].
-__device__ __forceinline__ void dispatch_recv(const Geometry& g, const Device& d, int seq, int4* recv_x,
-                                              int* recv_count, int* src_info, int* src_slot, int64_t* layout_range,
-                                              int parts, int m16) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    dispatch_recv_kernel(Geometry g, Device d, int4* recv_x, int* recv_count, int* src_info, int* src_slot,
+                         int64_t* layout_range, int parts, int m16) {
   __shared__ int s_cnt[kMaxWorld], s_begin[kMaxWorld + 1];
   stamp(d, kStampDispatchRecv, kStampStart);
-  const int par = seq & 1;
+  const int seq = ld_volatile_i32(d.state), par = seq & 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n16 = g.H / 8, pieces = (m16 + kPiece - 1) / kPiece;  // as the send: m16 of each n16
   const int64_t rows = int64_t(g.W) * g.T_max;
@@ -306,28 +299,11 @@ __device__ __forceinline__ void dispatch_recv(const Geometry& g, const Device& d
   stamp(d, kStampDispatchRecv, kStampEnd);
 }
 
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    dispatch_recv_kernel(Geometry g, Device d, int4* recv_x, int* recv_count, int* src_info, int* src_slot,
-                         int64_t* layout_range, int parts, int m16) {
-  dispatch_recv(g, d, ld_volatile_i32(d.state), recv_x, recv_count, src_info, src_slot, layout_range, parts, m16);
-}
-
-// Dispatch without a receive hook: the send, then the receive, in one launch (no kernel
-// boundary and one launch less). A block's receive may wait for rows other blocks of this
-// grid send, so the grid must be resident at once: it is at most the SMs the rank holds, as
-// the receive kernel's (see kMinBlocksPerSm).
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    dispatch_kernel(Geometry g, Device d, const int4* x, const int64_t* topk_idx, int T, int ce, int m16,
-                    int4* recv_x, int* recv_count, int* src_info, int* src_slot, int64_t* layout_range, int parts) {
-  const int seq = dispatch_send(g, d, x, topk_idx, T, ce, m16);
-  dispatch_recv(g, d, seq, recv_x, recv_count, src_info, src_slot, layout_range, parts, m16);
-}
-
 // Combine, send: unit (j, p) stores part p of local expert j's rows back into their sources'
 // cx[t, k]; then the grid's last block stores seq into cflag[rank] of every source.
-// Returns the call's seq (every thread).
-__device__ __forceinline__ int combine_send(const Geometry& g, const Device& d, const int4* y, const int* src_info,
-                                            const int* src_slot, const int64_t* layout_range, int parts) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    combine_send_kernel(Geometry g, Device d, const int4* y, const int* src_info, const int* src_slot,
+                        const int64_t* layout_range, int parts) {
   __shared__ int s_begin[kMaxWorld + 1];
   __shared__ int s_seq;
   stamp(d, kStampCombineSend, kStampStart);
@@ -368,13 +344,6 @@ __device__ __forceinline__ int combine_send(const Geometry& g, const Device& d, 
     }
   }
   stamp(d, kStampCombineSend, kStampEnd);
-  return seq;
-}
-
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    combine_send_kernel(Geometry g, Device d, const int4* y, const int* src_info, const int* src_slot,
-                        const int64_t* layout_range, int parts) {
-  combine_send(g, d, y, src_info, src_slot, layout_range, parts);
 }
 
 __device__ __forceinline__ void add_weighted(float (&acc)[8], float w, int4 v) {
@@ -390,12 +359,13 @@ __device__ __forceinline__ void add_weighted(float (&acc)[8], float w, int4 v) {
 // Combine, receive: every block waits for all W flags, then unit (t, p) reduces part p of token
 // t's columns in fp32 in ascending k (a slot naming an expert again reads that expert's first
 // slot), each thread loading up to kUnroll slots before it adds them, and casts once.
-__device__ __forceinline__ void combine_recv(const Geometry& g, const Device& d, int seq, const int64_t* topk_idx,
-                                             const float* topk_weights, int T, int4* out, int parts) {
+__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
+    combine_recv_kernel(Geometry g, Device d, const int64_t* topk_idx, const float* topk_weights, int T, int4* out,
+                        int parts) {
   __shared__ int s_src[kMaxTopk];
   __shared__ float s_w[kMaxTopk];
   stamp(d, kStampCombineRecv, kStampStart);
-  const int par = seq & 1;
+  const int seq = ld_volatile_i32(d.state + 1), par = seq & 1;
   const int64_t* flags = reinterpret_cast<const int64_t*>(d.local + g.cflag + par * g.cflag_p);
   for (int s = threadIdx.x; s < g.W; s += blockDim.x)
     if (wait_flag(flags + s, [seq](int64_t v) { return v == seq; }, d, kStageCombineRecv, s, seq)) fence_sys();
@@ -445,22 +415,6 @@ __device__ __forceinline__ void combine_recv(const Geometry& g, const Device& d,
     __syncthreads();
   }
   stamp(d, kStampCombineRecv, kStampEnd);
-}
-
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    combine_recv_kernel(Geometry g, Device d, const int64_t* topk_idx, const float* topk_weights, int T, int4* out,
-                        int parts) {
-  combine_recv(g, d, ld_volatile_i32(d.state + 1), topk_idx, topk_weights, T, out, parts);
-}
-
-// Combine without a receive hook: the send, then the receive, in one launch (as dispatch_kernel;
-// `parts` splits the experts of the send, `tparts` the tokens of the receive).
-__global__ void __launch_bounds__(kThreads, kMinBlocksPerSm)
-    combine_kernel(Geometry g, Device d, const int4* y, const int* src_info, const int* src_slot,
-                   const int64_t* layout_range, int parts, const int64_t* topk_idx, const float* topk_weights, int T,
-                   int4* out, int tparts) {
-  const int seq = combine_send(g, d, y, src_info, src_slot, layout_range, parts);
-  combine_recv(g, d, seq, topk_idx, topk_weights, T, out, tparts);
 }
 
 // The benchmark's stand-in for an expert op: out[j, q] = x[j, q] * scale[j] for the received

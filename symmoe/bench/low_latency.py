@@ -4,9 +4,7 @@ Every rank drives, at each token count (DeepSeek-V3's shape: hidden 7168 bf16, t
 
 * ``deepep``: DeepEP V1's normal-mode ``dispatch`` / ``combine`` (when ``deep_ep`` imports);
 * ``symmoe-normal``: symmoe's normal mode through the same DeepEP-shaped calls (torch push);
-* ``symmoe-ll``: symmoe's ``low_latency_dispatch`` / ``low_latency_combine`` (T_max = tokens;
-  one kernel each); ``symmoe-ll-hook``: the same calls with ``return_recv_hook=True`` and the
-  hook called at once (a send kernel, then a receive kernel);
+* ``symmoe-ll``: symmoe's ``low_latency_dispatch`` / ``low_latency_combine`` (T_max = tokens);
   ``symmoe-ll-fp8``: its dispatch with ``use_fp8=True`` (the cast included; hidden % 128 == 0);
 * a step, dispatch -> a per-expert scale of the received rows only (``recv_count``; one
   kernel, ``symmoe.testing.low_latency.masked_expert_op``) -> combine: ``step-eager`` (three
@@ -20,8 +18,7 @@ cell is the median over repeats on each rank, then the slowest rank's. Phases: a
 timed repeats, a few dispatch + combine pairs run with the kernels' global-timer stamps on
 (``set_stamps``), and each phase's median µs is reported, the slowest rank's (``phases_us``;
 ``--no-phases`` skips it): ``send`` (the send kernel, first block's start to last block's end),
-``gap`` (send end to receive start: negative where one kernel does both and a block
-receives while others still send), ``wait`` (receive start until its last
+``gap`` (send end to receive start: launch and host), ``wait`` (receive start until its last
 block got every flag: the slowest peer's send), ``recv`` (from there to the receive's end),
 ``device`` (send start to receive end) and ``host`` (the call's host time, Python and launches,
 until it returns: where it exceeds ``device`` the call is bound by the host). ``--trace-host``
@@ -95,18 +92,6 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
             st["d"] = buf.low_latency_dispatch(x, idx, T, E)
             return st["d"]
 
-        def ll_dispatch_hook() -> Any:  # send kernel, then the hook's receive kernel at once
-            d = buf.low_latency_dispatch(x, idx, T, E, return_recv_hook=True)
-            d[4]()
-            st["dh"] = d
-            return d
-
-        def ll_combine_hook() -> Any:
-            recv_x, _, handle, _, _ = st["dh"]
-            out = buf.low_latency_combine(recv_x, idx, w, handle, return_recv_hook=True)
-            out[2]()
-            return out
-
         def ll_dispatch_fp8() -> Any:  # DeepEP's default: cast to e4m3, move data + scales
             return buf.low_latency_dispatch(x, idx, T, E, use_fp8=True)
 
@@ -137,14 +122,13 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
         bitwise = bool(torch.equal(graph_out.view(torch.int16), eager.view(torch.int16)))
         times: dict[str, dict[str, list[float]]] = {im.name: {"dispatch": [], "combine": []} for im in impls}
         times["symmoe-ll"] = {"dispatch": [], "combine": []}
-        times["symmoe-ll-hook"] = {"dispatch": [], "combine": []}
         if fp8_ok:
             times["symmoe-ll-fp8"] = {"dispatch": []}
         times["step-eager"], times["step-graph"] = {"step": []}, {"step": []}
         for _ in range(spec["warmup"]):
             for im in impls:
                 im.call("dispatch"), im.call("combine")
-            ll_dispatch(), ll_combine(), ll_dispatch_hook(), ll_combine_hook(), step(), graph.replay()
+            ll_dispatch(), ll_combine(), step(), graph.replay()
         torch.cuda.synchronize()
         for _ in range(spec["repeats"]):
             for im in impls:
@@ -152,8 +136,6 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
                     times[im.name][op].append(_timed(lambda: im.call(op), sync))
             times["symmoe-ll"]["dispatch"].append(_timed(ll_dispatch, sync))
             times["symmoe-ll"]["combine"].append(_timed(ll_combine, sync))
-            times["symmoe-ll-hook"]["dispatch"].append(_timed(ll_dispatch_hook, sync))
-            times["symmoe-ll-hook"]["combine"].append(_timed(ll_combine_hook, sync))
             if fp8_ok:
                 times["symmoe-ll-fp8"]["dispatch"].append(_timed(ll_dispatch_fp8, sync))
             times["step-eager"]["step"].append(_timed(step, sync))

@@ -215,8 +215,8 @@ def _reduce(cx: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor
 
 class CudaLowLatency(_Engine):
     """The kernels of csrc/kernels/low_latency.cuh over load/store peers (torch symmetric memory,
-    nvshmem on one node): one kernel per call that sends and then receives, or with a receive
-    hook a send kernel and a receive kernel, the receive kernel being the hook."""
+    nvshmem on one node): a send kernel and a receive kernel per call; the receive kernel is
+    the hook."""
 
     STAGE_NAMES = {101: "low_latency_dispatch.receive", 102: "low_latency_combine.receive"}
     BAD_EXPERT = 103
@@ -299,19 +299,13 @@ class CudaLowLatency(_Engine):
         if K != lay.topk:
             raise InputError(f"low_latency_dispatch: topk={K}; this buffer was sized for topk={lay.topk}")
         stream = stream_handle(self.device)
-        hook = None
-        if deferred:
-            self.ll.dispatch_send(x.data_ptr(), topk_idx.data_ptr(), T, stream, row_bytes)
-            recv_x, count, info, slot, rng = self._outputs(x.shape[1])
+        self.ll.dispatch_send(x.data_ptr(), topk_idx.data_ptr(), T, stream, row_bytes)
+        recv_x, count, info, slot, rng = self._outputs(x.shape[1])
 
-            def receive() -> None:
-                self.ll.dispatch_recv(recv_x.data_ptr(), count.data_ptr(), info.data_ptr(), slot.data_ptr(),
-                                      rng.data_ptr(), stream_handle(self.device), row_bytes)
-            hook = self._hook("low_latency_dispatch", receive, deferred)
-        else:  # send and receive in one kernel
-            recv_x, count, info, slot, rng = self._outputs(x.shape[1])
-            self.ll.dispatch(x.data_ptr(), topk_idx.data_ptr(), T, recv_x.data_ptr(), count.data_ptr(), info.data_ptr(),
-                             slot.data_ptr(), rng.data_ptr(), stream, row_bytes)
+        def receive() -> None:
+            self.ll.dispatch_recv(recv_x.data_ptr(), count.data_ptr(), info.data_ptr(), slot.data_ptr(),
+                                  rng.data_ptr(), stream_handle(self.device), row_bytes)
+        hook = self._hook("low_latency_dispatch", receive, deferred)  # without hooks: the receive launches here
         handle = LowLatencyHandle(info, rng, lay.max_tokens, x.shape[1], lay.num_experts, slot, T, K, id(self))
         return recv_x, count, handle, hook
 
@@ -319,15 +313,10 @@ class CudaLowLatency(_Engine):
                 out: torch.Tensor | None, deferred: bool):
         self._begin("low_latency_combine")
         T = topk_idx.shape[0]
-        result = out if out is not None else torch.empty((T, self.lay.hidden), dtype=torch.bfloat16,
-                                                         device=self.device)
-        if not deferred:  # send and receive in one kernel
-            self.ll.combine(y.data_ptr(), handle.src_info.data_ptr(), handle.src_slot.data_ptr(),
-                            handle.layout_range.data_ptr(), topk_idx.data_ptr(), topk_weights.data_ptr(), T,
-                            result.data_ptr(), stream_handle(self.device))
-            return result, None
         self.ll.combine_send(y.data_ptr(), handle.src_info.data_ptr(), handle.src_slot.data_ptr(),
                              handle.layout_range.data_ptr(), stream_handle(self.device))
+        result = out if out is not None else torch.empty((T, self.lay.hidden), dtype=torch.bfloat16,
+                                                         device=self.device)
 
         def receive() -> None:
             self.ll.combine_recv(topk_idx.data_ptr(), topk_weights.data_ptr(), T, result.data_ptr(),
