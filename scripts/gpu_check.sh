@@ -28,7 +28,9 @@
 # brings back 8 files over all of its $OUT, folders included: a call with several runs points
 # OUT at /tmp and copies into the tool's $OUT only what it needs (files past the 8th are lost).
 # One call stays inside the 10-minute limit with e.g. "build test nccl", then "nvshmem bench ab".
-#   PYTEST_ARGS='-k pull' scripts/gpu_check.sh test      extra pytest arguments
+#   PYTEST_ARGS='-k pull' scripts/gpu_check.sh test      extra pytest arguments, for every pytest section;
+#   PYTEST_ARGS_<SECTION> (e.g. PYTEST_ARGS_FP8, PYTEST_ARGS_TEST_QUICK) for that section alone, so one
+#   call can run e.g. "build lowlat fp8 test" with a selection in each
 #   A test still running after $FAULT_S seconds (default 240) dumps every thread's stack
 #   into the log (pytest's faulthandler), so a hang leaves a trace, not silence. A pytest
 #   section still running after $TEST_LIMIT_S seconds (default 420) gets SIGINT, and SIGKILL
@@ -68,6 +70,12 @@ elif nvidia-cuda-mps-control -d; then
 else
   note "MPS not started (ranks time-slice)"
 fi
+
+# A pytest section's extra arguments: PYTEST_ARGS_<SECTION> where set (even empty), else PYTEST_ARGS.
+section_pytest_args() {
+  local v="PYTEST_ARGS_$(echo "$1" | tr 'a-z-' 'A-Z_')"
+  echo "${!v-${PYTEST_ARGS:-}}"
+}
 
 # Rank processes of a test cut off by TEST_LIMIT_S may still spin on the GPU (under MPS they
 # keep their SMs) and would slow every later measurement: kill them before going on.
@@ -125,7 +133,7 @@ for s in "${SECTIONS[@]}"; do
       [ "$s" = test-quick ] && sel+=(-k "not 7168")
       what="torch backend"; plog="$LOG/pytest.log"
       [ "$s" = adapters ] && { sel=(tests/gpu/test_adapters_gpu.py); what=adapters; plog="$LOG/pytest_adapters.log"; }
-      eval "extra=(${PYTEST_ARGS:-})"  # keeps quoted -k expressions whole
+      eval "extra=($(section_pytest_args "$s"))"  # keeps quoted -k expressions whole
       timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} "${sel[@]}" "${extra[@]}" 2>&1 | tee "$plog"
       rc=${PIPESTATUS[0]}
       pytest_note "$what" "$plog" "$rc"
@@ -153,14 +161,14 @@ for s in "${SECTIONS[@]}"; do
       if ! python3 -c "import symmoe.protocol.nvshmem as n; n.load_extension()" >"$LOG/nvshmem_build.log" 2>&1; then
         note "nvshmem build FAILED"; tail -50 "$LOG/nvshmem_build.log"; status=1; continue
       fi
-      eval "extra=(${PYTEST_ARGS:-})"
+      eval "extra=($(section_pytest_args "$s"))"
       timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_nvshmem.py "${extra[@]}" 2>&1 | tee "$LOG/nvshmem_tests.log"
       rc=${PIPESTATUS[0]}
       pytest_note nvshmem "$LOG/nvshmem_tests.log" "$rc"
       reap_ranks
       [ "$rc" -ne 0 ] && status=1 ;;
     training)  # training GPU tests, then the example's loss curves across backends (W=2,4 under MPS; nccl at W=1)
-      eval "extra=(${PYTEST_ARGS:-})"
+      eval "extra=($(section_pytest_args "$s"))"
       timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_training_gpu.py "${extra[@]}" 2>&1 | tee "$LOG/training_tests.log"
       rc=${PIPESTATUS[0]}; pytest_note training "$LOG/training_tests.log" "$rc"; reap_ranks; [ "$rc" -ne 0 ] && status=1
       timeout ${TRAIN_LIMIT_S:-300} python3 scripts/train_compare.py --world-sizes "${TRAIN_WORLD_SIZES:-2,4}" --steps "${TRAIN_STEPS:-10}" \
@@ -196,7 +204,7 @@ for s in "${SECTIONS[@]}"; do
       rc=${PIPESTATUS[0]}; note "tune $cfg (W=${TUNE_WORLD_SIZE:-2}): exit $rc"; [ "$rc" -ne 0 ] && status=1
       reap_ranks ;;
     lowlat)  # low-latency mode: GPU tests, then its benchmark (beside DeepEP V1 normal mode if built)
-      eval "extra=(${PYTEST_ARGS:-})"
+      eval "extra=($(section_pytest_args "$s"))"
       timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_low_latency_gpu.py "${extra[@]}" 2>&1 | tee "$LOG/lowlat_tests.log"
       rc=${PIPESTATUS[0]}
       pytest_note "low-latency" "$LOG/lowlat_tests.log" "$rc"
@@ -210,7 +218,7 @@ for s in "${SECTIONS[@]}"; do
       rc=${PIPESTATUS[0]}; note "low-latency bench exit $rc"; [ "$rc" -ne 0 ] && status=1
       reap_ranks ;;
     fp8)  # FP8 rows bitwise on every backend, then FP8 vs bf16 dispatch (and DeepEP's, when built) in one run
-      eval "extra=(${PYTEST_ARGS:-})"
+      eval "extra=($(section_pytest_args "$s"))"
       timeout -s INT -k 30 ${TEST_LIMIT_S:-420} python3 -m pytest -q -m gpu -rfEs -p no:cacheprovider -o faulthandler_timeout=${FAULT_S:-240} tests/gpu/test_fp8_gpu.py "${extra[@]}" 2>&1 | tee "$LOG/fp8_tests.log"
       rc=${PIPESTATUS[0]}
       pytest_note fp8 "$LOG/fp8_tests.log" "$rc"
