@@ -42,8 +42,9 @@ class Buffer:
         self.layout = cfg.layout(self.world_size)
         self.dtype = DTYPES[cfg.buffer.dtype]
         self.memory = backends.create(cfg, group, self.layout.total_bytes)
-        self._ll: Any = None  # (layout, memory, engine) of the low-latency mode, made by its first call
-        self._ll_key: tuple[int, ...] = ()  # its (T_max, hidden, num_experts, topk)
+        # (sizes, memory, engine) of the low-latency mode, made by its first call; sizes is
+        # (T_max, hidden, num_experts, topk)
+        self._ll: Any = None
         try:
             self._protocol = protocol.make(self.memory, self.layout, cfg, id(self))
         except BaseException:
@@ -245,7 +246,7 @@ class Buffer:
     # -- low-latency mode (DeepEP V1's form; docs/low_latency.md) ------------------------------
     def _low_latency(self, T_max: int, hidden: int, num_experts: int, topk: int):
         key = (T_max, hidden, num_experts, topk)
-        if self._ll is not None and self._ll_key == key:  # every call: no layout object made
+        if self._ll is not None and self._ll[0] == key:  # every call: no layout object made
             return self._ll[2]
         lay = LowLatencyLayout(T_max, hidden, num_experts, self.world_size, topk)
         # First call, or new sizes: a collective allocation (every rank makes the same call).
@@ -261,7 +262,7 @@ class Buffer:
         except BaseException:
             mem.close()
             raise
-        self._ll, self._ll_key = (lay, mem, engine), key
+        self._ll = (key, mem, engine)
         return engine
 
     def _close_low_latency(self) -> None:

@@ -396,8 +396,9 @@ class _CudaProtocol(Protocol):
         out, out_w = build.load("symmoe_host").combine_outputs(T, lay.hidden, y.dtype, lay.topk if rw is not None else 0,
                                                                self.device)
         # The send (with peers) and the reduction, at consecutive epochs: one call.
-        epoch = self._epoch + 1
-        self._epoch += 2 if self.world_size > 1 else 1
+        epoch = self._next_epoch()
+        if self.world_size > 1:
+            self._next_epoch()  # the reduction's (ctx_combine: epoch + 1 after a send)
         self.ctx.combine(y.element_size(), y.dtype == torch.bfloat16, _ptr(y), _ptr(rw), _ptr(handle.recv_src_rank),
                          _ptr(handle.recv_src_token), _ptr(handle.recv_src_slot), rows, _ptr(handle.is_token_in_rank),
                          _ptr(handle.topk_idx), _ptr(handle.topk_weights), T, handle.cache.selfmap, _ptr(out),
