@@ -59,10 +59,6 @@ class KernelConfig:
 
     num_sms: int = _doc(24, "SMs the kernels of a call may use (capped by what the GPU, or the rank's MPS "
                             "share, holds); the low-latency mode has its own, `low_latency.num_sms`.")
-    tokens_per_sm: int = _doc(24, "With peers (torch, nccl): a dispatch of T tokens per rank runs its data kernels "
-                                  "on ceil(T / tokens_per_sm) SMs, at least 16 and at most `num_sms`: a small "
-                                  "batch spread over every SM pays each block's start for little work (H100, "
-                                  "W = 2, 512 tokens: 147 us on 48 SMs, 186 on 96). 0 = always `num_sms`.")
     num_channels: int = _doc(8, "nvshmem: channels of its push, a sender and a receiver block each (capped by "
                                 "the SMs it holds).")
     timeout_s: float = _doc(30.0, "Every wait, on the device or the host, raises StallError naming the rank "
@@ -197,7 +193,6 @@ _RANGES: dict[str, tuple[float, float]] = {
     "buffer.expert_alignment": (1, 1024),
     "buffer.recv_capacity": (0, 1 << 28),
     "kernel.num_sms": (1, 1024),
-    "kernel.tokens_per_sm": (0, 1 << 20),
     "kernel.num_channels": (1, MAX_CHANNELS),
     "kernel.stream_receivers": (0, STREAM_CHANNELS),
     "kernel.timeout_s": (1e-3, 86400),

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
 
 MPS_SHARE = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"  # the MPS share of the SMs this process may hold
 MIN_HELD_SMS = 2  # the fewest SMs an MPS share counts as: a sender and a receiver block resident
-MIN_DATA_BLOCKS = 16  # kernel.tokens_per_sm never sizes a dispatch's data kernels below this
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,6 @@ class LaunchShape:
     tail: int         # most blocks of num_worst_tokens' tail kernel
     stream: int = 0   # blocks of the streamed push (kernel.push_mode); 0: push, then unpack
     channels: int = 0  # nvshmem: channels of its dispatch (a sender and a receiver block each); 0 elsewhere
-    tokens_per_sm: int = 0  # CUDA protocols with peers: data kernels sized by the batch (data_blocks); 0: off
 
     # What symmoe_cuda's Context takes (csrc/bindings/launch_geometry.h, in this order); the
     # streamed push's split and nvshmem's channels go with each call.
@@ -105,16 +103,6 @@ class LaunchShape:
     def kernel_args(self) -> list[int]:
         """The shape as csrc/bindings/launch_geometry.h reads it, in KERNEL_FIELDS' order."""
         return [getattr(self, f) for f in self.KERNEL_FIELDS]
-
-    def data_blocks(self, tokens: int) -> int:
-        """Blocks of the data kernels (pull, push and its unpack) of a dispatch of ``tokens``
-        tokens per rank: ``dispatch``, or with ``tokens_per_sm`` ceil(tokens / tokens_per_sm),
-        at least MIN_DATA_BLOCKS (or ``dispatch`` where that is fewer) and at most ``dispatch``.
-        The same on every rank only where their tokens are: nothing waits on another rank's
-        grid (the data kernels' barrier is their last block's)."""
-        if not self.tokens_per_sm:
-            return self.dispatch
-        return max(min(MIN_DATA_BLOCKS, self.dispatch), min(self.dispatch, -(-tokens // self.tokens_per_sm)))
 
 
 def low_latency_blocks(num_sms: int, gpu: GpuSms, share: int) -> int:
@@ -166,15 +154,12 @@ def may_stream(kernel: "KernelConfig", protocol: str, world_size: int) -> bool:
 
 def cuda_shape(kernel: "KernelConfig", gpu: GpuSms, sharing: tuple[int, int] | None = None) -> LaunchShape:
     """The CUDA protocols' shape (symmoe_cuda's Context): every kernel on one persistent grid of
-    ``kernel.num_sms`` blocks, at most the GPU's SMs, the data kernels of a small batch on fewer
-    (``kernel.tokens_per_sm``, ``LaunchShape.data_blocks``). ``sharing``: (most ranks of the group on one
+    ``kernel.num_sms`` blocks, at most the GPU's SMs. ``sharing``: (most ranks of the group on one
     GPU, fewest SMs of their GPUs) where the push may stream (``may_stream``), else None."""
     grid = grid_blocks(kernel, gpu)
     stream = stream_blocks(kernel.push_mode, sharing[0], sharing[1], kernel.num_sms) if sharing else 0
-    if kernel.tokens_per_sm < 0:
-        raise ConfigError("kernel.tokens_per_sm", kernel.tokens_per_sm, "must be >= 0 (0: always kernel.num_sms)")
     return LaunchShape(sms=gpu.total, route=grid, dispatch=grid, combine=grid, reduce=grid, alone=grid, tail=grid,
-                       stream=stream, tokens_per_sm=kernel.tokens_per_sm)
+                       stream=stream)
 
 
 def nvshmem_shape(kernel: "KernelConfig", gpu: GpuSms, layout_channels: int) -> LaunchShape:

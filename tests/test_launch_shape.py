@@ -78,26 +78,11 @@ def test_num_sms_below_one_is_refused_naming_the_value(num_sms):
 
 # -- the CUDA protocols ---------------------------------------------------------------------
 def test_the_cuda_protocols_run_every_kernel_on_one_grid_capped_by_the_gpu():
-    s = cuda_shape(_kernel(num_sms=24, tokens_per_sm=0), H100)
+    s = cuda_shape(_kernel(num_sms=24), H100)
     assert s == LaunchShape(sms=132, route=24, dispatch=24, combine=24, reduce=24, alone=24, tail=24)
     assert cuda_shape(_kernel(num_sms=1024), GpuSms(78, 78)).dispatch == 78
     # an MPS share does not cap them: their blocks need not be resident at once
     assert cuda_shape(_kernel(num_sms=132), GpuSms(132, 33)).dispatch == 132
-
-
-def test_a_small_batch_moves_on_fewer_blocks_and_never_on_more_than_num_sms():
-    s = cuda_shape(_kernel(num_sms=96, tokens_per_sm=24), H100)
-    assert s.dispatch == 96 and s.tokens_per_sm == 24
-    assert [s.data_blocks(t) for t in (1, 128, 384, 385, 512, 1024, 2304, 4096)] == [16, 16, 16, 17, 22, 43, 96, 96]
-    assert cuda_shape(_kernel(num_sms=8, tokens_per_sm=24), H100).data_blocks(4096) == 8  # the floor never passes num_sms
-    assert cuda_shape(_kernel(num_sms=8, tokens_per_sm=24), H100).data_blocks(1) == 8
-    off = cuda_shape(_kernel(num_sms=96, tokens_per_sm=0), H100)
-    assert [off.data_blocks(t) for t in (1, 512, 4096)] == [96, 96, 96]  # 0: every dispatch on num_sms
-
-
-def test_tokens_per_sm_below_zero_is_refused_naming_the_value():
-    with pytest.raises(ConfigError, match="kernel.tokens_per_sm = -1"):
-        cuda_shape(_kernel(tokens_per_sm=-1), H100)
 
 
 def test_the_streamed_push_needs_the_group_s_gpu_sharing():

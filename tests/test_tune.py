@@ -6,17 +6,15 @@ from symmoe.bench import tune
 from symmoe.config import Config
 
 
-def test_torch_searches_protocol_sms_push_mode_copy_depth_and_batch_sizing_within_the_devices_sms():
+def test_torch_searches_protocol_sms_push_mode_and_copy_depth_within_the_devices_sms():
     knobs = tune.knobs_for(Config().replace(backend="torch"), sms=78)
-    assert list(knobs) == ["protocol", "kernel.num_sms", "kernel.push_mode", "kernel.copy_depth",
-                           "kernel.tokens_per_sm"]
-    assert 0 in knobs["kernel.tokens_per_sm"]  # every dispatch on num_sms stays a candidate
+    assert list(knobs) == ["protocol", "kernel.num_sms", "kernel.push_mode", "kernel.copy_depth"]
     assert max(knobs["kernel.num_sms"]) <= 78 and 20 in knobs["kernel.num_sms"]
 
 
 def test_nvshmem_has_one_protocol_and_searches_its_channels_instead():
     knobs = tune.knobs_for(Config().replace(backend="nvshmem"), sms=132)
-    assert "protocol" not in knobs and "kernel.push_mode" not in knobs and "kernel.tokens_per_sm" not in knobs
+    assert "protocol" not in knobs and "kernel.push_mode" not in knobs
     assert knobs["kernel.num_channels"] == tune.KNOBS["kernel.num_channels"]
 
 

@@ -58,12 +58,12 @@ void bind_context(pybind11::module_& m, Init init) {
            py::arg("epoch"), py::arg("stream"))
       .def("move", &ctx_move<Transport>, py::arg("x"), py::arg("out"), py::arg("expert_major"), py::arg("alignment"),
            py::arg("counts"), py::arg("after_route"), py::arg("mode"), py::arg("senders"), py::arg("receivers"),
-           py::arg("epoch"), py::arg("stream"), py::arg("row_bytes") = 0, py::arg("blocks") = 0)
+           py::arg("epoch"), py::arg("stream"), py::arg("row_bytes") = 0)
       .def("dispatch", &ctx_dispatch<Transport>, py::arg("host"), py::arg("counts"), py::arg("routing"),
            py::arg("ready"), py::arg("summary"), py::arg("idx"), py::arg("idx64"), py::arg("w"), py::arg("tokens"),
            py::arg("scratch"), py::arg("in_rank"), py::arg("route_epoch"), py::arg("x"), py::arg("out"),
            py::arg("expert_major"), py::arg("alignment"), py::arg("mode"), py::arg("senders"), py::arg("receivers"),
-           py::arg("data_epoch"), py::arg("stream"), py::arg("row_bytes") = 0, py::arg("blocks") = 0)
+           py::arg("data_epoch"), py::arg("stream"), py::arg("row_bytes") = 0)
       .def("recv_tail", &ctx_recv_tail<Transport>, py::arg("counts"), py::arg("out"), py::arg("worst"),
            py::arg("expert_major"), py::arg("alignment"), py::arg("per_expert"), py::arg("deferred"), py::arg("epoch"),
            py::arg("stream"), py::arg("row_bytes") = 0)

@@ -17,34 +17,18 @@ namespace symmoe {
 // protocol/cuda.py's move modes: pull; push and its unpack (with peers); the streamed push.
 enum MoveMode : int { kMovePull = 0, kMovePush = 1, kMovePushStream = 2 };
 
-// LaunchShape.dispatch for the launches of one call: `blocks` (LaunchShape.data_blocks of its
-// batch; 0: the shape's own), put back when the call returns or throws.
-struct DataBlocks {
-  int& dispatch;
-  const int saved;
-  DataBlocks(int& d, int blocks) : dispatch(d), saved(d) {
-    if (blocks < 0 || blocks > saved)
-      throw std::invalid_argument("move: blocks=" + std::to_string(blocks) + " outside 0.." + std::to_string(saved) +
-                                  " (the launch shape's dispatch blocks; 0: all of them)");
-    if (blocks) dispatch = blocks;
-  }
-  ~DataBlocks() { dispatch = saved; }
-};
-
 // The data kernels of a dispatch after its routing (after_route) or a cached dispatch's
-// republication: alone (world size 1) where its kernels apply, else as `mode` says, on
-// `blocks` blocks (pull, push and unpack; 0: LaunchShape.dispatch); `counts`: the dispatch's
-// device counts matrix (alone, unpack).
+// republication: alone (world size 1) where its kernels apply, else as `mode` says; `counts`:
+// the dispatch's device counts matrix (alone, unpack).
 template <class T>
 void ctx_move(Ctx<T>& c, uintptr_t x, const pybind11::dict& out, bool expert_major, int alignment, uintptr_t counts,
               bool after_route, int mode, int senders, int receivers, int64_t epoch, uintptr_t stream,
-              int64_t row_bytes, int blocks) {
+              int64_t row_bytes) {
   if (mode < kMovePull || mode > kMovePushStream)
     throw std::invalid_argument("move: mode=" + std::to_string(mode) + "; allowed: 0 (pull), 1 (push), 2 (push_stream)");
   if (c.L.world_size == 1 &&
       ctx_alone(c, x, out, expert_major, alignment, counts, epoch, after_route, stream, row_bytes))
     return;
-  DataBlocks grid(c.shape.dispatch, blocks);
   if (mode == kMovePull) {
     ctx_pull(c, x, out, expert_major, alignment, epoch, stream, row_bytes);
   } else if (mode == kMovePushStream) {
@@ -58,17 +42,15 @@ void ctx_move(Ctx<T>& c, uintptr_t x, const pybind11::dict& out, bool expert_maj
 
 // An exact-size or num_worst_tokens dispatch: set_routing_outputs(host, counts, routing, ready,
 // summary, alignment), the routing kernel of `tokens` tokens publishing at route_epoch, then
-// ctx_move right behind it at data_epoch on `blocks` blocks.
+// ctx_move right behind it at data_epoch.
 template <class T>
 void ctx_dispatch(Ctx<T>& c, uintptr_t host, uintptr_t counts, uintptr_t routing, uintptr_t ready, uintptr_t summary,
                   uintptr_t idx, bool idx64, uintptr_t w, int64_t tokens, uintptr_t scratch, uintptr_t in_rank,
                   int64_t route_epoch, uintptr_t x, const pybind11::dict& out, bool expert_major, int alignment,
-                  int mode, int senders, int receivers, int64_t data_epoch, uintptr_t stream, int64_t row_bytes,
-                  int blocks) {
+                  int mode, int senders, int receivers, int64_t data_epoch, uintptr_t stream, int64_t row_bytes) {
   c.set_routing_outputs(host, counts, routing, ready, summary, alignment);
   ctx_layout(c, idx, idx64, w, tokens, scratch, in_rank, 0, 0, true, route_epoch, stream);
-  ctx_move(c, x, out, expert_major, alignment, counts, true, mode, senders, receivers, data_epoch, stream, row_bytes,
-           blocks);
+  ctx_move(c, x, out, expert_major, alignment, counts, true, mode, senders, receivers, data_epoch, stream, row_bytes);
 }
 
 }  // namespace symmoe

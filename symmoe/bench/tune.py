@@ -38,7 +38,6 @@ KNOBS: dict[str, tuple[Any, ...]] = {
     "kernel.num_sms": (16, 20, 24, 32, 40, 48, 64, 96, 132),
     "kernel.push_mode": ("auto", "unpack", "stream"),
     "kernel.copy_depth": (0, 2, 3, 4, 6),
-    "kernel.tokens_per_sm": (0, 16, 24, 32, 48),
     "kernel.num_channels": (8, 16, 32, 64),
 }
 
@@ -58,7 +57,6 @@ def knobs_for(config: Config, sms: int) -> dict[str, tuple[Any, ...]]:
     else:  # the shared kernels: the streamed push and the bulk-copy depth
         out["kernel.push_mode"] = KNOBS["kernel.push_mode"]
         out["kernel.copy_depth"] = KNOBS["kernel.copy_depth"]
-        out["kernel.tokens_per_sm"] = KNOBS["kernel.tokens_per_sm"]
     return out
 
 

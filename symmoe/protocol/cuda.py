@@ -295,7 +295,7 @@ class _CudaProtocol(Protocol):
                           0 if worst else self._counts_ready[1], 0 if worst else self._summary[1],
                           topk_idx.data_ptr(), topk_idx.dtype == torch.int64, topk_weights.data_ptr(), T,
                           self._scratch_ptr, in_rank.data_ptr(), epoch, x.data_ptr(), args, expert_major,
-                          alignment, *self._move_mode, epoch + 1, sp, self.row_bytes(x), self._data_blocks(T))
+                          alignment, *self._move_mode, epoch + 1, sp, self.row_bytes(x))
         cache = self._published = _RoutingState(block, routing, routing_bytes, counts_dev, selfmap)
         if worst:  # DeepEP's num_worst_tokens: the device finishes what the host would read
             recv = self._tail(out, counts_dev, worst, expert_major, alignment, self.row_bytes(x), per_expert)
@@ -331,12 +331,6 @@ class _CudaProtocol(Protocol):
         if self.name == "pull" and self.world_size > 1 and x.shape[0] and not self._in_input_region(x):
             self.input_view(x.shape[0], x.dtype, x.shape[1]).copy_(x)
 
-    def _data_blocks(self, tokens: int) -> int:
-        """Blocks of the data kernels of a dispatch of ``tokens`` tokens per rank
-        (``LaunchShape.data_blocks``, kernel.tokens_per_sm); 0 alone: the world-size-1 kernels
-        keep their own shape."""
-        return self.shape.data_blocks(tokens) if self.world_size > 1 else 0
-
     def _move(self, x: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
               counts_dev: int, after_route: bool, sp: int) -> None:
         """The data kernels, after the routing (or its republication) and the counts barrier
@@ -347,7 +341,7 @@ class _CudaProtocol(Protocol):
         that). ``sp``: the current stream's handle. Rows of x's width (``row_bytes``: an FP8
         dispatch's are narrower)."""
         self.ctx.move(_ptr(x), args, expert_major, alignment, counts_dev, after_route, *self._move_mode,
-                      self._next_epoch(), sp, self.row_bytes(x), self._data_blocks(x.shape[0]))
+                      self._next_epoch(), sp, self.row_bytes(x))
 
     def _routing_bytes(self, T: int) -> int:
         """Bytes of the input region, from ``in_idx`` on, that the routing kernel publishes (ids,
