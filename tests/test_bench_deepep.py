@@ -22,6 +22,25 @@ def test_each_cell_takes_the_slowest_ranks_median_and_its_ratio_to_deepep():
     assert [r["op"] for r in res["rows"]] == list(deepep.OPS)
 
 
+def test_every_implementation_runs_right_after_each_other_equally_often():
+    class Impl:
+        def __init__(self, name: str):
+            self.name = name
+
+    impls = [Impl("deepep"), Impl("torch-push"), Impl("torch-pull")]
+    calls = []
+    times = deepep.timed_rounds(impls, ("dispatch", "combine"), 6,
+                                lambda im, op: calls.append((im.name, op)) or float(len(calls)))
+    order = [calls[i][0] for i in range(0, len(calls), 2)]  # implementation by implementation
+    rounds = [order[i:i + 3] for i in range(0, len(order), 3)]
+    assert rounds[0] == ["deepep", "torch-push", "torch-pull"]
+    after_deepep = [r[r.index("deepep") + 1] for r in rounds if r[-1] != "deepep"]
+    assert sorted(after_deepep) == ["torch-pull", "torch-pull", "torch-push", "torch-push"]
+    assert {n: {op: len(v) for op, v in t.items()} for n, t in times.items()} == \
+        {n: {"dispatch": 6, "combine": 6} for n in ("deepep", "torch-push", "torch-pull")}
+    assert times["torch-push"]["dispatch"][0] == 3.0  # each time filed under its own implementation
+
+
 def test_outputs_count_as_equal_to_deepep_only_when_every_rank_matched():
     ranks = [_rank({"deepep": 1.0, "a": 1.0}), _rank({"deepep": 1.0, "a": 1.0}, same=False)]
     assert deepep.summarize(2, ranks, ["deepep", "a"], "default")["bitwise_vs_deepep"] == {"512": {"a": False}}

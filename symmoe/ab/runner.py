@@ -1,6 +1,8 @@
 """One A/B job: every rank builds the same seeded inputs, creates one Buffer per variant,
-and runs rounds ``A B C A B C ...`` so that drift (clocks, thermals, neighbours) lands on
-every variant alike.
+and runs rounds of every variant, ``A B C``, ``B C A``, ``C A B``, ``C B A`` ..., so that drift (clocks,
+thermals, neighbours) lands on every variant alike, in a balanced order
+(``bench.timing.balanced``: each variant runs right after each other one equally often, and A
+opens round 0).
 
 Round 0 is the check pass (not timed), then ``warmup`` rounds, then ``repeats`` timed
 rounds. In every round each variant's outputs are compared bitwise with the first
@@ -27,7 +29,7 @@ import torch.distributed as dist
 
 from .. import fp8, launch, reference
 from ..bench.ops import OPS
-from ..bench.timing import flush_l2, sleep_cycles_for
+from ..bench.timing import balanced, flush_l2, sleep_cycles_for
 from ..buffer import Buffer
 from ..layout import DTYPES
 from ..progress import Progress
@@ -212,7 +214,8 @@ def rank_main(rank: int, world_size: int, job: Job) -> dict[str, Any]:
         for rnd in range(rounds):
             problem = None
             timed = rnd >= 1 + wl.warmup
-            for vi, (v, buf) in enumerate(zip(variants, bufs)):
+            for vi in balanced(range(len(variants)), rnd):  # none always right after the same other
+                v, buf = variants[vi], bufs[vi]
 
                 def check(outs: dict[str, Any], kind: str = "exact") -> None:
                     """Compare right after each call (outputs may alias the buffer's pools)."""

@@ -3,7 +3,8 @@
 Every rank builds DeepEP's ``deep_ep.Buffer`` (when ``deep_ep`` imports; never required) and
 one ``symmoe.compat.deep_ep_v1.Buffer`` per symmoe config, and drives them all with the same
 DeepEP-shaped code: ``get_dispatch_layout`` once per batch size, then, for each repeat and
-each implementation in turn (interleaved, so they share the device's state):
+each implementation in turn (interleaved, so they share the device's state; in a balanced
+order, each following each other equally often: ``timing.balanced``):
 ``dispatch`` (exact size: the host learns the counts), ``dispatch(num_worst_tokens=W*T)``,
 the cached ``dispatch(x, handle=...)`` and ``combine``.
 
@@ -41,7 +42,7 @@ import torch
 from .. import launch
 from ..config import from_dict, load, parse_key_value
 from .gpu import provenance
-from .timing import profile_table
+from .timing import balanced, profile_table
 
 OPS = ("dispatch", "worst_dispatch", "cached_dispatch", "combine")
 FP8_OPS = ("fp8_dispatch", "fp8_cached_dispatch")  # with --fp8: x as (e4m3, scales), same run
@@ -125,6 +126,19 @@ def _timed(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
     end.synchronize()
     del out
     return start.elapsed_time(end) * 1e3
+
+
+def timed_rounds(impls: list[Any], ops: tuple[str, ...], repeats: int,
+                 time_call: Callable[[Any, str], float]) -> dict[str, dict[str, list[float]]]:
+    """``time_call(impl, op)`` of every implementation (``.name``) and op, ``repeats`` rounds,
+    interleaved in a carry-over balanced order (``timing.balanced``), so none is always the one
+    right after another library's calls. {name: {op: [times]}}."""
+    times: dict[str, dict[str, list[float]]] = {im.name: {op: [] for op in ops} for im in impls}
+    for rep in range(repeats):
+        for im in balanced(impls, rep):
+            for op in ops:
+                times[im.name][op].append(time_call(im, op))
+    return times
 
 
 def _kernel_us(fn: Callable[[], Any], sync: Callable[[], None], calls: int = 5) -> dict[str, float]:
@@ -329,16 +343,12 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
                 live.append(im)
             except Exception as e:
                 notes[f"{im.name}@{T}"] = f"{type(e).__name__}: {e}"
-        times: dict[str, dict[str, list[float]]] = {im.name: {op: [] for op in ops} for im in live}
         for _ in range(spec["warmup"]):
             for im in live:
                 for op in ops:
                     im.call(op)
         torch.cuda.synchronize()
-        for _ in range(spec["repeats"]):
-            for im in live:
-                for op in ops:
-                    times[im.name][op].append(_timed(lambda: im.call(op), sync))
+        times = timed_rounds(live, ops, spec["repeats"], lambda im, op: _timed(lambda: im.call(op), sync))
         cell: dict[str, Any] = {"median_us": {n: {op: statistics.median(v) for op, v in t.items()} for n, t in times.items()}}
         ref = next((im for im in live if im.name == "deepep"), None)
         if ref is not None:

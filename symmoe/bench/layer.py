@@ -13,7 +13,8 @@ the layer's communication taken from, in turn:
 * ``a2a``: a plain ``torch.distributed.all_to_all_single`` dispatcher
   (``symmoe.bench.baselines.a2a_dispatch``/``a2a_combine``, with their backward passes).
 
-Variants are interleaved per repeat. A step's forward and backward are timed apart (hosts
+Variants are interleaved per repeat, in a balanced order (each right after each other one
+equally often: ``timing.balanced``). A step's forward and backward are timed apart (hosts
 aligned at a barrier, the device idle; CUDA events on the GPU, the host clock on the CPU); a
 cell is the slowest rank's median. ``ratio`` = the baseline's time / the variant's (above 1:
 faster than the baseline; the baseline is ``deepep`` where it ran, else ``a2a``). Each
@@ -38,6 +39,7 @@ from ..config import from_dict, load
 from .baselines import A2AHandle, _exchange, a2a_combine, a2a_dispatch
 from .deepep import MPS_SHARES, _bitwise, _config_arg, markdown, rank_env
 from .gpu import provenance
+from .timing import balanced
 
 PHASES = ("forward", "backward", "step")
 # DeepSeek-V3's routed experts (hidden 7168, top-8 of 256), the expert width cut from 2048 to
@@ -217,7 +219,7 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
         times = {n: {p: [] for p in PHASES} for n in comms}
         results: dict[str, list[torch.Tensor]] = {}
         for it in range(spec["warmup"] + spec["repeats"]):
-            for name, comm in comms.items():
+            for name, comm in balanced(list(comms.items()), it):  # none always right after the same other
                 layer.zero_grad(set_to_none=True)
                 x = x0.detach().requires_grad_(True)
                 out, t_f = _clock(lambda: forward(layer, comm, x), cuda)

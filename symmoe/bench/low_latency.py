@@ -43,6 +43,7 @@ from .. import launch
 from ..config import Config, parse_key_value
 from .deepep import SHAPE, Impl, _inputs, _launch_us, _python_us, _timed, host_split, rank_env
 from .gpu import provenance
+from .timing import balanced
 
 OPS = ("dispatch", "combine", "step")
 
@@ -130,16 +131,18 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
                 im.call("dispatch"), im.call("combine")
             ll_dispatch(), ll_combine(), step(), graph.replay()
         torch.cuda.synchronize()
-        for _ in range(spec["repeats"]):
-            for im in impls:
-                for op in ("dispatch", "combine"):
-                    times[im.name][op].append(_timed(lambda: im.call(op), sync))
-            times["symmoe-ll"]["dispatch"].append(_timed(ll_dispatch, sync))
-            times["symmoe-ll"]["combine"].append(_timed(ll_combine, sync))
-            if fp8_ok:
-                times["symmoe-ll-fp8"]["dispatch"].append(_timed(ll_dispatch_fp8, sync))
-            times["step-eager"]["step"].append(_timed(step, sync))
-            times["step-graph"]["step"].append(_timed(graph.replay, sync))
+        # What each implementation times in a round, run together; the rounds interleave them
+        # in a balanced order (timing.balanced): none always runs right after the same other.
+        entries = [[(im.name, op, lambda im=im, op=op: im.call(op)) for op in ("dispatch", "combine")]
+                   for im in impls]
+        entries.append([("symmoe-ll", "dispatch", ll_dispatch), ("symmoe-ll", "combine", ll_combine)])
+        if fp8_ok:
+            entries.append([("symmoe-ll-fp8", "dispatch", ll_dispatch_fp8)])
+        entries += [[("step-eager", "step", step)], [("step-graph", "step", graph.replay)]]
+        for rep in range(spec["repeats"]):
+            for entry in balanced(entries, rep):
+                for name, op, fn in entry:
+                    times[name][op].append(_timed(fn, sync))
             bitwise &= bool(torch.equal(graph_out.view(torch.int16), eager.view(torch.int16)))
         buf.check_low_latency(synchronize=True)
         cells[str(T)] = {"median_us": {n: {op: statistics.median(v) for op, v in t.items()} for n, t in times.items()},
