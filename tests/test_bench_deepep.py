@@ -63,6 +63,16 @@ def test_the_markdown_puts_deepep_first_and_each_ratio_beside_its_time():
     assert "| 2 | 512 | dispatch | 150 | 100 (1.50) |" in lines
 
 
+def test_the_markdown_marks_a_cell_whose_outputs_differ_from_deepeps_and_says_so():
+    res = deepep.summarize(2, [_rank({"torch-push": 100.0, "deepep": 150.0}, same=False)], ["deepep", "torch-push"],
+                           "default")
+    lines = deepep.markdown([res]).splitlines()
+    assert "| 2 | 512 | dispatch | 150 | 100 (1.50) ≠ |" in lines
+    assert lines[-1] == "≠ outputs not bitwise equal to DeepEP's: torch-push at W=2, 512 tokens"
+    same = deepep.summarize(2, [_rank({"torch-push": 100.0, "deepep": 150.0})], ["deepep", "torch-push"], "default")
+    assert "≠" not in deepep.markdown([same])
+
+
 def test_a_config_argument_is_a_named_file_with_overrides(tmp_path):
     name, cfg = deepep._config_arg("push20=configs/torch.yaml,protocol=push,kernel.num_sms=20")
     assert name == "push20" and cfg["protocol"] == "push" and cfg["kernel"]["num_sms"] == 20

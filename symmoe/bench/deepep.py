@@ -438,17 +438,28 @@ def fp8_rows_line(rows: dict[str, Any]) -> str:
 
 
 def markdown(results: list[dict[str, Any]]) -> str:
+    """The table: each op's µs per implementation with its ratio to DeepEP; a cell whose
+    outputs were not bitwise equal to DeepEP's on every rank is marked, and a line says so."""
     names = sorted({n for res in results for row in res["rows"] for n in row["us"]}, key=lambda n: (n != "deepep", n))
     head = "| W | tokens/rank | op | " + " | ".join(names) + " |"
     lines = [head, "|" + "---|" * (3 + len(names))]
+    differ = []
     for res in results:
+        same = res.get("bitwise_vs_deepep", {})
         for row in res["rows"]:
             cells = []
             for n in names:
                 v = row["us"].get(n)
                 r = row["ratio"].get(n)
-                cells.append("—" if v is None else (f"{v:.0f} ({r:.2f})" if r else f"{v:.0f}"))
+                bad = same.get(str(row["tokens"]), {}).get(n) is False
+                cells.append("—" if v is None else (f"{v:.0f} ({r:.2f})" if r else f"{v:.0f}") + (" ≠" if bad else ""))
+                if bad and (res["world_size"], row["tokens"], n) not in differ:
+                    differ.append((res["world_size"], row["tokens"], n))
             lines.append(f"| {res['world_size']} | {row['tokens']} | {row['op']} | " + " | ".join(cells) + " |")
+    if differ:
+        lines.append("")
+        lines.append("≠ outputs not bitwise equal to DeepEP's: " + ", ".join(f"{n} at W={w}, {t} tokens"
+                                                                        for w, t, n in differ))
     return "\n".join(lines) + "\n"
 
 
