@@ -2,6 +2,7 @@
 each runs right after each other one equally often, so no implementation always inherits the
 state another library's calls left behind."""
 from collections import Counter
+from itertools import pairwise
 
 import pytest
 
@@ -16,7 +17,7 @@ def test_over_a_period_every_item_follows_every_other_item_equally_often(n):
     for turn in range(period):
         row = balanced(items, turn)
         assert sorted(row) == sorted(items)  # each runs once a round
-        follows.update(zip(row, row[1:]))
+        follows.update(pairwise(row))
     assert len(follows) == n * (n - 1)  # every ordered pair occurs ...
     assert len(set(follows.values())) == 1  # ... equally often
     assert balanced(items, period) == balanced(items, 0)
