@@ -23,7 +23,7 @@ def test_over_a_period_every_item_follows_every_other_item_equally_often(n):
     assert balanced(items, period) == balanced(items, 0)
 
 
-def test_the_first_round_opens_with_the_first_item_and_short_lists_keep_their_order():
+def test_the_first_round_opens_with_the_first_item_and_lists_of_one_stay_as_they_are():
     assert balanced(["deepep", "push", "pull", "nvshmem"], 0)[0] == "deepep"
     assert balanced([], 3) == [] and balanced(["only"], 5) == ["only"]
     assert balanced(["a", "b"], 1) == ["b", "a"]
