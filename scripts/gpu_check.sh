@@ -234,5 +234,5 @@ for s in "${SECTIONS[@]}"; do
   esac
 done
 
-finish_run deepep.json deepep.md layer.json layer.md lowlat.json fp8_bench.md train_compare.json tune.json bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
+finish_run deepep.json deepep.md layer.json layer.md lowlat.json fp8_bench.json fp8_bench.md train_compare.json train_compare_w1.json tune.json bench.json nccl_bench.json ab_mega/results.json ab_pushpull/results.json timeline.json
 exit $status

@@ -55,7 +55,9 @@ import json
 from symmoe.bench.gpu import table
 print(table(json.load(open('$LOG/bench.json'))['results']))"
   for line in "${SUMMARY[@]}"; do echo "$line"; done > "$OUT/summary.txt"
-  tar czf "$OUT/logs.tar.gz" -C "$LOG" . 2>/dev/null
+  # The DeepEP and DeepGEMM builds stay out (their trees made the tarball too big to come back;
+  # their build logs are files of their own).
+  tar czf "$OUT/logs.tar.gz" --exclude=./deep_ep --exclude=./deep_gemm -C "$LOG" . 2>/dev/null
   for f in "$@"; do
     [ -f "$LOG/$f" ] && cp "$LOG/$f" "$OUT/$(echo "$f" | tr / _)"
   done

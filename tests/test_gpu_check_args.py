@@ -1,4 +1,4 @@
-"""scripts/gpu_check.sh's section_pytest_args: which extra pytest arguments each section gets."""
+"""scripts/gpu_check.sh: which extra pytest arguments each section gets, and what a run brings back."""
 import os
 import re
 import subprocess
@@ -35,3 +35,28 @@ def test_an_empty_section_variable_means_no_extra_arguments():
 
 def test_without_either_variable_a_section_adds_nothing():
     assert _extra({}, "test") == []
+
+
+# -- what a run brings back ------------------------------------------------------------------
+def test_every_json_a_section_writes_is_among_the_files_a_run_brings_back():
+    script = (ROOT / "scripts" / "gpu_check.sh").read_text()
+    written = set(re.findall(r'--json "\$LOG/([\w./]+)"', script))
+    brought = re.search(r"^finish_run (.*)$", script, re.M).group(1).split()
+    assert written and written <= set(brought), sorted(written - set(brought))
+
+
+def test_the_logs_tarball_leaves_out_the_deepep_and_deepgemm_builds_but_keeps_their_logs(tmp_path):
+    fn = re.search(r"^finish_run\(\) \{.*?^\}", (ROOT / "scripts" / "gpu_env.sh").read_text(), re.S | re.M)
+    assert fn, "finish_run() not found in scripts/gpu_env.sh"
+    log, out = tmp_path / "log", tmp_path / "out"
+    for f in ("deep_ep/deep_ep/_C.so", "deep_gemm/deep_gemm/_C.so", "deepep_build.log", "fp8_bench.json"):
+        (log / f).parent.mkdir(parents=True, exist_ok=True)
+        (log / f).write_text("x")
+    out.mkdir()
+    script = f'LOG={log}; OUT={out}; SUMMARY=(one); ' + fn.group(0) + '\nfinish_run fp8_bench.json > /dev/null'
+    subprocess.run(["bash", "-c", script], check=True, env={"PATH": os.environ["PATH"]})
+    listed = subprocess.run(["tar", "tzf", str(out / "logs.tar.gz")], check=True, capture_output=True,
+                            text=True).stdout.split()
+    assert "./deepep_build.log" in listed and "./fp8_bench.json" in listed
+    assert not [f for f in listed if f.startswith(("./deep_ep", "./deep_gemm"))]
+    assert (out / "fp8_bench.json").exists() and (out / "summary.txt").read_text() == "one\n"
