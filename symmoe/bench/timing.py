@@ -77,7 +77,7 @@ def balanced(items: Sequence[Item], turn: int) -> list[Item]:
     balanced design (Williams), so over every n rounds (2n for an odd n) each item runs right
     after each other item equally often, and item 0 opens round 0. A fixed order (or a
     rotation of it) gives every item the same predecessor every time; on the GPU machine (H100,
-    ranks under MPS) the two implementations right after DeepEP V1's calls took 15-25 % longer
+    ranks under MPS) the two implementations right after DeepEP V1's calls took 10-30 % longer
     at 128-1024 tokens per rank, whichever they were."""
     n = len(items)
     if n < 2:
