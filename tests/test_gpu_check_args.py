@@ -7,12 +7,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _shell_function(script: str, name: str) -> str:
+    """The definition of shell function ``name`` in scripts/``script``: run alone, since running
+    the script would install packages and start MPS."""
+    fn = re.search(rf"^{name}\(\) \{{.*?^\}}", (ROOT / "scripts" / script).read_text(), re.S | re.M)
+    assert fn, f"{name}() not found in scripts/{script}"
+    return fn.group(0)
+
+
 def _extra(env: dict[str, str], section: str) -> list[str]:
     """The arguments a section passes to pytest, as the script splits them (quoted -k kept whole)."""
-    # The function alone: running gpu_check.sh would install packages and start MPS.
-    fn = re.search(r"^section_pytest_args\(\) \{.*?^\}", (ROOT / "scripts" / "gpu_check.sh").read_text(), re.S | re.M)
-    assert fn, "section_pytest_args() not found in scripts/gpu_check.sh"
-    script = fn.group(0) + '\neval "extra=($(section_pytest_args "$1"))"; for a in "${extra[@]}"; do printf "%s\\n" "$a"; done'
+    script = _shell_function("gpu_check.sh", "section_pytest_args") + '\neval "extra=($(section_pytest_args "$1"))"; for a in "${extra[@]}"; do printf "%s\\n" "$a"; done'
     out = subprocess.run(["bash", "-c", script, "bash", section], env={"PATH": os.environ["PATH"], **env},
                          check=True, capture_output=True, text=True)
     return out.stdout.splitlines()
@@ -46,14 +51,12 @@ def test_every_json_a_section_writes_is_among_the_files_a_run_brings_back():
 
 
 def test_the_logs_tarball_leaves_out_the_deepep_and_deepgemm_builds_but_keeps_their_logs(tmp_path):
-    fn = re.search(r"^finish_run\(\) \{.*?^\}", (ROOT / "scripts" / "gpu_env.sh").read_text(), re.S | re.M)
-    assert fn, "finish_run() not found in scripts/gpu_env.sh"
     log, out = tmp_path / "log", tmp_path / "out"
     for f in ("deep_ep/deep_ep/_C.so", "deep_gemm/deep_gemm/_C.so", "deepep_build.log", "fp8_bench.json"):
         (log / f).parent.mkdir(parents=True, exist_ok=True)
         (log / f).write_text("x")
     out.mkdir()
-    script = f'LOG={log}; OUT={out}; SUMMARY=(one); ' + fn.group(0) + '\nfinish_run fp8_bench.json > /dev/null'
+    script = f'LOG={log}; OUT={out}; SUMMARY=(one); ' + _shell_function("gpu_env.sh", "finish_run") + '\nfinish_run fp8_bench.json > /dev/null'
     subprocess.run(["bash", "-c", script], check=True, env={"PATH": os.environ["PATH"]})
     listed = subprocess.run(["tar", "tzf", str(out / "logs.tar.gz")], check=True, capture_output=True,
                             text=True).stdout.split()

@@ -87,7 +87,7 @@ def balanced(items: Sequence[Item], turn: int) -> list[Item]:
     first = [0] + [(j + 1) // 2 if j % 2 else n - j // 2 for j in range(1, n)]  # 0, 1, n-1, 2, n-2, ...
     row = [(k + r) % n for k in first]
     if r >= n:  # odd n: the second n rounds run the first n backwards
-        row = [(k + r - n) % n for k in first][::-1]
+        row.reverse()
     return [items[k] for k in row]
 
 
