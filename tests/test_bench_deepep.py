@@ -166,3 +166,20 @@ def test_host_split_times_each_named_layer_and_kernel_method_then_puts_them_back
     assert all(v >= 0 for v in split.values()) and split["call"] >= split["engine.step"] >= split["k.launch"]
     assert list(split) == sorted(split, key=lambda k: -split[k])
     assert "step" not in eng.__dict__ and type(eng.kernels) is Kernels  # as they were
+
+
+def test_deepep_keeps_its_sms_unless_every_rank_could_not_be_resident_at_once():
+    assert deepep.deepep_num_sms(2, 132) == 20
+    assert deepep.deepep_num_sms(4, 132) == 20
+    assert deepep.deepep_num_sms(8, 132) == 16  # 8 x 20 > 132: its senders spun on blocks never scheduled
+    assert deepep.deepep_num_sms(8, 132, default=24) == 16
+    assert deepep.deepep_num_sms(6, 132) == 20
+    assert deepep.deepep_num_sms(7, 132) == 18  # even: DeepEP makes a channel of every two SMs
+
+
+def test_the_markdown_says_where_deepep_ran_at_fewer_sms():
+    res = deepep.summarize(8, [{**_rank({"deepep": 300.0, "a": 200.0}), "deepep_num_sms": 16}], ["deepep", "a"],
+                           "default")
+    assert res["deepep_num_sms"] == 16
+    md = deepep.markdown([res, {**res, "world_size": 2, "deepep_num_sms": 20}])
+    assert md.rstrip().splitlines()[-1].endswith("per rank, so that every rank's blocks are resident at once: 16 at W=8")

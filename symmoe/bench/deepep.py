@@ -68,6 +68,19 @@ def rank_env(world_size: int, mps_share: str, *backends: str) -> dict[str, str]:
     return env
 
 
+DEEPEP_SMS = 20  # DeepEP V1's default Buffer.num_sms
+
+
+def deepep_num_sms(world_size: int, device_sms: int, default: int = DEEPEP_SMS) -> int:
+    """DeepEP V1's SMs per rank when ``world_size`` ranks share one GPU of ``device_sms`` SMs: its
+    default, unless W of them would not all be resident at once, then the most even count that
+    is (its intranode kernels spin on each other's blocks: at W = 8 on an H100, 8 x 20 > 132 SMs
+    and its dispatch senders timed out, killing the job)."""
+    if world_size * default <= device_sms:
+        return default
+    return max(2, device_sms // world_size // 2 * 2)
+
+
 def _inputs(T: int, W: int, rank: int, seed: int, device: torch.device) -> tuple[torch.Tensor, ...]:
     """x (bf16), topk_idx (int64) and topk_weights (fp32) of this rank: scores |randn| + 1,
     top-k of them, as DeepEP's tests draw them."""
@@ -314,9 +327,13 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
     maxT = max(spec["tokens"])
     impls: list[Impl] = []
     notes: dict[str, str] = {}
+    deepep_sms = 0
     if spec["deepep"]:
         try:
             import deep_ep
+            deepep_sms = deepep_num_sms(world_size, torch.cuda.get_device_properties(device).multi_processor_count,
+                                        deep_ep.Buffer.num_sms)
+            deep_ep.Buffer.set_num_sms(deepep_sms)  # its dispatch / combine configs read it
             hidden_bytes = SHAPE["hidden"] * 2
             nvl = max(deep_ep.Buffer.get_dispatch_config(world_size).get_nvl_buffer_size_hint(hidden_bytes, world_size),
                       deep_ep.Buffer.get_combine_config(world_size).get_nvl_buffer_size_hint(hidden_bytes, world_size))
@@ -382,7 +399,7 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
     for im in impls:
         if im.name != "deepep":  # DeepEP's buffer frees itself (explicitly_destroy=False)
             im.buf.destroy()
-    return {"cells": cells, "notes": notes}
+    return {"cells": cells, "notes": notes, "deepep_num_sms": deepep_sms}
 
 
 def _slowest(ranks: list[dict[str, Any]], T: str, name: str, op: str) -> float | None:
@@ -411,7 +428,8 @@ def summarize(world_size: int, ranks: list[dict[str, Any]], names: list[str], mp
         per = [r["cells"][T].get("bitwise_vs_deepep") for r in ranks]
         if all(per):
             same[T] = {n: all(all(p[n].values()) for p in per) for n in per[0]}
-    return {"world_size": world_size, "mps_share": mps, "rows": rows, "bitwise_vs_deepep": same,
+    return {"world_size": world_size, "mps_share": mps, "deepep_num_sms": ranks[0].get("deepep_num_sms", 0),
+            "rows": rows, "bitwise_vs_deepep": same,
             "kernels_us": {T: [r["cells"][T].get("kernels_us") for r in ranks] for T in ranks[0]["cells"]
                            if "kernels_us" in ranks[0]["cells"][T]},
             "api_tables": {T: ranks[0]["cells"][T]["api_tables"] for T in ranks[0]["cells"]
@@ -456,6 +474,12 @@ def markdown(results: list[dict[str, Any]]) -> str:
                 if bad and (res["world_size"], row["tokens"], n) not in differ:
                     differ.append((res["world_size"], row["tokens"], n))
             lines.append(f"| {res['world_size']} | {row['tokens']} | {row['op']} | " + " | ".join(cells) + " |")
+    capped = [(res["world_size"], res["deepep_num_sms"]) for res in results
+              if res.get("deepep_num_sms") and res["deepep_num_sms"] != DEEPEP_SMS]
+    if capped:
+        lines.append("")
+        lines.append("DeepEP V1 at fewer SMs than its default " + str(DEEPEP_SMS) + " per rank, so that every rank's "
+                     "blocks are resident at once: " + ", ".join(f"{n} at W={w}" for w, n in capped))
     if differ:
         lines.append("")
         lines.append("≠ outputs not bitwise equal to DeepEP's: " + ", ".join(f"{n} at W={w}, {t} tokens"
