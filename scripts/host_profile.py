@@ -1,4 +1,4 @@
-"""The Python host work of one exact-size dispatch through the DeepEP V1 shim, without a GPU.
+"""The Python host work of one exact-size (or cached) dispatch through the DeepEP V1 shim, without a GPU.
 
 A small-batch dispatch on the GPU machine is bound by its host time, not its kernels (README,
 Performance), and the GPU machine is scarce: this runs the shim -> Buffer -> CUDA protocol path
@@ -9,7 +9,7 @@ cProfile's account (own and cumulative µs per call). CPU tensors are cheaper to
 ones and this host's Python is faster than the GPU machine's (about 2.5x): compare its numbers
 with each other, before and after a change, never with a GPU run.
 
-    python scripts/host_profile.py --world-size 2 --tokens 128 --rows 200 [--top 30]
+    python scripts/host_profile.py --world-size 2 --tokens 128 --rows 200 [--cached] [--top 30]
 """
 from __future__ import annotations
 
@@ -48,6 +48,9 @@ class _Device:
     def move(self, *args: Any) -> None:
         pass
 
+    def republish(self, *args: Any) -> None:  # a cached dispatch's routing put back
+        pass
+
     def wait(self, *args: Any) -> int:
         return COUNTS_READY
 
@@ -83,6 +86,7 @@ def shim_on_cpu(world_size: int, tokens: int, rows: int,
     buf = object.__new__(Buffer)
     buf.__dict__.update(config=cfg, layout=lay, dtype=DTYPES[cfg.buffer.dtype], memory=types.SimpleNamespace(device=cpu),
                         _protocol=proto, _closed=False, _ll=None, rank=0, world_size=W, group=None)
+    proto.buffer_id = id(buf)  # what Buffer checks a handle against (a cached dispatch's)
     shim = object.__new__(deep_ep_v1.Buffer)
     shim.__dict__.update(symmoe=buf, group_size=W, _last_layout=None)
     g = torch.Generator().manual_seed(0)
@@ -99,16 +103,22 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=200, help="rows this rank receives")
     p.add_argument("--calls", type=int, default=2000)
     p.add_argument("--top", type=int, default=30)
+    p.add_argument("--cached", action="store_true", help="the cached dispatch of one routed dispatch's handle")
     a = p.parse_args()
     cuda_protocol.stream_handle = lambda device: 0  # no CUDA stream on the CPU
     shim, args = shim_on_cpu(a.world_size, a.tokens, a.rows)
-    call = lambda: shim.dispatch(**args)  # noqa: E731
+    if a.cached:
+        handle = shim.dispatch(**args)[4]
+        call = lambda: shim.dispatch(args["x"], handle=handle)  # noqa: E731
+    else:
+        call = lambda: shim.dispatch(**args)  # noqa: E731
     for _ in range(50):
         call()
     t0 = time.perf_counter()
     for _ in range(a.calls):
         call()
-    print(f"whole call: {(time.perf_counter() - t0) / a.calls * 1e6:.1f} us (W={a.world_size}, {a.tokens} tokens, "
+    print(f"whole {'cached ' if a.cached else ''}call: {(time.perf_counter() - t0) / a.calls * 1e6:.1f} us "
+          f"(W={a.world_size}, {a.tokens} tokens, "
           f"{a.rows} rows; CPU, device side stood in)")
     prof = cProfile.Profile()
     prof.enable()

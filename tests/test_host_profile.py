@@ -45,3 +45,12 @@ def test_the_script_prints_the_whole_call_and_the_layers():
     assert out.startswith("whole call: ")
     for layer in ("deep_ep_v1.py", "buffer.py", "cuda.py", "symmoe_host"):
         assert layer in out, layer
+
+
+def test_a_cached_dispatch_reuses_the_routed_dispatchs_handle_on_the_same_buffer(monkeypatch):
+    monkeypatch.setattr(cuda_protocol, "stream_handle", lambda device: 0)
+    shim, args = _script().shim_on_cpu(2, 16, 24)
+    handle = shim.dispatch(**args)[4]
+    for _ in range(3):
+        recv_x, *_ = shim.dispatch(args["x"], handle=handle)
+        assert recv_x.shape == (24, 256)
