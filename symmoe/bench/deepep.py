@@ -331,13 +331,14 @@ def _rank(rank: int, world_size: int, spec: dict[str, Any]) -> dict[str, Any]:
     if spec["deepep"]:
         try:
             import deep_ep
-            deepep_sms = deepep_num_sms(world_size, torch.cuda.get_device_properties(device).multi_processor_count,
-                                        deep_ep.Buffer.num_sms)
-            deep_ep.Buffer.set_num_sms(deepep_sms)  # its dispatch / combine configs read it
+            sms = deepep_num_sms(world_size, torch.cuda.get_device_properties(device).multi_processor_count,
+                                 deep_ep.Buffer.num_sms)
+            deep_ep.Buffer.set_num_sms(sms)  # its dispatch / combine configs read it
             hidden_bytes = SHAPE["hidden"] * 2
             nvl = max(deep_ep.Buffer.get_dispatch_config(world_size).get_nvl_buffer_size_hint(hidden_bytes, world_size),
                       deep_ep.Buffer.get_combine_config(world_size).get_nvl_buffer_size_hint(hidden_bytes, world_size))
             impls.append(Impl("deepep", deep_ep.Buffer(group, nvl, 0)))
+            deepep_sms = sms  # recorded only for a DeepEP that runs
         except Exception as e:  # reported beside symmoe's numbers, never fatal
             notes["deepep"] = f"{type(e).__name__}: {e}"
     for name, cfg in spec["configs"].items():
