@@ -78,7 +78,7 @@ def shim_on_cpu(world_size: int, tokens: int, rows: int,
     proto.__dict__.update(
         mem=types.SimpleNamespace(device=cpu), layout=lay, config=cfg, buffer_id=1, device=cpu, rank=0,
         world_size=W, mod=types.SimpleNamespace(), ctx=device, _move_mode=(MOVE_PUSH, 0, 0), _epoch=0,
-        _published=None, _scratch_ptr=0, _counts_np=counts, _summary_np=summary, _counts_mapped=(0, 0),
+        _published=None, _scratch_ptr=0, _splits_fp8=False, _counts_np=counts, _summary_np=summary, _counts_mapped=(0, 0),
         _summary=(0, 0), _counts_ready=(0, 0), _deferred=(0, 0), _counts_shape=(W, 1 + W + E),
         _deferred_rec=records["deferred"], _err_rec=records["err"], _counts_wait=device,
         _filled=COUNTS_READY + 1, _offs=lay.offsets(), _base=0, _bad_info=(0, 0),

@@ -155,7 +155,8 @@ class Buffer:
                 previous_event.current_stream_wait()
             if fp8_format is not None:
                 fp8.pack(data, scales, x)
-            recv = self._protocol.dispatch_cached(x, handle, num_worst_tokens)
+            split = self._fp8_split(fp8_format, scale_layout, max(num_worst_tokens, handle.num_worst_tokens))
+            recv = self._protocol.dispatch_cached(x, handle, num_worst_tokens, split)
         else:
             output_layout = output_layout or self.config.buffer.output_layout
             alignment = self.config.buffer.expert_alignment if expert_alignment is None else expert_alignment
@@ -165,16 +166,25 @@ class Buffer:
                 previous_event.current_stream_wait()
             if fp8_format is not None:
                 fp8.pack(data, scales, x)
+            split = self._fp8_split(fp8_format, scale_layout, num_worst_tokens)
             recv, handle = self._protocol.dispatch(x, topk_idx, topk_weights, output_layout, alignment,
-                                                   num_worst_tokens)
+                                                   num_worst_tokens, split)
         per_expert = recv.num_recv_tokens_per_expert
         if num_worst_tokens or handle.num_worst_tokens:
             if not per_expert.is_cuda and recv.topk_idx.is_cuda:  # else already there: no host wait counted it
                 per_expert = per_expert.to(recv.topk_idx.device)
         else:
             per_expert = per_expert.tolist()
-        recv_x = recv.x if fp8_format is None else fp8.unpack(recv.x, self.layout.hidden, fp8_format, scale_layout)
+        recv_x = recv.x if fp8_format is None or split else fp8.unpack(recv.x, self.layout.hidden, fp8_format,
+                                                                        scale_layout)
         return recv_x, recv.topk_idx, recv.topk_weights, per_expert, handle, self._event(record_event)
+
+    def _fp8_split(self, fp8_format: fp8.Fp8Format | None, scale_layout: str, worst: int) -> fp8.Fp8Format | None:
+        """The format to hand the protocol when it returns an FP8 dispatch's rows split itself
+        (row-major scales; its unpack writes them), else None: fp8.unpack splits them after."""
+        if fp8_format is None or scale_layout != "row" or not self._protocol.fp8_split(worst):
+            return None
+        return fp8_format
 
     def grouped_layout(self, handle: DispatchHandle, psum: bool = False) -> torch.Tensor:
         """DeepGEMM's grouped layout of an expert-major dispatch's rows, for

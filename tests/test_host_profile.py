@@ -54,3 +54,61 @@ def test_a_cached_dispatch_reuses_the_routed_dispatchs_handle_on_the_same_buffer
     for _ in range(3):
         recv_x, *_ = shim.dispatch(args["x"], handle=handle)
         assert recv_x.shape == (24, 256)
+
+
+def _fp8_shim(monkeypatch, splits: bool, tokens: int = 16, rows: int = 24):
+    """The stood-in shim dispatching FP8 x (H = 256: two float32 scales a row), its protocol
+    splitting received rows itself or not, and the outputs each launch was handed."""
+    import torch
+
+    from symmoe import fp8
+    monkeypatch.setattr(cuda_protocol, "stream_handle", lambda device: 0)
+    shim, args = _script().shim_on_cpu(2, tokens, rows)
+    proto = shim.symmoe._protocol
+    proto._splits_fp8 = splits
+    fmt = fp8.formats(256)["float32"]
+    proto._input_views[(tokens, torch.uint8, fmt.row_bytes(256))] = torch.empty(tokens, fmt.row_bytes(256),
+                                                                                 dtype=torch.uint8)
+    handed = []
+    launch = proto.ctx.dispatch
+    monkeypatch.setattr(proto.ctx, "dispatch", lambda *a: (handed.append(dict(a[13])), launch(*a))[1], raising=False)
+    args["x"] = fp8.quantize(args["x"])
+    return shim, args, handed
+
+
+def test_a_protocol_that_splits_fp8_rows_hands_the_kernels_both_outputs_and_returns_them(monkeypatch):
+    import torch
+
+    shim, args, handed = _fp8_shim(monkeypatch, splits=True)
+    (data, scales), *_ = shim.dispatch(**args)
+    assert data.dtype == torch.float8_e4m3fn and data.shape == (24, 256)
+    assert scales.dtype == torch.float32 and scales.shape == (24, 2)
+    out = handed[-1]
+    assert (out["fp8_data"], out["fp8_scales"], out["fp8_h"], out["fp8_s"]) == \
+        (data.data_ptr(), scales.data_ptr(), 256, 2)
+    assert out["x"] == out["fp8_data"]  # the e4m3 rows are the outputs' x: no packed rows to allocate
+
+
+def test_a_cached_fp8_dispatch_is_split_by_the_protocol_too(monkeypatch):
+    shim, args, _ = _fp8_shim(monkeypatch, splits=True)
+    handle = shim.dispatch(**args)[4]
+    moved = []
+    monkeypatch.setattr(shim.symmoe._protocol.ctx, "move", lambda *a: moved.append(dict(a[1])), raising=False)
+    (data, scales), *_ = shim.dispatch(args["x"], handle=handle)
+    assert data.shape == (24, 256) and scales.shape == (24, 2)
+    assert (moved[-1]["fp8_data"], moved[-1]["fp8_scales"]) == (data.data_ptr(), scales.data_ptr())
+
+
+def test_fp8_rows_are_split_after_the_dispatch_where_the_protocol_does_not_split_them(monkeypatch):
+    shim, args, handed = _fp8_shim(monkeypatch, splits=False)
+    (data, scales), *_ = shim.dispatch(**args)
+    assert data.shape == (24, 256) and scales.shape == (24, 2)
+    assert "fp8_data" not in handed[-1]
+
+
+def test_worst_case_sized_fp8_outputs_are_never_split_by_the_protocol(monkeypatch):
+    shim, args, handed = _fp8_shim(monkeypatch, splits=True)
+    monkeypatch.setattr(shim.symmoe._protocol.ctx, "recv_tail", lambda *a: None, raising=False)  # the tail kernel
+    (data, scales), *_ = shim.dispatch(**args, num_worst_tokens=32)
+    assert data.shape == (32, 256) and scales.shape == (32, 2)  # split after, from whole rows
+    assert "fp8_data" not in handed[-1]

@@ -29,11 +29,34 @@ struct OnRows {
 };
 
 // A dispatch's outputs as protocol/cuda.py passes them: a dict of pointers and `capacity`.
+// With "fp8_data" also an FP8 dispatch's split outputs ("fp8_scales", "fp8_h", "fp8_s"; check_split).
 inline Outputs outputs(const pybind11::dict& o) {
   auto g = [&](const char* k) { return o[k].cast<uintptr_t>(); };
-  return Outputs{P<uint8_t>(g("x")),         P<int64_t>(g("idx")),       P<float>(g("w")),
-                 P<int32_t>(g("src_rank")),  P<int32_t>(g("src_token")), P<int32_t>(g("src_slot")),
-                 P<int64_t>(g("expert_offsets")), P<int32_t>(g("selfmap")), o["capacity"].cast<int64_t>()};
+  Outputs r{P<uint8_t>(g("x")),         P<int64_t>(g("idx")),       P<float>(g("w")),
+            P<int32_t>(g("src_rank")),  P<int32_t>(g("src_token")), P<int32_t>(g("src_slot")),
+            P<int64_t>(g("expert_offsets")), P<int32_t>(g("selfmap")), o["capacity"].cast<int64_t>()};
+  if (o.contains("fp8_data")) {
+    r.fp8_data = P<uint8_t>(g("fp8_data"));
+    r.fp8_scales = P<int32_t>(g("fp8_scales"));
+    r.fp8_h = o["fp8_h"].cast<int32_t>();
+    r.fp8_s = o["fp8_s"].cast<int32_t>();
+  }
+  return r;
+}
+
+// Split outputs are written by the unpack alone, so only the push with peers (move mode 1, W > 1)
+// takes them, and their rows must fit the dispatch's: refused before any launch.
+inline void check_split(const pybind11::dict& out, int mode, int64_t world_size, int64_t row_bytes) {
+  if (!out.contains("fp8_data")) return;
+  const Outputs o = outputs(out);
+  if (mode != 1 || world_size == 1)
+    throw std::invalid_argument("split FP8 outputs: only the push with peers writes them (move mode " +
+                                std::to_string(mode) + ", world size " + std::to_string(world_size) + ")");
+  if (o.fp8_data == nullptr || o.fp8_scales == nullptr || o.fp8_h <= 0 || o.fp8_h % 16 || o.fp8_s <= 0 ||
+      int64_t(o.fp8_h) + 4 * int64_t(o.fp8_s) > row_bytes)
+    throw std::invalid_argument("split FP8 outputs: fp8_h=" + std::to_string(o.fp8_h) + " (a multiple of 16) and " +
+                                "fp8_s=" + std::to_string(o.fp8_s) + " scale words must fit rows of " +
+                                std::to_string(row_bytes) + " bytes, both outputs given");
 }
 
 // fan_in_phases' geometry in place of the mover's: one warp per row a block holds (rows that fit
@@ -166,6 +189,7 @@ void ctx_recv_tail(Ctx<T>& full, uintptr_t counts, const pybind11::dict& out, in
                    int64_t row_bytes) {
   const Ctx<T> c = full.rows(row_bytes);  // records nothing
   const Outputs o = outputs(out);
+  if (o.split()) throw std::invalid_argument("recv_tail: split FP8 outputs are not filled by the tail (worst-case rows)");
   const std::string e = launch_recv_tail(c.L, P<const int32_t>(counts),
                                          TailOutputs{o.x, o.idx, o.w, o.src_rank, o.src_token, o.src_slot}, worst,
                                          expert_major, alignment, c.rank(), P<int32_t>(per_expert),

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "outputs.cuh"
+
 namespace symmoe {
 
 // The values `v` of the lanes with `keep` set, in lane order, moved to lanes 0..n-1; `n` is
@@ -51,6 +53,19 @@ __device__ __forceinline__ void warp_fanout_row(uint8_t* dst, int n, const uint8
         if (i < nv) d[i] = v[u];
       }
     }
+  }
+}
+
+// An FP8 row (o.fp8_h e4m3 bytes, then o.fp8_s scale words) into n rows of the split outputs
+// (Outputs::split): lane m < n holds output row m. The data as warp_fanout_row copies it, the
+// scale words one a lane. Whole warp calls.
+__device__ __forceinline__ void warp_fanout_fp8_row(const Outputs& o, int64_t row, int n, const uint8_t* src,
+                                                    int lane) {
+  warp_fanout_row(o.fp8_data + row * o.fp8_h, n, src, o.fp8_h, lane);
+  const int32_t* s = reinterpret_cast<const int32_t*>(src + o.fp8_h);
+  for (int m = 0; m < n; ++m) {
+    const int64_t r = __shfl_sync(0xffffffffu, row, m);
+    for (int j = lane; j < o.fp8_s; j += 32) o.fp8_scales[r * o.fp8_s + j] = __ldcg(s + j);
   }
 }
 

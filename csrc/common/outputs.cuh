@@ -16,6 +16,15 @@ struct Outputs {  // a receiver's output tensors (worst-case sized by the host)
   int32_t* selfmap;    // [T * S] output row of each (token, slot) of this rank's own tokens that
                        // it kept: combine reduces those rows where they lie (nullptr: not kept)
   int64_t capacity;    // rows the tensors hold
+  // An FP8 dispatch's rows split on the way out (fp8_data != nullptr): the e4m3 bytes of a row
+  // go to fp8_data [cap, fp8_h], its scale words to fp8_scales [cap, fp8_s] (row-major), and
+  // `x` is not written. Only the unpack writes rows then: the push kernel sends a rank's own
+  // rows through its own pool as a peer's (a bulk store cannot split a row).
+  uint8_t* fp8_data = nullptr;
+  int32_t* fp8_scales = nullptr;
+  int32_t fp8_h = 0, fp8_s = 0;
+
+  __host__ __device__ bool split() const { return fp8_data != nullptr; }
 };
 
 // Zero-filled padding rows of the expert-major output (ids -1, weights 0, sources -1), and
@@ -30,9 +39,16 @@ __device__ void fill_padding(const G* goff, Count count, int Le, const Outputs& 
   for (int j = blk; j < Le; j += nblk) {
     const int64_t a = goff[j] + count(j), b = goff[j + 1];
     if (a >= b || b > o.capacity) continue;
-    const int64_t nvec = (b - a) * row_bytes / 16;
-    int4* x = reinterpret_cast<int4*>(o.x + a * row_bytes);
-    for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) x[i] = make_int4(0, 0, 0, 0);
+    if (o.split()) {  // zero bytes, as the split of a zero row gives
+      const int64_t nvec = (b - a) * o.fp8_h / 16;
+      int4* x = reinterpret_cast<int4*>(o.fp8_data + a * o.fp8_h);
+      for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) x[i] = make_int4(0, 0, 0, 0);
+      for (int64_t i = threadIdx.x; i < (b - a) * o.fp8_s; i += blockDim.x) o.fp8_scales[a * o.fp8_s + i] = 0;
+    } else {
+      const int64_t nvec = (b - a) * row_bytes / 16;
+      int4* x = reinterpret_cast<int4*>(o.x + a * row_bytes);
+      for (int64_t i = threadIdx.x; i < nvec; i += blockDim.x) x[i] = make_int4(0, 0, 0, 0);
+    }
     for (int64_t r = a + threadIdx.x; r < b; r += blockDim.x) {
       o.idx[r] = -1;
       o.w[r] = 0.f;

@@ -322,8 +322,8 @@ __device__ __forceinline__ PushDsts push_token(const Transport& tp, const Layout
       const int q = __shfl_sync(0xffffffffu, owner, fl);
       const int64_t row = pl.rbase[q] + cur.pos_of(ppos, t, PC, q);
       const bool mine = owner == q;
-      if (q == me) {
-        if (!own) continue;
+      if (q == me && !own) continue;
+      if (q == me && !o.split()) {
         if (lane < K) {
           o.idx[row * K + lane] = mine ? int64_t(e - q * Le) : -1;
           o.w[row * K + lane] = mine ? wt : 0.f;
@@ -340,8 +340,11 @@ __device__ __forceinline__ PushDsts push_token(const Transport& tp, const Layout
           reinterpret_cast<float*>(tp.map(q, L.recv_w))[row * K + lane] = mine ? wt : 0.f;
         }
         if (lane == 0) reinterpret_cast<int32_t*>(tp.map(q, L.recv_src))[row] = int32_t(t * S + q);
+        // Split outputs: own rows go through the own pool as a peer's (the unpack splits them),
+        // at the output row they take directly (the pool's rows are the rank-major outputs').
+        if (q == me && lane == 0 && o.selfmap != nullptr) o.selfmap[t * S + q] = int32_t(row);
       }
-      uint8_t* d = (q == me ? o.x : tp.map(q, L.recv_x)) + row * rb;
+      uint8_t* d = (q == me && !o.split() ? o.x : tp.map(q, L.recv_x)) + row * rb;
       if (lane == n) dst_x = d;
       ++n;
     }
@@ -355,7 +358,9 @@ __device__ __forceinline__ PushDsts push_token(const Transport& tp, const Layout
     out_row = pl.goff[int64_t(owner) * (Le + 1) + j] + slot_pos;
     for (int q = 0; q < me; ++q) out_row += count_at(counts, L, q, 1 + W + e);
   }
-  if (owner == me && own) {
+  if (owner == me && own && o.split()) {  // through the own pool below; combine's map still here
+    if (o.selfmap != nullptr) o.selfmap[t * S + lane] = int32_t(out_row);
+  } else if (owner == me && own) {
     o.idx[out_row] = e - me * Le;
     o.w[out_row] = wt;
     o.src_rank[out_row] = me;
@@ -364,7 +369,8 @@ __device__ __forceinline__ PushDsts push_token(const Transport& tp, const Layout
     if (o.selfmap != nullptr) o.selfmap[t * S + lane] = int32_t(out_row);
     d = o.x + out_row * rb;
   }
-  const uint32_t peers = firsts & ~__ballot_sync(0xffffffffu, owner == me);
+  // Split outputs: this rank among the "peers" (its pool, then the unpack), when `own`.
+  const uint32_t peers = firsts & ~__ballot_sync(0xffffffffu, owner == me && !(o.split() && own));
   for (int i = 0; i < __popc(peers); ++i) {
     const int fl = __fns(peers, 0, i + 1);
     const int q = __shfl_sync(0xffffffffu, owner, fl);
@@ -475,7 +481,8 @@ __device__ __forceinline__ void unpack_row(const Transport& tp, const Layout& L,
     // one: each store may alias the next load, so nothing reordered them.
     const int32_t ri = lane < K ? __ldcg(pidx + row * K + lane) : 0;
     const float rw = lane < K ? __ldcg(pw + row * K + lane) : 0.f;
-    warp_fanout_row(o.x + row * rb, 1, px + row * rb, rb, lane);
+    if (o.split()) warp_fanout_fp8_row(o, row, 1, px + row * rb, lane);
+    else warp_fanout_row(o.x + row * rb, 1, px + row * rb, rb, lane);
     if (lane < K) {
       o.idx[row * K + lane] = ri;
       o.w[row * K + lane] = rw;
@@ -493,7 +500,8 @@ __device__ __forceinline__ void unpack_row(const Transport& tp, const Layout& L,
   if (mine >= rows) mine = -1;  // only with corrupt inputs; never write out of bounds
   int n;
   const int64_t dst = compact_lanes(mine >= 0, mine, lane, n);
-  warp_fanout_row(o.x + max(dst, int64_t(0)) * rb, n, px + row * rb, rb, lane);
+  if (o.split()) warp_fanout_fp8_row(o, max(dst, int64_t(0)), n, px + row * rb, lane);
+  else warp_fanout_row(o.x + max(dst, int64_t(0)) * rb, n, px + row * rb, rb, lane);
   if (mine >= 0) {
     o.idx[mine] = group_of(pl.goff, Le, mine);
     o.w[mine] = wt;
@@ -505,7 +513,8 @@ __device__ __forceinline__ void unpack_row(const Transport& tp, const Layout& L,
 
 // ---------------------------------------------------------------------------------------
 // Local: copy the rows peers pushed into this rank's pool to the outputs (expert-major: one
-// copy per slot, so each row crossed the link once); padding rows.
+// copy per slot, so each row crossed the link once); padding rows. Split outputs
+// (Outputs::split): the own rows too, which the push kernel left in the pool.
 constexpr int kUnpackThreads = 512;
 
 template <class Transport>
@@ -532,7 +541,7 @@ __global__ void __launch_bounds__(kUnpackThreads, 1) unpack_kernel(Transport tp,
   for (int64_t row = gw; row < pool_rows; row += nwt) {
     int s = 0;
     while (s + 1 < W && pl.rbase[s + 1] <= row) ++s;
-    if (s == r) continue;  // own rows were written straight into the outputs
+    if (s == r && !o.split()) continue;  // own rows were written straight into the outputs
     unpack_row(tp, L, pl, o, row, s, rows, expert_major, lane);
   }
 }

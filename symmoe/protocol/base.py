@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,6 +20,9 @@ from ..memory import SymmetricMemory
 from ..results import DispatchLayout, RecvResult
 from .counts import NO_GUESS, Guess
 from .outputs import dispatch_outputs
+
+if TYPE_CHECKING:
+    from ..fp8 import Fp8Format
 
 
 MAX_SLOTS = 64  # combine slots per token, max(world_size, topk): csrc/common/reduce.cuh (kMaxSlots)
@@ -110,18 +113,27 @@ class Protocol(ABC):
 
     @abstractmethod
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
-                 output_layout: str, alignment: int, worst: int = 0) -> tuple[RecvResult, DispatchHandle]:
+                 output_layout: str, alignment: int, worst: int = 0,
+                 split: Fp8Format | None = None) -> tuple[RecvResult, DispatchHandle]:
         """Collective. Returns this rank's received rows (as ``symmoe.reference`` defines them);
         ``worst`` > 0: outputs of that many rows (``results.pad_recv``), CapacityError on
-        every rank when some rank receives more."""
+        every rank when some rank receives more. ``split``: x holds packed FP8 rows of
+        that format (``symmoe.fp8.pack``) and ``recv.x`` is returned split, ``(x_e4m3, scales)``
+        with row-major scales; only where ``fp8_split`` said so."""
 
-    def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle, worst: int = 0) -> RecvResult:
+    def fp8_split(self, worst: int) -> bool:
+        """Whether this protocol's dispatch (``worst`` rows, 0: exact) returns packed FP8 rows
+        split (``dispatch(..., split=...)``); else the caller splits them after (``fp8.unpack``)."""
+        return False
+
+    def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle, worst: int = 0,
+                        split: Fp8Format | None = None) -> RecvResult:
         """Collective: ``x`` along the routing of ``handle`` (every rank passes its handle of
         the same earlier dispatch); the rows land where that dispatch put them. This default
         runs the whole dispatch again from the handle's routing; the GPU protocols keep the
         routing's device state in ``handle.cache`` and skip the routing and the host wait."""
         return self.dispatch(x, handle.topk_idx, handle.topk_weights, handle.output_layout, handle.alignment,
-                             max(worst, handle.num_worst_tokens))[0]
+                             max(worst, handle.num_worst_tokens), split)[0]
 
     @abstractmethod
     def combine(self, y: torch.Tensor, handle: DispatchHandle,

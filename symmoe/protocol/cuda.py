@@ -55,6 +55,7 @@ After a StallError the buffer is unusable (the ranks' barrier epochs diverged).
 from __future__ import annotations
 
 import ctypes
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -63,6 +64,7 @@ import torch
 from .. import build
 from ..config import Config
 from ..errors import InputError, StallError
+from ..fp8 import FP8_DTYPE, Fp8Format
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
@@ -92,6 +94,12 @@ def _kernel_outputs(out: dict[str, Any], cap: int, selfmap: int) -> dict[str, in
     return {"x": out["x"].data_ptr(), "idx": out["idx"].data_ptr(), "w": out["w"].data_ptr(),
             "expert_offsets": 0 if offs is None else offs.data_ptr(), "src_rank": block.ptr(SRC_RANK),
             "src_token": block.ptr(SRC_TOKEN), "src_slot": block.ptr(SRC_SLOT), "capacity": cap, "selfmap": selfmap}
+
+
+def _with_scales(recv: RecvResult, scales: torch.Tensor | None) -> RecvResult:
+    """``recv`` of a dispatch whose rows the unpack split (its x: their e4m3 bytes) with x
+    paired with their scales, ``(x_e4m3, scales)``; as it is without ``scales``."""
+    return recv if scales is None else replace(recv, x=(recv.x, scales[:recv.x.shape[0]]))
 
 
 def _gpu_sharing(mem: SymmetricMemory, gpu: GpuSms) -> tuple[int, int]:
@@ -160,6 +168,8 @@ class _CudaProtocol(Protocol):
                                *stream_split(self.shape.stream, layout.num_channels, config.kernel.stream_receivers))
         else:
             self._move_mode = (modes["push"], 0, 0)
+        # Only the push with peers has an unpack, which writes an FP8 dispatch's rows split.
+        self._splits_fp8 = self._move_mode[0] == modes["push"] and self.world_size > 1
         self._epoch = 0
         W, E = layout.world_size, layout.num_experts
         self._published: _RoutingState | None = None  # whose routing copy is now in the input region
@@ -255,8 +265,27 @@ class _CudaProtocol(Protocol):
         return DispatchLayout(per_rank, per_expert, in_rank)
 
     # -- dispatch --------------------------------------------------------------------------
+    def fp8_split(self, worst: int) -> bool:
+        # The tail kernel that fills worst-case rows writes whole rows: not split.
+        return self._splits_fp8 and not worst
+
+    def _split_into(self, args: dict[str, int], out: dict[str, Any], split: Fp8Format | None,
+                    worst: int) -> torch.Tensor | None:
+        """An FP8 dispatch whose rows the unpack splits (``split``; ``out["x"]`` made as its e4m3
+        rows [cap, H]): the scale words' output [cap, S], row-major, and both in the kernels'
+        ``args`` (csrc/bindings/ctx_dispatch.cuh's outputs); None without ``split``."""
+        if split is None:
+            return None
+        if not self.fp8_split(worst):
+            raise ValueError(f"{self.name} protocol at world size {self.world_size}, worst={worst}: no split rows")
+        scales = torch.empty((out["x"].shape[0], split.scale_cols), dtype=split.scale_dtype, device=self.device)
+        args.update(fp8_data=args["x"], fp8_scales=scales.data_ptr(), fp8_h=self.layout.hidden,
+                    fp8_s=split.scale_cols)
+        return scales
+
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
-                 output_layout: str, alignment: int, worst: int = 0) -> tuple[RecvResult, DispatchHandle]:
+                 output_layout: str, alignment: int, worst: int = 0,
+                 split: Fp8Format | None = None) -> tuple[RecvResult, DispatchHandle]:
         self.check()
         lay, me = self.layout, self.rank
         W, T = lay.world_size, x.shape[0]
@@ -265,6 +294,7 @@ class _CudaProtocol(Protocol):
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.float().contiguous()
         self._publish_x(x)
+        rows_dtype, cols = (FP8_DTYPE, lay.hidden) if split is not None else (x.dtype, x.shape[1])
         # Allocate everything first: the launches below then follow each other closely.
         cap = self._capacity(output_layout)  # what the kernels may write; `worst` rows are returned
         if worst:  # kept inside those rows too: outputs of exactly `worst` rows, returned whole (no slices)
@@ -278,11 +308,12 @@ class _CudaProtocol(Protocol):
         #   it; the routing kernel stores this copy as it publishes (no copy launch).
         # The int32 pieces are only pointers here (outputs.Int32Block).
         routing_bytes, cells = self._routing_bytes(T), W * self._counts_shape[1]
-        out = self._outputs(max(cap, worst), output_layout, x.dtype, max(1, T * lay.combine_slots), cells,
-                            routing_bytes // 4, cols=x.shape[1], in_rank_tokens=T)
+        out = self._outputs(max(cap, worst), output_layout, rows_dtype, max(1, T * lay.combine_slots), cells,
+                            routing_bytes // 4, cols=cols, in_rank_tokens=T)
         block = out["block"]
         selfmap, counts_dev, routing = block.ptr(_SELFMAP), block.ptr(_COUNTS), block.ptr(_ROUTING)
         args = _kernel_outputs(out, cap, selfmap)
+        scales = self._split_into(args, out, split, worst)
         in_rank = out["in_rank"]  # the routing kernel writes every entry
         sp = stream_handle(self.device)
         per_expert = self._per_expert() if worst else None
@@ -307,10 +338,11 @@ class _CudaProtocol(Protocol):
         topk_idx = topk_idx.long()  # the handle's (a launch for int32 ids)
         guess = Guess.of(lay, output_layout, alignment, out, topk_idx, topk_weights, in_rank, self.buffer_id, cache)
         if self._wait_counts(epoch, guess):
-            return guess.recv, guess.handle  # the wait found nothing to raise
+            return _with_scales(guess.recv, scales), guess.handle  # the wait found nothing to raise
         self.check()
-        return summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment, self._bad_record,
-                                 out, topk_idx, topk_weights, in_rank, self.buffer_id, cache)
+        recv, handle = summarized_result(lay, self._summary_np, self._counts_np, me, output_layout, alignment,
+                                         self._bad_record, out, topk_idx, topk_weights, in_rank, self.buffer_id, cache)
+        return _with_scales(recv, scales), handle
 
     def _tail(self, out: dict[str, Any], counts_dev: int, worst: int, expert_major: bool,
               alignment: int, row_bytes: int, per_expert: torch.Tensor | None = None) -> RecvResult:
@@ -351,7 +383,8 @@ class _CudaProtocol(Protocol):
         n = pos - start + 4 * T * (self.world_size + self.layout.topk)
         return (n + 15) // 16 * 16
 
-    def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle, worst: int = 0) -> RecvResult:
+    def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle, worst: int = 0,
+                        split: Fp8Format | None = None) -> RecvResult:
         """The routing of ``handle`` put back (its published ids, weights and positions, and
         its counts matrix: another dispatch may have overwritten them) and the barrier in one
         kernel, then the data kernels into outputs of exactly the handle's rows. No routing,
@@ -368,8 +401,10 @@ class _CudaProtocol(Protocol):
             # what the kernels may write (the received rows are fewer), never past recv_rows
             rows = min(handle.num_recv_rows, self._capacity(handle.output_layout))
         self._publish_x(x)
-        out = self._outputs(max(rows, 1, worst), handle.output_layout, x.dtype, cols=x.shape[1])
+        rows_dtype, cols = (FP8_DTYPE, lay.hidden) if split is not None else (x.dtype, x.shape[1])
+        out = self._outputs(max(rows, 1, worst), handle.output_layout, rows_dtype, cols=cols)
         args = _kernel_outputs(out, max(rows, 1), 0)  # same routing: the handle's selfmap holds
+        scales = self._split_into(args, out, split, worst)
         # Then the counts barrier: peers read what was just republished (pull) and may refill
         # pools this rank still unpacks from an earlier dispatch (push). Alone, with this
         # routing still in place, there is nothing to put back and no one to wait for.
@@ -381,7 +416,7 @@ class _CudaProtocol(Protocol):
         if not counted:
             return self._tail(out, cache.counts, worst, handle.output_layout == "expert", handle.alignment,
                               self.row_bytes(x))
-        return recv_views(out, rows, per_expert, worst)
+        return _with_scales(recv_views(out, rows, per_expert, worst), scales)
 
     # -- combine ---------------------------------------------------------------------------
     def combine(self, y: torch.Tensor, handle: DispatchHandle,

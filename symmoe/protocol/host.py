@@ -88,7 +88,7 @@ class _HostProtocol(Protocol):
         return rows
 
     # -- dispatch --------------------------------------------------------------------------
-    def dispatch(self, x, topk_idx, topk_weights, output_layout, alignment, worst=0):
+    def dispatch(self, x, topk_idx, topk_weights, output_layout, alignment, worst=0, split=None):
         lay, me = self.layout, self.mem.rank
         routing = self.get_dispatch_layout(topk_idx)
         self._exchange_counts(topk_idx, routing)

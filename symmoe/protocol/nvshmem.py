@@ -275,7 +275,7 @@ class NvshmemPush(Protocol):
         return DispatchLayout(per_rank, per_expert, in_rank)
 
     # -- dispatch --------------------------------------------------------------------------
-    def dispatch(self, x, topk_idx, topk_weights, output_layout, alignment, worst=0):
+    def dispatch(self, x, topk_idx, topk_weights, output_layout, alignment, worst=0, split=None):
         self._raise_if_failed("dispatch")  # a wait of an earlier call expired
         lay, me, W = self.layout, self.me, self.W
         K = lay.topk
@@ -385,7 +385,7 @@ class NvshmemPush(Protocol):
                            selfmap.data_ptr() if selfmap is not None else 0],
                           stream)
 
-    def dispatch_cached(self, x, handle, worst=0):
+    def dispatch_cached(self, x, handle, worst=0, split=None):
         """The handle's routing tables (send list, positions, counts: this rank's device
         memory, nothing to republish), one barrier (receivers may still be reading their
         pools from an earlier dispatch), then the dispatch kernel; this rank's rows are
