@@ -55,15 +55,15 @@ class _Device:
         return COUNTS_READY
 
 
-def shim_on_cpu(world_size: int, tokens: int, rows: int,
-                max_tokens: int = 256) -> tuple[deep_ep_v1.Buffer, dict[str, Any]]:
+def shim_on_cpu(world_size: int, tokens: int, rows: int, max_tokens: int = 256,
+                hidden: int = 256) -> tuple[deep_ep_v1.Buffer, dict[str, Any]]:
     """A DeepEP V1 shim (rank-major, as DeepEP V1) over a Buffer whose push protocol runs its
-    host path on the CPU (top-8 of 256 experts; hidden 256: the host path does not depend on it,
-    and full-width outputs on the CPU would time malloc), every receiver given ``rows`` rows (at
-    most world_size * max_tokens, as a rank-major dispatch can)."""
+    host path on the CPU (top-8 of 256 experts; hidden 256 by default: the host path does not
+    depend on it, and full-width outputs on the CPU would time malloc), every receiver given
+    ``rows`` rows (at most world_size * max_tokens, as a rank-major dispatch can)."""
     if not 0 <= rows <= world_size * max_tokens:
         raise ValueError(f"rows={rows}: a rank-major dispatch receives 0..{world_size * max_tokens} rows here")
-    cfg = Config().replace(**{"backend": "torch", "buffer.hidden": 256, "buffer.max_tokens_per_rank": max_tokens,
+    cfg = Config().replace(**{"backend": "torch", "buffer.hidden": hidden, "buffer.max_tokens_per_rank": max_tokens,
                               "buffer.topk": 8, "buffer.num_experts": 256})
     lay = cfg.layout(world_size)
     cpu = torch.device("cpu")

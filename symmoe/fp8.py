@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -52,6 +52,22 @@ class Fp8Format:
         """Bytes of one packed row at ``hidden`` channels: the e4m3 bytes, then the scale bytes,
         rounded up to 16 (bulk copies move 16-byte multiples)."""
         return -(-(hidden + self.scale_bytes) // 16) * 16
+
+
+class Fp8Rows(NamedTuple):
+    """An FP8 dispatch's x for a protocol that packs and splits its rows itself
+    (``Protocol.fp8_split``): their format, and the e4m3 rows and scales as the caller passed them."""
+
+    format: Fp8Format
+    data: torch.Tensor
+    scales: torch.Tensor
+
+    def two_sources(self) -> bool:
+        """The rows can be read where they lie, e4m3 bytes and scale bytes apart (no packing
+        pass): both tensors contiguous and 16-byte aligned, and a row's scale bytes a multiple of
+        16 (float32 scales of H a multiple of 512: the packed row is exactly H + scale bytes)."""
+        return (self.format.scale_bytes % 16 == 0 and self.scales.is_contiguous()
+                and self.data.data_ptr() % 16 == 0 and self.scales.data_ptr() % 16 == 0)
 
 
 @functools.lru_cache(maxsize=None)

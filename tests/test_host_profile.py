@@ -56,23 +56,25 @@ def test_a_cached_dispatch_reuses_the_routed_dispatchs_handle_on_the_same_buffer
         assert recv_x.shape == (24, 256)
 
 
-def _fp8_shim(monkeypatch, splits: bool, tokens: int = 16, rows: int = 24):
+def _fp8_shim(monkeypatch, splits: bool, tokens: int = 16, rows: int = 24, hidden: int = 256,
+              scale_format: str = "float32"):
     """The stood-in shim dispatching FP8 x (H = 256: two float32 scales a row), its protocol
-    splitting received rows itself or not, and the outputs each launch was handed."""
+    splitting received rows itself or not, and what each routed dispatch's launch was handed:
+    (x's address, the outputs). The input region's view starts as 0xAB bytes."""
     import torch
 
     from symmoe import fp8
     monkeypatch.setattr(cuda_protocol, "stream_handle", lambda device: 0)
-    shim, args = _script().shim_on_cpu(2, tokens, rows)
+    shim, args = _script().shim_on_cpu(2, tokens, rows, hidden=hidden)
     proto = shim.symmoe._protocol
     proto._splits_fp8 = splits
-    fmt = fp8.formats(256)["float32"]
-    proto._input_views[(tokens, torch.uint8, fmt.row_bytes(256))] = torch.empty(tokens, fmt.row_bytes(256),
-                                                                                 dtype=torch.uint8)
+    rb = fp8.formats(hidden)[scale_format].row_bytes(hidden)
+    proto._input_views[(tokens, torch.uint8, rb)] = torch.full((tokens, rb), 0xAB, dtype=torch.uint8)
     handed = []
     launch = proto.ctx.dispatch
-    monkeypatch.setattr(proto.ctx, "dispatch", lambda *a: (handed.append(dict(a[13])), launch(*a))[1], raising=False)
-    args["x"] = fp8.quantize(args["x"])
+    monkeypatch.setattr(proto.ctx, "dispatch", lambda *a: (handed.append((a[12], dict(a[13]))), launch(*a))[1],
+                        raising=False)
+    args["x"] = fp8.quantize(args["x"], scale_format)
     return shim, args, handed
 
 
@@ -83,7 +85,7 @@ def test_a_protocol_that_splits_fp8_rows_hands_the_kernels_both_outputs_and_retu
     (data, scales), *_ = shim.dispatch(**args)
     assert data.dtype == torch.float8_e4m3fn and data.shape == (24, 256)
     assert scales.dtype == torch.float32 and scales.shape == (24, 2)
-    out = handed[-1]
+    _, out = handed[-1]
     assert (out["fp8_data"], out["fp8_scales"], out["fp8_h"], out["fp8_s"]) == \
         (data.data_ptr(), scales.data_ptr(), 256, 2)
     assert out["x"] == out["fp8_data"]  # the e4m3 rows are the outputs' x: no packed rows to allocate
@@ -103,7 +105,7 @@ def test_fp8_rows_are_split_after_the_dispatch_where_the_protocol_does_not_split
     shim, args, handed = _fp8_shim(monkeypatch, splits=False)
     (data, scales), *_ = shim.dispatch(**args)
     assert data.shape == (24, 256) and scales.shape == (24, 2)
-    assert "fp8_data" not in handed[-1]
+    assert "fp8_data" not in handed[-1][1]
 
 
 def test_worst_case_sized_fp8_outputs_are_never_split_by_the_protocol(monkeypatch):
@@ -111,4 +113,28 @@ def test_worst_case_sized_fp8_outputs_are_never_split_by_the_protocol(monkeypatc
     monkeypatch.setattr(shim.symmoe._protocol.ctx, "recv_tail", lambda *a: None, raising=False)  # the tail kernel
     (data, scales), *_ = shim.dispatch(**args, num_worst_tokens=32)
     assert data.shape == (32, 256) and scales.shape == (32, 2)  # split after, from whole rows
-    assert "fp8_data" not in handed[-1]
+    assert "fp8_data" not in handed[-1][1]
+
+
+def test_the_push_reads_fp8_rows_where_they_lie_when_their_scale_bytes_are_whole_vectors(monkeypatch):
+    import torch
+    shim, args, handed = _fp8_shim(monkeypatch, splits=True, hidden=512)  # 4 float32 scales: 16 bytes
+    data_in, scales_in = args["x"]
+    shim.dispatch(**args)
+    x_ptr, out = handed[-1]
+    assert (x_ptr, out["x_tail"], out["x_head"]) == (data_in.data_ptr(), scales_in.data_ptr(), 512)
+    view = shim.symmoe._protocol._input_views[(16, torch.uint8, 528)]
+    assert bool((view == 0xAB).all())  # nothing packed: no pass over the rows before the push
+
+
+def test_fp8_rows_whose_scale_bytes_are_not_whole_vectors_are_packed_first(monkeypatch):
+    import torch
+
+    from symmoe import fp8
+    shim, args, handed = _fp8_shim(monkeypatch, splits=True, hidden=512, scale_format="ue8m0")  # 4 bytes
+    shim.dispatch(**args)
+    x_ptr, out = handed[-1]
+    view = shim.symmoe._protocol._input_views[(16, torch.uint8, 528)]
+    assert "x_tail" not in out and x_ptr == view.data_ptr()
+    want = fp8.pack(*args["x"], torch.full_like(view, 0xAB))
+    assert torch.equal(view, want)

@@ -29,7 +29,7 @@ struct OnRows {
 };
 
 // A dispatch's outputs as protocol/cuda.py passes them: a dict of pointers and `capacity`.
-// With "fp8_data" also an FP8 dispatch's split outputs ("fp8_scales", "fp8_h", "fp8_s"; check_split).
+// With "fp8_data" also an FP8 dispatch's split outputs ("fp8_scales", "fp8_h", "fp8_s"; check_fp8_rows).
 inline Outputs outputs(const pybind11::dict& o) {
   auto g = [&](const char* k) { return o[k].cast<uintptr_t>(); };
   Outputs r{P<uint8_t>(g("x")),         P<int64_t>(g("idx")),       P<float>(g("w")),
@@ -44,14 +44,24 @@ inline Outputs outputs(const pybind11::dict& o) {
   return r;
 }
 
-// Split outputs are written by the unpack alone, so only the push with peers (move mode 1, W > 1)
-// takes them, and their rows must fit the dispatch's: refused before any launch.
-inline void check_split(const pybind11::dict& out, int mode, int64_t world_size, int64_t row_bytes) {
-  if (!out.contains("fp8_data")) return;
-  const Outputs o = outputs(out);
+// An FP8 dispatch's rows as only the push with peers (move mode 1, W > 1) takes them: split
+// outputs (the unpack writes them) and rows read from two sources ("x_tail", "x_head":
+// MoveCfg::x_tail). Both must fit the dispatch's rows; refused before any launch.
+inline void check_fp8_rows(const pybind11::dict& out, int mode, int64_t world_size, int64_t row_bytes) {
+  const bool split = out.contains("fp8_data"), two = out.contains("x_tail");
+  if (!split && !two) return;
   if (mode != 1 || world_size == 1)
-    throw std::invalid_argument("split FP8 outputs: only the push with peers writes them (move mode " +
-                                std::to_string(mode) + ", world size " + std::to_string(world_size) + ")");
+    throw std::invalid_argument(std::string(split ? "split FP8 outputs" : "FP8 rows from two sources") +
+                                ": only the push with peers takes them (move mode " + std::to_string(mode) +
+                                ", world size " + std::to_string(world_size) + ")");
+  if (two) {
+    const int64_t head = out["x_head"].cast<int64_t>();
+    if (out["x_tail"].cast<uintptr_t>() == 0 || head <= 0 || head >= row_bytes || head % 16 || (row_bytes - head) % 16)
+      throw std::invalid_argument("FP8 rows from two sources: x_head=" + std::to_string(head) + " must split rows of " +
+                                  std::to_string(row_bytes) + " bytes into two multiples of 16, x_tail given");
+  }
+  if (!split) return;
+  const Outputs o = outputs(out);
   if (o.fp8_data == nullptr || o.fp8_scales == nullptr || o.fp8_h <= 0 || o.fp8_h % 16 || o.fp8_s <= 0 ||
       int64_t(o.fp8_h) + 4 * int64_t(o.fp8_s) > row_bytes)
     throw std::invalid_argument("split FP8 outputs: fp8_h=" + std::to_string(o.fp8_h) + " (a multiple of 16) and " +
@@ -79,6 +89,10 @@ void launch_data(Ctx<T>& c, void (*kernel)(T, Layout, const uint8_t*, Outputs, b
                  int64_t plan_bytes, int64_t kept, uintptr_t x, const pybind11::dict& out, bool expert_major,
                  int alignment, const Sync& sy, uintptr_t stream, const char* what) {
   MoveCfg m = c.move_cfg(plan_bytes, expert_major, true);
+  if (out.contains("x_tail")) {  // check_fp8_rows: the push with peers only
+    m.x_tail = P<const uint8_t>(out["x_tail"].cast<uintptr_t>());
+    m.x_head = out["x_head"].cast<int64_t>();
+  }
   if (expert_major && c.L.world_size == 1 && c.mover.fan_phases) phase_cfg(c, m, kernel, kept);
   m.stamps = c.stamps;
   c.last.data_early = false;

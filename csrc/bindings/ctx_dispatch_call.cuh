@@ -26,7 +26,7 @@ void ctx_move(Ctx<T>& c, uintptr_t x, const pybind11::dict& out, bool expert_maj
               int64_t row_bytes) {
   if (mode < kMovePull || mode > kMovePushStream)
     throw std::invalid_argument("move: mode=" + std::to_string(mode) + "; allowed: 0 (pull), 1 (push), 2 (push_stream)");
-  check_split(out, mode, c.L.world_size, row_bytes ? row_bytes : c.L.full_row_bytes());
+  check_fp8_rows(out, mode, c.L.world_size, row_bytes ? row_bytes : c.L.full_row_bytes());
   if (c.L.world_size == 1 &&
       ctx_alone(c, x, out, expert_major, alignment, counts, epoch, after_route, stream, row_bytes))
     return;
@@ -49,7 +49,7 @@ void ctx_dispatch(Ctx<T>& c, uintptr_t host, uintptr_t counts, uintptr_t routing
                   uintptr_t idx, bool idx64, uintptr_t w, int64_t tokens, uintptr_t scratch, uintptr_t in_rank,
                   int64_t route_epoch, uintptr_t x, const pybind11::dict& out, bool expert_major, int alignment,
                   int mode, int senders, int receivers, int64_t data_epoch, uintptr_t stream, int64_t row_bytes) {
-  check_split(out, mode, c.L.world_size, row_bytes ? row_bytes : c.L.full_row_bytes());  // before the routing publishes
+  check_fp8_rows(out, mode, c.L.world_size, row_bytes ? row_bytes : c.L.full_row_bytes());  // before the routing publishes
   c.set_routing_outputs(host, counts, routing, ready, summary, alignment);
   ctx_layout(c, idx, idx64, w, tokens, scratch, in_rank, 0, 0, true, route_epoch, stream);
   ctx_move(c, x, out, expert_major, alignment, counts, true, mode, senders, receivers, data_epoch, stream, row_bytes);

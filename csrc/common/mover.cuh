@@ -52,6 +52,11 @@ struct MoveCfg {
   // group of phase_rows tokens from a grid counter instead of its fixed share of each round.
   bool phase_steal = false;
   int64_t phase_base = 0;  // where those rows start: the end of the plan tables the phases still read
+  // The push's rows not packed at their source (an FP8 dispatch's x as e4m3 rows and scale rows,
+  // x_tail != nullptr): row t's first x_head bytes at x + t * x_head, the rest at
+  // x_tail + t * (row_bytes - x_head). The pull reads packed rows only (peers read its input).
+  const uint8_t* x_tail = nullptr;
+  int64_t x_head = 0;
 };
 
 struct MoverWatch {  // what a bounded wait needs (from the kernel's Sync)
@@ -135,17 +140,23 @@ struct WarpMover {
     --inflight;
   }
 
-  // src: global address of the piece; n destinations already in next_dsts(); bytes % 16 == 0.
-  __device__ void push(const void* src, int n, uint32_t bytes) {
+  // A piece of `bytes` from src, or of a + b bytes from two sources (an FP8 row whose e4m3
+  // bytes and scale bytes lie in two tensors: one piece in the slot, one store each); n
+  // destinations already in next_dsts(); every size % 16 == 0.
+  __device__ void push(const void* src, int n, uint32_t bytes) { push(src, bytes, nullptr, 0, n); }
+  __device__ void push(const void* src_a, uint32_t a, const void* src_b, uint32_t b, int n) {
     if (failed) return;  // a load never landed: this slot may still be written, leave it
     if ((threadIdx.x & 31) == 0) {
       // The slot's previous stores (depth items back, the latest committed group) must have
       // read it before the new load lands.
       bulk_wait_read_all();
       meta[2 * cur] = uint32_t(n);
-      meta[2 * cur + 1] = bytes;
-      mbar_arrive_expect_tx(&bar[cur], bytes);
-      bulk_load_evict_first(slots + int64_t(cur) * slot_bytes, src, bytes, &bar[cur], evict_first_policy());
+      meta[2 * cur + 1] = a + b;
+      mbar_arrive_expect_tx(&bar[cur], a + b);
+      uint8_t* slot = slots + int64_t(cur) * slot_bytes;
+      const uint64_t policy = evict_first_policy();
+      if (a) bulk_load_evict_first(slot, src_a, a, &bar[cur], policy);
+      if (b) bulk_load_evict_first(slot + a, src_b, b, &bar[cur], policy);
     }
     cur = cur + 1 == depth ? 0 : cur + 1;
     if (++inflight == depth) drain();  // the ring is full: store the oldest
@@ -163,15 +174,19 @@ struct WarpMover {
   }
 };
 
-// A token's row to the n destinations whose addresses lanes < n hold in dst, in pieces of
-// slot_bytes (all lanes).
+// A token's row of rb bytes to the n destinations whose addresses lanes < n hold in dst, in
+// pieces of slot_bytes (all lanes): its first `head` bytes from src, the rest from tail (an FP8
+// row not packed at its source: e4m3 bytes, then scale bytes; head = rb: one source).
 __device__ __forceinline__ void move_row(WarpMover& mv, const uint8_t* src, uint8_t* dst, int n, int64_t rb,
-                                         uint32_t slot_bytes, int lane) {
+                                         uint32_t slot_bytes, int lane, int64_t head = -1,
+                                         const uint8_t* tail = nullptr) {
+  if (head < 0) head = rb;
   for (int64_t off = 0; off < rb; off += slot_bytes) {
     const uint32_t bytes = uint32_t(min(int64_t(slot_bytes), rb - off));
+    const uint32_t a = off < head ? uint32_t(min(int64_t(bytes), head - off)) : 0;
     if (lane < n) mv.next_dsts()[lane] = dst + off;
     __syncwarp();
-    mv.push(src + off, n, bytes);
+    mv.push(src + min(off, head), a, tail + max(off - head, int64_t(0)), bytes - a, n);
   }
 }
 

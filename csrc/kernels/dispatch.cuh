@@ -446,12 +446,15 @@ __global__ void __launch_bounds__(kStamps ? kMaxMoverWarps * 32 : 1024, kStamps 
                   warp, lane);
   } else if (run) {
     const int64_t T = counts[int64_t(me) * L.counts_cols()];
+    const int64_t head = mc.x_tail != nullptr ? mc.x_head : rb;  // MoveCfg::x_tail
     for (int64_t t = gw; t < T; t += nwt) {
       const TokenRoute cur = next;
       next = TokenRoute::load(pidx, pw, ppos, t + nwt, K, PC, lane, t + nwt < T);
       const PushDsts d = push_token(tp, L, pl, counts, ppos, o, cur, t, expert_major, me, true, lane);
       if (t == gw) stamp<kStamps>(mc.stamps, kStampRouted);
-      if (d.n) move_row(mv, x + t * rb, d.dst, d.n, rb, mc.slot_bytes, lane);
+      if (d.n)
+        move_row(mv, x + t * head, d.dst, d.n, rb, mc.slot_bytes, lane, head,
+                 mc.x_tail == nullptr ? nullptr : mc.x_tail + t * (rb - head));
       if (t == gw) stamp<kStamps>(mc.stamps, kStampFirstPush);
     }
   }

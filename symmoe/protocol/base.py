@@ -22,7 +22,7 @@ from .counts import NO_GUESS, Guess
 from .outputs import dispatch_outputs
 
 if TYPE_CHECKING:
-    from ..fp8 import Fp8Format
+    from ..fp8 import Fp8Rows
 
 
 MAX_SLOTS = 64  # combine slots per token, max(world_size, topk): csrc/common/reduce.cuh (kMaxSlots)
@@ -114,12 +114,12 @@ class Protocol(ABC):
     @abstractmethod
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                  output_layout: str, alignment: int, worst: int = 0,
-                 split: Fp8Format | None = None) -> tuple[RecvResult, DispatchHandle]:
+                 split: Fp8Rows | None = None) -> tuple[RecvResult, DispatchHandle]:
         """Collective. Returns this rank's received rows (as ``symmoe.reference`` defines them);
         ``worst`` > 0: outputs of that many rows (``results.pad_recv``), CapacityError on
-        every rank when some rank receives more. ``split``: x holds packed FP8 rows of
-        that format (``symmoe.fp8.pack``) and ``recv.x`` is returned split, ``(x_e4m3, scales)``
-        with row-major scales; only where ``fp8_split`` said so."""
+        every rank when some rank receives more. ``split``: an FP8 dispatch whose rows the
+        protocol packs into x (or reads where they lie) and returns split, ``recv.x =
+        (x_e4m3, scales)`` with row-major scales; only where ``fp8_split`` said so."""
 
     def fp8_split(self, worst: int) -> bool:
         """Whether this protocol's dispatch (``worst`` rows, 0: exact) returns packed FP8 rows
@@ -127,7 +127,7 @@ class Protocol(ABC):
         return False
 
     def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle, worst: int = 0,
-                        split: Fp8Format | None = None) -> RecvResult:
+                        split: Fp8Rows | None = None) -> RecvResult:
         """Collective: ``x`` along the routing of ``handle`` (every rank passes its handle of
         the same earlier dispatch); the rows land where that dispatch put them. This default
         runs the whole dispatch again from the handle's routing; the GPU protocols keep the

@@ -63,7 +63,8 @@ import torch
 from .. import build
 from ..config import Config
 from ..errors import InputError, StallError
-from ..fp8 import FP8_DTYPE, Fp8Format
+from .. import fp8
+from ..fp8 import FP8_DTYPE, Fp8Rows
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
 from ..memory import SymmetricMemory
@@ -272,23 +273,30 @@ class _CudaProtocol(Protocol):
         # The tail kernel that fills worst-case rows writes whole rows: not split.
         return self._splits_fp8 and not worst
 
-    def _split_into(self, args: dict[str, int], out: dict[str, Any], split: Fp8Format | None,
-                    worst: int) -> torch.Tensor | None:
-        """An FP8 dispatch whose rows the unpack splits (``split``; ``out["x"]`` made as its e4m3
-        rows [cap, H]): the scale words' output [cap, S], row-major, and both in the kernels'
-        ``args`` (csrc/bindings/ctx_dispatch.cuh's outputs); None without ``split``."""
+    def _fp8_rows(self, x: torch.Tensor, args: dict[str, int], out: dict[str, Any], split: Fp8Rows | None,
+                  worst: int) -> tuple[int, torch.Tensor | None]:
+        """(the kernels' x, the scales output). Without ``split``: x's rows, none. With it (an
+        FP8 dispatch; ``out["x"]`` made as its e4m3 rows [cap, H]): the unpack writes the rows
+        split, into those and a scale output [cap, S] made here (csrc/bindings/ctx_dispatch.cuh's
+        outputs), and the push reads them from the caller's two tensors where they allow it
+        (``Fp8Rows.two_sources``: the kernels' x is then the e4m3 rows, MoveCfg::x_tail the
+        scales), else from x [T, row bytes], packed here (``fp8.pack``)."""
         if split is None:
-            return None
+            return x.data_ptr(), None
         if not self.fp8_split(worst):
             raise ValueError(f"{self.name} protocol at world size {self.world_size}, worst={worst}: no split rows")
-        scales = torch.empty((out["x"].shape[0], split.scale_cols), dtype=split.scale_dtype, device=self.device)
-        args.update(fp8_data=args["x"], fp8_scales=scales.data_ptr(), fp8_h=self.layout.hidden,
-                    fp8_s=split.scale_cols)
-        return scales
+        fmt = split.format
+        scales = torch.empty((out["x"].shape[0], fmt.scale_cols), dtype=fmt.scale_dtype, device=self.device)
+        args.update(fp8_data=args["x"], fp8_scales=scales.data_ptr(), fp8_h=self.layout.hidden, fp8_s=fmt.scale_cols)
+        if split.two_sources():
+            args.update(x_tail=split.scales.data_ptr(), x_head=self.layout.hidden)
+            return split.data.data_ptr(), scales
+        fp8.pack(split.data, split.scales, x)
+        return x.data_ptr(), scales
 
     def dispatch(self, x: torch.Tensor, topk_idx: torch.Tensor, topk_weights: torch.Tensor,
                  output_layout: str, alignment: int, worst: int = 0,
-                 split: Fp8Format | None = None) -> tuple[RecvResult, DispatchHandle]:
+                 split: Fp8Rows | None = None) -> tuple[RecvResult, DispatchHandle]:
         self.check()
         lay, me = self.layout, self.rank
         W, T = lay.world_size, x.shape[0]
@@ -316,7 +324,7 @@ class _CudaProtocol(Protocol):
         block = out["block"]
         selfmap, counts_dev, routing = block.ptr(_SELFMAP), block.ptr(_COUNTS), block.ptr(_ROUTING)
         args = _kernel_outputs(out, cap, selfmap)
-        scales = self._split_into(args, out, split, worst)
+        x_ptr, scales = self._fp8_rows(x, args, out, split, worst)
         in_rank = out["in_rank"]  # the routing kernel writes every entry
         sp = stream_handle(self.device)
         per_expert = self._per_expert() if worst else None
@@ -328,7 +336,7 @@ class _CudaProtocol(Protocol):
         self.ctx.dispatch(0 if worst else self._counts_mapped[1], counts_dev, routing,
                           0 if worst else self._counts_ready[1], 0 if worst else self._summary[1],
                           topk_idx.data_ptr(), topk_idx.dtype == torch.int64, topk_weights.data_ptr(), T,
-                          self._scratch_ptr, in_rank.data_ptr(), epoch, x.data_ptr(), args, expert_major,
+                          self._scratch_ptr, in_rank.data_ptr(), epoch, x_ptr, args, expert_major,
                           alignment, *self._move_mode, epoch + 1, sp, self.row_bytes(x))
         cache = self._published = _RoutingState(block, routing, routing_bytes, counts_dev, selfmap)
         if worst:  # DeepEP's num_worst_tokens: the device finishes what the host would read
@@ -367,15 +375,15 @@ class _CudaProtocol(Protocol):
             self.input_view(x.shape[0], x.dtype, x.shape[1]).copy_(x)
 
     def _move(self, x: torch.Tensor, args: dict[str, Any], expert_major: bool, alignment: int,
-              counts_dev: int, after_route: bool, sp: int) -> None:
+              counts_dev: int, after_route: bool, sp: int, x_ptr: int = 0) -> None:
         """The data kernels, after the routing (or its republication) and the counts barrier
         (``ctx_move`` in csrc/bindings/ctx_dispatch_call.cuh). Alone, the alone kernels where
         they apply (``ctx_alone``), as nvshmem runs them; ``after_route`` (right behind this
         dispatch's routing kernel): they start on the routing's placed chunks, before its last
         block hands the counts over (the expert-major one loads its first rows even before
         that). ``sp``: the current stream's handle. Rows of x's width (``row_bytes``: an FP8
-        dispatch's are narrower)."""
-        self.ctx.move(_ptr(x), args, expert_major, alignment, counts_dev, after_route, *self._move_mode,
+        dispatch's are narrower), read from ``x_ptr`` where given (``_fp8_rows``)."""
+        self.ctx.move(x_ptr or _ptr(x), args, expert_major, alignment, counts_dev, after_route, *self._move_mode,
                       self._next_epoch(), sp, self.row_bytes(x))
 
     def _routing_bytes(self, T: int) -> int:
@@ -387,7 +395,7 @@ class _CudaProtocol(Protocol):
         return (n + 15) // 16 * 16
 
     def dispatch_cached(self, x: torch.Tensor, handle: DispatchHandle, worst: int = 0,
-                        split: Fp8Format | None = None) -> RecvResult:
+                        split: Fp8Rows | None = None) -> RecvResult:
         """The routing of ``handle`` put back (its published ids, weights and positions, and
         its counts matrix: another dispatch may have overwritten them) and the barrier in one
         kernel, then the data kernels into outputs of exactly the handle's rows. No routing,
@@ -407,7 +415,7 @@ class _CudaProtocol(Protocol):
         rows_dtype, cols = (FP8_DTYPE, lay.hidden) if split is not None else (x.dtype, x.shape[1])
         out = self._outputs(max(rows, 1, worst), handle.output_layout, rows_dtype, cols=cols)
         args = _kernel_outputs(out, max(rows, 1), 0)  # same routing: the handle's selfmap holds
-        scales = self._split_into(args, out, split, worst)
+        x_ptr, scales = self._fp8_rows(x, args, out, split, worst)
         # Then the counts barrier: peers read what was just republished (pull) and may refill
         # pools this rank still unpacks from an earlier dispatch (push). Alone, with this
         # routing still in place, there is nothing to put back and no one to wait for.
@@ -415,7 +423,7 @@ class _CudaProtocol(Protocol):
         if self.world_size > 1 or self._published is not cache:
             self.ctx.republish(cache.routing, cache.routing_bytes, cache.counts, self._next_epoch(), sp)
             self._published = cache
-        self._move(x, args, handle.output_layout == "expert", handle.alignment, cache.counts, False, sp)
+        self._move(x, args, handle.output_layout == "expert", handle.alignment, cache.counts, False, sp, x_ptr)
         if not counted:
             return self._tail(out, cache.counts, worst, handle.output_layout == "expert", handle.alignment,
                               self.row_bytes(x))
