@@ -116,6 +116,31 @@ def test_torch_streamed_push_fp8_is_bitwise_the_reference(seed):
     assert _on_ranks(2, cfg, seed + 41, ENV) == [CASES] * 2
 
 
+def test_only_the_push_with_peers_takes_split_or_two_source_fp8_rows():
+    """The bindings refuse, before any launch, FP8 rows that the unpack writes split or that the
+    push reads from two tensors, where no push with peers runs: here alone (world size 1, where
+    Buffer splits after, fp8.unpack)."""
+    from symmoe.buffer import Buffer
+    from symmoe.config import from_dict
+    from symmoe.protocol.base import stream_handle
+    from symmoe.protocol.cuda import _kernel_outputs
+
+    _usable("torch")
+    with mock.patch.dict(os.environ, ENV), Buffer(None, from_dict(_config("torch", protocol="push"))) as buf:
+        proto = buf._protocol
+        assert not proto.fp8_split(0)
+        out = proto._outputs(4, "rank", torch.float8_e4m3fn, cols=512)
+        args = _kernel_outputs(out, 4, 0)
+        scales = torch.zeros(4, 4, dtype=torch.float32, device=proto.device)
+        counts = torch.zeros(64, dtype=torch.int32, device=proto.device)
+        for extra in ({"fp8_data": args["x"], "fp8_scales": scales.data_ptr(), "fp8_h": 512, "fp8_s": 4},
+                      {"x_tail": scales.data_ptr(), "x_head": 512}):
+            with pytest.raises(ValueError, match=r"only the push with peers takes them .move mode \d, world size 1"):
+                proto.ctx.move(args["x"], {**args, **extra}, False, 1, counts.data_ptr(), False, *proto._move_mode,
+                               proto._epoch + 1, stream_handle(proto.device), 528)
+        torch.cuda.synchronize()  # nothing was launched that could fail
+
+
 @pytest.mark.parametrize("protocol, copy_bytes", [("push", 0), ("pull", 256)])
 def test_torch_fp8_rows_at_deepseek_width_between_two_ranks(protocol, copy_bytes, seed):
     """H = 7168: rows of 7392 and 7232 bytes, not multiples of the 128-byte-aligned pieces
