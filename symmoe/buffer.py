@@ -139,6 +139,7 @@ class Buffer:
         the row size is not exchanged, and ranks that differ read each other's rows wrongly.
         Combine takes ``buffer.dtype`` rows."""
         self._check_open("dispatch")
+        self._refuse_capture("dispatch")
         validate.check_num_worst_tokens(num_worst_tokens)
         fp8_format = data = scales = None
         x_dtype, cols = self.dtype, 0
@@ -224,11 +225,18 @@ class Buffer:
 
         Returns ``(combined_x, combined_topk_weights, event)`` (``record_event`` as in dispatch)."""
         self._check_open("combine")
+        self._refuse_capture("combine")
         validate.check_combine(x, handle, topk_weights, self.layout, self.dtype, self.device, id(self))
         if previous_event is not None:
             previous_event.current_stream_wait()
         out, out_w = self._protocol.combine(x, handle, topk_weights)
         return out, out_w, self._event(record_event)
+
+    def _refuse_capture(self, api: str) -> None:
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            raise InputError(f"Buffer.{api} inside CUDA graph capture: the normal mode's barrier epochs are counted "
+                             "on the host, so a replayed graph would repeat them and its waits would pass on stale "
+                             "flags. Capture low_latency_dispatch / low_latency_combine instead (docs/low_latency.md)")
 
     def _event(self, record: bool) -> EventOverlap:
         return EventOverlap.record(self.device) if record else EventOverlap(None)

@@ -374,6 +374,53 @@ def v2_without_cpu_sync_returns_worst_case_sizes(rank, world_size, seed):
     assert_bitwise("combined_x", combined_x, _ref_combine(ys, ref, inputs)[rank][0], ctx)
 
 
+
+def v2_low_latency_path_is_the_normal_modes_bitwise(rank, world_size, seed):
+    """ElasticBuffer(symmoe_low_latency=True): the expanded dispatch without CPU sync (V2's
+    decode path), a cached dispatch of its handle and its combine run on the low-latency engine
+    (capturable) and return what the normal mode returns, bitwise: outputs, weights, handle."""
+    a = B.expert_alignment
+    normal = deep_ep_v2.ElasticBuffer(dist.group.WORLD, symmoe_config=CFG, allow_multiple_reduction=False)
+    fast = deep_ep_v2.ElasticBuffer(dist.group.WORLD, symmoe_config=CFG, allow_multiple_reduction=False,
+                                    symmoe_low_latency=True)
+    try:
+        for inputs, mine, ref, want, ctx in _cases(rank, world_size, seed, "expert", a):
+            kw = dict(topk_idx=mine.topk_idx, topk_weights=mine.topk_weights, expert_alignment=a, do_cpu_sync=False,
+                      do_expand=True)
+            stats = torch.zeros(B.num_experts // world_size, dtype=torch.int32)
+            recv_x, recv_idx, recv_w, handle, _ = fast.dispatch(mine.x, cumulative_local_expert_recv_stats=stats, **kw)
+            n_x, _, n_w, n_handle, _ = normal.dispatch(mine.x, **kw)
+            assert handle._ll is not None and n_handle._ll is None, ctx
+            m = want.x.shape[0]
+            assert recv_idx is None and recv_x.shape[0] == handle.num_expanded_tokens == n_handle.num_expanded_tokens
+            assert_bitwise("recv_x", recv_x, n_x, ctx)
+            assert_bitwise("recv_x[:m]", recv_x[:m], want.x, ctx)
+            assert not recv_x[m:].any(), ctx
+            assert_bitwise("recv_topk_weights", recv_w, n_w, ctx)
+            assert_bitwise("recv_topk_weights[:m]", recv_w[:m], want.topk_weights, ctx)
+            assert stats.tolist() == want.num_recv_tokens_per_expert.tolist(), ctx
+            for name in ("psum_num_recv_tokens_per_scaleup_rank", "psum_num_recv_tokens_per_expert",
+                         "num_unaligned_recv_tokens_per_expert", "recv_src_metadata"):
+                assert_bitwise(name, getattr(handle, name), getattr(n_handle, name), ctx)
+            assert (handle.num_recv_tokens, handle.num_recv_tokens_per_expert_list) == (
+                n_handle.num_recv_tokens, n_handle.num_recv_tokens_per_expert_list), ctx
+            # the decoding loop's cached dispatch: the same handle, the same rows
+            again, _, _, same, _ = fast.dispatch(mine.x, handle=handle, do_expand=True)
+            assert same is handle, ctx
+            assert_bitwise("cached recv_x", again, recv_x, ctx)
+            ys = [(r.x.float() * (1 + r.topk_weights).unsqueeze(1)).to(r.x.dtype) for r in ref.recv]
+            y = torch.zeros_like(recv_x)
+            y[:m] = ys[rank]
+            combined_x, combined_w, _ = fast.combine(y, handle)
+            assert combined_w is None, ctx
+            assert_bitwise("combined_x", combined_x, normal.combine(y, n_handle)[0], ctx)
+            ones = [(inp.topk_idx >= 0).float() for inp in inputs]
+            assert_bitwise("combined_x vs reference", combined_x,
+                           _ref_combine(ys, ref, inputs, "expert", weights=ones)[rank][0], ctx)
+    finally:
+        fast.destroy()
+        normal.destroy()
+
 CFG8 = small_config(**{"kernel.timeout_s": 20.0, "buffer.hidden": 256})  # FP8: a multiple of 128 channels
 
 
@@ -450,7 +497,7 @@ SCENARIOS = [v1_forward_matches_reference_and_symmoe, v1_backward_passes_match_r
              v1_handles_of_several_layers_stay_valid, v1_expert_alignment_and_num_worst_tokens,
              v2_forward_matches_reference, v2_expanded_layout_matches_reference, v2_backward_and_cached_dispatch,
              v2_without_cpu_sync_returns_worst_case_sizes, v1_fp8_dispatch_matches_reference,
-             v2_fp8_expanded_dispatch_is_deep_gemm_ready]
+             v2_fp8_expanded_dispatch_is_deep_gemm_ready, v2_low_latency_path_is_the_normal_modes_bitwise]
 
 
 def run_scenarios(rank, world_size, seed):
@@ -514,6 +561,10 @@ def test_v1_fp8_dispatch_returns_the_bytes_as_deepep_returns_them(ranks):
 
 def test_v2_fp8_expanded_dispatch_gives_deep_gemm_its_layout(ranks):
     _passed(ranks, v2_fp8_expanded_dispatch_is_deep_gemm_ready)
+
+
+def test_v2_decode_path_on_the_low_latency_engine_returns_the_normal_modes_outputs(ranks):
+    _passed(ranks, v2_low_latency_path_is_the_normal_modes_bitwise)
 
 
 # ---- what cannot be honoured raises (one process, no spawn) ---------------------------------------
@@ -625,3 +676,22 @@ def test_v2_bias_expanded_weights_and_mismatched_cached_dispatch_raise(v2):
     with pytest.raises(InputError, match="expert_alignment=8 exceeds buffer.expert_alignment=4"):
         v2.dispatch(mine.x, topk_idx=mine.topk_idx, topk_weights=mine.topk_weights, do_expand=True,
                     expert_alignment=8)
+
+
+def test_v2_low_latency_flag_is_checked_and_its_path_refuses_fp8_naming_the_way_out():
+    with pytest.raises(InputError, match="symmoe_low_latency='yes'; expected True or False"):
+        deep_ep_v2.ElasticBuffer(None, symmoe_config=CFG, symmoe_low_latency="yes")
+    cfg8 = small_config(**{"buffer.hidden": 256})
+    buf = deep_ep_v2.ElasticBuffer(None, symmoe_config=cfg8, symmoe_low_latency=True)
+    try:
+        g = torch.Generator().manual_seed(SESSION_SEED)
+        idx = torch.stack([torch.randperm(B.num_experts, generator=g)[:B.topk] for _ in range(5)])
+        x8 = torch.randn(5, 256, generator=g).to(torch.float8_e4m3fn)
+        sf = torch.rand(5, 2, generator=g)
+        with pytest.raises(UnsupportedCall, match="FP8 x on symmoe_low_latency's path.*without symmoe_low_latency"):
+            buf.dispatch((x8, sf), topk_idx=idx, do_expand=True, do_cpu_sync=False)
+        # other calls of that buffer run the normal mode: an expanded dispatch with CPU sync
+        _, _, _, handle, _ = buf.dispatch((x8, sf), topk_idx=idx, do_expand=True)
+        assert handle._ll is None and handle.symmoe is not None
+    finally:
+        buf.destroy()

@@ -37,6 +37,14 @@ Ignored (performance or transport only): ``num_bytes``, ``deterministic`` (alway
 ``allow_hybrid_mode``, ``prefer_overlap_with_compute``, ``sl_idx``, ``num_allocated_qps``,
 the timeouts (symmoe's is ``kernel.timeout_s``), ``num_sms``, ``num_qps``,
 ``async_with_compute_stream``, ``allocate_on_comm_stream``, ``use_fp8_dispatch``.
+``symmoe_low_latency=True`` (constructor): a dispatch with ``do_expand=True, do_cpu_sync=False``
+(DeepEP V2's decode path), a cached dispatch of its handle and its combine run on symmoe's
+low-latency engine, with no host wait and no host epoch, so a CUDA graph can capture them (make
+one such dispatch eagerly first: it allocates that engine's buffer, sized by
+``num_max_tokens_per_rank``). Same outputs, bitwise, as without it (bfloat16 ``x``). Every other
+call, and every call of a buffer without it, runs symmoe's normal mode, which raises inside
+CUDA graph capture (its barrier epochs come from the host).
+
 Supported as in DeepEP: ``do_expand``, ``expert_alignment``, ``do_cpu_sync=False`` (worst-case
 sizes), ``do_handle_copy``, ``do_zero_padding`` (padding is always zero),
 ``cumulative_local_expert_recv_stats``, cached ``handle=`` dispatch.
@@ -57,6 +65,7 @@ from ..config import Config as SymmoeConfig
 from ..errors import CapacityError, InputError
 from ..handle import DispatchHandle
 from ..results import padded_group_offsets
+from .elastic_low_latency import LowLatencyRoute, expand, engine_rows, pack_rows
 from ._common import (EventHandle, EventOverlap, UnsupportedCall, Unavailable, align_up, unsupported,
                       check_int, check_not_fp8, describe, pad_rows, reject, resolve, rows_for_combine,
                       set_default_config, topk_idx_t, wait)
@@ -99,10 +108,11 @@ class EPHandle:
     psum_num_recv_tokens_per_expert: torch.Tensor
     num_unaligned_recv_tokens_per_expert: torch.Tensor
     recv_src_metadata: torch.Tensor
-    symmoe: DispatchHandle
+    symmoe: DispatchHandle | None  # None for a low-latency dispatch (``_ll``)
     _recv_topk_idx: torch.Tensor | None  # rank-major, unpadded: which slots are local
     _padded: bool
     owner: dataclasses.InitVar["ElasticBuffer"]
+    _ll: LowLatencyRoute | None = None  # the dispatch ran on the low-latency engine (symmoe_low_latency)
     dst_buffer_slot_idx: Unavailable = dataclasses.field(init=False, default=Unavailable(
         "handle.dst_buffer_slot_idx", "it indexes DeepEP's own buffer slots"))
     token_metadata_at_forward: None = dataclasses.field(init=False, default=None)
@@ -158,8 +168,10 @@ def _world(group: dist.ProcessGroup | None) -> int:
 class ElasticBuffer:
     """``deep_ep.ElasticBuffer`` dispatch/combine, run by ``symmoe.Buffer`` (``.symmoe``).
 
-    Extra keyword: ``symmoe_config`` -- a ``symmoe.Config`` or a YAML path (default: what
-    ``set_default_config`` set, else ``symmoe.Config()``)."""
+    Extra keywords: ``symmoe_config`` -- a ``symmoe.Config`` or a YAML path (default: what
+    ``set_default_config`` set, else ``symmoe.Config()``); ``symmoe_low_latency`` -- run
+    expanded dispatches without CPU sync and their combines on the low-latency engine, which
+    a CUDA graph can capture (module docstring)."""
 
     def __init__(self, group: dist.ProcessGroup | None, num_bytes: int | None = None, num_cpu_bytes: int = 0,
                  num_max_tokens_per_rank: int = 0, hidden: int = 0, num_topk: int = 0,
@@ -167,8 +179,11 @@ class ElasticBuffer:
                  allow_multiple_reduction: bool = True, prefer_overlap_with_compute: bool = True, sl_idx: int = 3,
                  num_allocated_qps: int = 0, num_cpu_timeout_secs: int = 300, num_gpu_timeout_secs: int = 100,
                  explicitly_destroy: bool = False, *,
-                 symmoe_config: SymmoeConfig | str | os.PathLike | None = None) -> None:
+                 symmoe_config: SymmoeConfig | str | os.PathLike | None = None,
+                 symmoe_low_latency: bool = False) -> None:
         api = f"{_API}(...)"
+        if not isinstance(symmoe_low_latency, bool):
+            raise InputError(f"{api}: symmoe_low_latency={symmoe_low_latency!r}; expected True or False")
         reject(api, "num_cpu_bytes", num_cpu_bytes, bool(num_cpu_bytes),
                "CPU (Engram) storage is not implemented; pass num_cpu_bytes=0")
         # Ignored, documented: num_bytes (symmoe sizes from its config), deterministic (symmoe
@@ -193,6 +208,7 @@ class ElasticBuffer:
         self.scaleout_rank_idx, self.scaleup_rank_idx = 0, self.rank_idx
         self.num_rdma_ranks, self.num_nvlink_ranks = 1, self.num_ranks
         self._warned_reduction = False
+        self.symmoe_low_latency = symmoe_low_latency
 
     def destroy(self) -> None:
         self.symmoe.close()
@@ -295,6 +311,9 @@ class ElasticBuffer:
             raise CapacityError(f"{api}: {topk_idx.shape[0]} tokens > num_max_tokens_per_rank={nmax}")
         wait(previous_event)
         wait(previous_event_before_epilogue)
+        if handle._ll is not None if cached else (self.symmoe_low_latency and do_expand and padded):
+            return self._ll_dispatch(api, x, topk_idx, topk_weights, handle, num_experts, nmax, alignment,
+                                     do_handle_copy, cumulative_local_expert_recv_stats)
 
         # symmoe needs weights; without them they only travel, so zeros stand in.
         weights = topk_weights if topk_weights is not None else torch.zeros(
@@ -329,6 +348,44 @@ class ElasticBuffer:
         if do_expand:
             recv_idx = None  # DeepEP's expanded layout carries the expert in the row's group
         return recv_x, recv_idx, recv_w if topk_weights is not None else None, handle, EventOverlap(event)
+
+    def _ll_dispatch(self, api: str, x: Any, topk_idx: torch.Tensor, topk_weights: torch.Tensor | None,
+                     handle: EPHandle | None, num_experts: int, nmax: int, alignment: int, do_handle_copy: bool,
+                     stats: torch.Tensor | None) -> tuple[torch.Tensor, None, torch.Tensor | None, EPHandle,
+                                                          EventOverlap]:
+        """The expanded dispatch without CPU sync on the low-latency engine (elastic_low_latency):
+        no host read anywhere, so a CUDA graph captures it."""
+        if isinstance(x, tuple):
+            raise UnsupportedCall(api, "an FP8 x on symmoe_low_latency's path: it moves bfloat16 rows; construct the "
+                                  "ElasticBuffer without symmoe_low_latency to dispatch FP8 rows")
+        if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.dtype != torch.bfloat16:
+            raise InputError(f"{api}: x is {describe(x)}; expected a torch.bfloat16 tensor [num_tokens, hidden]")
+        W, K = self.num_ranks, topk_idx.shape[1]
+        weights = topk_weights if topk_weights is not None else torch.zeros(
+            topk_idx.shape, dtype=torch.float32, device=topk_idx.device)
+        if weights.shape != topk_idx.shape:
+            raise InputError(f"{api}: topk_weights is {describe(weights)}; expected shape {tuple(topk_idx.shape)}")
+        routing = topk_idx.long()
+        if handle is None and do_handle_copy and routing is topk_idx:
+            routing = routing.clone()
+        rows = pack_rows(x, weights.float(), self.rank_idx)
+        recv, count, ll, event, _ = self.symmoe.low_latency_dispatch(rows, routing.contiguous(), nmax, num_experts)
+        worst = _worst_rows(True, W, nmax, K, num_experts // W, alignment)
+        ex = expand(recv, count, ll, routing, W, alignment, worst)
+        if stats is not None:
+            stats.add_(ex.counts.to(stats.device, stats.dtype))
+        if handle is None:
+            handle = EPHandle(
+                do_expand=True, num_experts=num_experts, expert_alignment=alignment, num_max_tokens_per_rank=nmax,
+                num_sms=self.get_theoretical_num_sms(num_experts, K), topk_idx=routing, num_recv_tokens=W * nmax,
+                num_expanded_tokens=worst, num_recv_tokens_per_expert_list=[],
+                psum_num_recv_tokens_per_scaleup_rank=ex.per_rank.cumsum(0).to(torch.int32),
+                psum_num_recv_tokens_per_expert=(ex.offsets[:-1] + ex.counts).to(torch.int32),
+                num_unaligned_recv_tokens_per_expert=ex.counts.to(torch.int32), recv_src_metadata=ex.metadata,
+                symmoe=None, _recv_topk_idx=None, _padded=True, owner=self, _ll=ex.route)
+        else:
+            handle._ll = ex.route  # same routing, same rows: the newest engine handle serves the combine
+        return ex.recv_x, None, ex.recv_weights if topk_weights is not None else None, handle, EventOverlap(event)
 
     def _make_handle(self, sh: DispatchHandle, routing: torch.Tensor, recv_idx: torch.Tensor,
                      unaligned: torch.Tensor, do_expand: bool, num_experts: int, alignment: int, nmax: int,
@@ -407,7 +464,8 @@ class ElasticBuffer:
                "symmoe's combine has no bias term; DeepEP adds it in fp32 before the one cast, so adding it "
                "to combined_x afterwards would round differently. Pass bias=None")
         sh = handle.symmoe
-        x = rows_for_combine(api, "x", x, sh.num_recv_rows, handle.allocated_rows)
+        x = rows_for_combine(api, "x", x, handle.num_expanded_tokens if sh is None else sh.num_recv_rows,
+                             handle.allocated_rows)
         wait(previous_event)
         wait(previous_event_before_epilogue)
         if handle.do_expand:
@@ -420,6 +478,11 @@ class ElasticBuffer:
                               "False); DeepEP's default (True) rounds each rank's partial sum to bf16 first, so the "
                               "last bit may differ. Construct with allow_multiple_reduction=False to silence this.",
                               stacklevel=2)
+            if handle._ll is not None:
+                route = handle._ll
+                ys = engine_rows(x, route, handle.num_experts // self.num_ranks)
+                out, event, _ = self.symmoe.low_latency_combine(ys, handle.topk_idx, route.unit_weights, route.ll)
+                return out[:, :route.hidden].contiguous(), None, EventOverlap(event)
             out, _, event = self.symmoe.combine(x, handle.unit_weight_handle())
             return out, None, EventOverlap(event)
         w = rows_for_combine(api, "topk_weights", topk_weights, sh.num_recv_rows, handle.allocated_rows)

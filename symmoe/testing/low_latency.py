@@ -371,3 +371,68 @@ def check_layer_low_latency(rank: int, world_size: int, config: dict[str, Any], 
                 assert_bitwise("graph replay vs eager forward_low_latency", out, eager, f"{ctx} replay {i}")
                 checked += 1
     return checked
+
+
+def check_elastic_graph_replay(rank: int, world_size: int, config: dict[str, Any], seed: int, T_max: int,
+                               replays: int = 200, every: int = 50) -> int:
+    """DeepEP V2's decode step through ``ElasticBuffer(symmoe_low_latency=True)`` -- the expanded
+    dispatch without CPU sync, an expert op on its rows and weights, the combine -- captured in
+    one CUDA graph and replayed; every ``every``-th replay on fresh inputs must equal, bitwise,
+    the same step run eagerly by a normal-mode ElasticBuffer. That buffer's dispatch must refuse
+    capture, naming why. Returns the number of replays checked."""
+    import symmoe.compat.deep_ep_v2 as deep_ep_v2
+    from ..errors import InputError
+    cfg = from_dict(config)
+    b = cfg.buffer
+    dev = torch.device("cuda", torch.cuda.current_device())
+    routing = Routing("masked", mask_prob=0.2, masked_tokens=0.05)
+    T, a = T_max - 3, b.expert_alignment
+
+    def inputs(case: int):
+        return make_inputs(routing, num_tokens=T, hidden=b.hidden, topk=b.topk, num_experts=b.num_experts,
+                           world_size=world_size, dtype=torch.bfloat16, seed=seed + 1009 * case)
+
+    ins = inputs(0)
+    x, idx, w = (t.to(dev).clone() for t in (ins[rank].x, ins[rank].topk_idx, ins[rank].topk_weights))
+    kw = dict(num_max_tokens_per_rank=T_max, expert_alignment=a, do_cpu_sync=False, do_expand=True)
+    fast = deep_ep_v2.ElasticBuffer(None, symmoe_config=cfg, allow_multiple_reduction=False, symmoe_low_latency=True)
+    normal = deep_ep_v2.ElasticBuffer(None, symmoe_config=cfg, allow_multiple_reduction=False)
+    checked = 0
+    try:
+        def step(buf) -> torch.Tensor:
+            recv_x, _, recv_w, handle, _ = buf.dispatch(x, topk_idx=idx, topk_weights=w, **kw)
+            y = (recv_x.float() * (1 + recv_w).unsqueeze(1)).to(torch.bfloat16)
+            return buf.combine(y, handle)[0]
+
+        step(fast)  # allocates the low-latency buffer: not allowed inside capture
+        torch.cuda.synchronize()
+        refused = torch.cuda.CUDAGraph()
+        try:
+            with torch.cuda.graph(refused):
+                step(normal)
+        except Exception as e:  # the refusal, possibly chained under the capture's end
+            chain = [e, e.__context__, e.__cause__]
+            assert any(isinstance(c, InputError) and "CUDA graph capture" in str(c) for c in chain), repr(e)
+        else:
+            raise AssertionError("the normal mode's dispatch was captured instead of refused")
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = step(fast)
+        for i in range(replays):
+            if i % every == 0:
+                ins = inputs(i // every + 1)
+                x.copy_(ins[rank].x)
+                idx.copy_(ins[rank].topk_idx)
+                w.copy_(ins[rank].topk_weights)
+                eager = step(normal).clone()
+            graph.replay()
+            if i % every == 0:
+                fast.symmoe.check_low_latency(synchronize=True)
+                assert_bitwise("graph replay vs normal mode", out, eager, f"rank {rank}/{world_size} replay {i}")
+                checked += 1
+        torch.cuda.synchronize()
+    finally:
+        fast.destroy()
+        normal.destroy()
+    return checked

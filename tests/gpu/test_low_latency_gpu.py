@@ -1,15 +1,16 @@
 """The low-latency mode on the GPU (torch backend): the kernels bitwise against the reference
 at world size 1, 2 and 4 (processes sharing the GPU under MPS), with and without receive
-hooks, FP8 rows included; a captured CUDA graph of dispatch -> expert op -> combine replayed 1000 times; the MoE
-layer's inference forward captured and replayed; and a rank that never sends making the
+hooks, FP8 rows included; a captured CUDA graph of dispatch -> expert op -> combine replayed 1000 times; DeepEP
+V2's decode step (ElasticBuffer, symmoe_low_latency) captured and replayed, the normal mode refusing capture; the
+MoE layer's inference forward captured and replayed; and a rank that never sends making the
 others raise StallError naming the stage."""
 from __future__ import annotations
 
 import pytest
 
 from symmoe.testing.checks import CHECK_ROUTINGS
-from symmoe.testing.low_latency import (absent_rank_low_latency, check_graph_replay, check_layer_low_latency,
-                                       check_low_latency, check_low_latency_fp8)
+from symmoe.testing.low_latency import (absent_rank_low_latency, check_elastic_graph_replay, check_graph_replay,
+                                       check_layer_low_latency, check_low_latency, check_low_latency_fp8)
 
 from test_torch_backend import _on_ranks, _usable, gpu_config  # noqa: F401  (the fixture too)
 
@@ -62,6 +63,11 @@ def test_the_fp8_rows_kernel_equals_quantize_and_pack_bitwise(round_scale, seed)
 def test_a_captured_step_replays_1000_times_bitwise_equal_to_eager(hooks, seed):
     cfg = gpu_config(**{"buffer.hidden": 2048})
     assert _on_ranks(check_graph_replay, 2, (cfg, seed + 3, 64, 1000, 100, hooks)) == [10, 10]
+
+
+def test_deep_ep_v2s_decode_step_is_captured_on_the_low_latency_engine_and_the_normal_mode_refuses(seed):
+    cfg = gpu_config(**{"buffer.hidden": 2048})
+    assert _on_ranks(check_elastic_graph_replay, 2, (cfg, seed + 5, 64, 200, 50)) == [4, 4]
 
 
 def test_a_captured_moe_layer_inference_forward_replays_bitwise_equal_to_eager(seed):
