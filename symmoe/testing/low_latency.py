@@ -233,6 +233,25 @@ def check_deep_ep_v1_low_latency(rank: int, world_size: int, config: dict[str, A
     return checked
 
 
+def _replays(graph: "torch.cuda.CUDAGraph", replays: int, every: int, inputs, captured: tuple[torch.Tensor, ...],
+              rank: int, eager):
+    """Replay ``graph`` ``replays`` times; before every ``every``-th replay, fresh inputs
+    (``inputs(case)``: every rank's) are copied into the ``captured`` (x, topk_idx, topk_weights)
+    and ``eager()`` runs the step on them. Yields (replay, inputs, eager output) after those
+    replays."""
+    x, idx, w = captured
+    for i in range(replays):
+        if i % every == 0:
+            ins = inputs(i // every + 1)
+            x.copy_(ins[rank].x)
+            idx.copy_(ins[rank].topk_idx)
+            w.copy_(ins[rank].topk_weights)
+            want = eager().clone()
+        graph.replay()
+        if i % every == 0:
+            yield i, ins, want
+
+
 def check_graph_replay(rank: int, world_size: int, config: dict[str, Any], seed: int, T_max: int,
                        replays: int = 1000, every: int = 100, hooks: bool = False) -> int:
     """Capture dispatch -> expert op -> combine in one CUDA graph and replay it ``replays``
@@ -272,26 +291,18 @@ def check_graph_replay(rank: int, world_size: int, config: dict[str, Any], seed:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = step()
-        for i in range(replays):
-            if i % every == 0:
-                ins = inputs(i // every + 1)
-                x.copy_(ins[rank].x)
-                idx.copy_(ins[rank].topk_idx)
-                w.copy_(ins[rank].topk_weights)
-                eager = step().clone()
-            graph.replay()
-            if i % every == 0:
-                buf.check_low_latency(synchronize=True)
-                ctx = f"rank {rank}/{world_size} graph replay {i} hooks={hooks}"
-                assert_bitwise("graph replay vs eager", out, eager, ctx)
-                ref = reference.low_latency_dispatch([r.x for r in ins], [r.topk_idx for r in ins], b.num_experts,
-                                                     T_max)
-                scales = [(torch.linspace(0.5, 2.0, L) + r).to(torch.bfloat16) for r in range(world_size)]
-                ys = [expert_op(ref.recv[r].recv_x, scales[r]) for r in range(world_size)]
-                want = reference.low_latency_combine(ys, ref, [r.topk_idx for r in ins], [r.topk_weights for r in ins],
-                                                     b.num_experts)[rank]
-                assert_bitwise("graph replay vs reference", out, want, ctx)
-                checked += 1
+        for i, ins, eager in _replays(graph, replays, every, inputs, (x, idx, w), rank, step):
+            buf.check_low_latency(synchronize=True)
+            ctx = f"rank {rank}/{world_size} graph replay {i} hooks={hooks}"
+            assert_bitwise("graph replay vs eager", out, eager, ctx)
+            ref = reference.low_latency_dispatch([r.x for r in ins], [r.topk_idx for r in ins], b.num_experts,
+                                                 T_max)
+            scales = [(torch.linspace(0.5, 2.0, L) + r).to(torch.bfloat16) for r in range(world_size)]
+            ys = [expert_op(ref.recv[r].recv_x, scales[r]) for r in range(world_size)]
+            want = reference.low_latency_combine(ys, ref, [r.topk_idx for r in ins], [r.topk_weights for r in ins],
+                                                 b.num_experts)[rank]
+            assert_bitwise("graph replay vs reference", out, want, ctx)
+            checked += 1
         torch.cuda.synchronize()
         buf.check_low_latency()
     return checked
@@ -419,18 +430,10 @@ def check_elastic_graph_replay(rank: int, world_size: int, config: dict[str, Any
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             out = step(fast)
-        for i in range(replays):
-            if i % every == 0:
-                ins = inputs(i // every + 1)
-                x.copy_(ins[rank].x)
-                idx.copy_(ins[rank].topk_idx)
-                w.copy_(ins[rank].topk_weights)
-                eager = step(normal).clone()
-            graph.replay()
-            if i % every == 0:
-                fast.symmoe.check_low_latency(synchronize=True)
-                assert_bitwise("graph replay vs normal mode", out, eager, f"rank {rank}/{world_size} replay {i}")
-                checked += 1
+        for i, _, eager in _replays(graph, replays, every, inputs, (x, idx, w), rank, lambda: step(normal)):
+            fast.symmoe.check_low_latency(synchronize=True)
+            assert_bitwise("graph replay vs normal mode", out, eager, f"rank {rank}/{world_size} replay {i}")
+            checked += 1
         torch.cuda.synchronize()
     finally:
         fast.destroy()
