@@ -9,8 +9,8 @@ no change to the code that builds the buffer, ``set_default_config(path)`` once 
 (``buffer.max_tokens_per_rank``, ``hidden``, ``topk``, ``num_experts``, ``dtype``):
 DeepEP's ``num_nvl_bytes`` is only a hint here.
 
-Results follow DeepEP V1's intranode kernels as their source defines them (not yet run
-side by side): rows ordered by (source rank, source token), ``recv_topk_idx`` local to the
+Results follow DeepEP V1's intranode kernels (bitwise equal to them in every cell of the side by
+side, ``benchmarks/deepep_h100``): rows ordered by (source rank, source token), ``recv_topk_idx`` local to the
 receiver with -1 elsewhere and weight 0 there, combine summing the ranks' rows (and
 ``topk_weights``) in ascending rank order in fp32 with one cast -- which is also symmoe's
 rank-major rule, so no conversion is needed beyond rounding the per-expert counts up to
