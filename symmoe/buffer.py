@@ -154,10 +154,8 @@ class Buffer:
                                            output_layout, expert_alignment, id(self), cols)
             if previous_event is not None:
                 previous_event.current_stream_wait()
-            worst = max(num_worst_tokens, handle.num_worst_tokens)
-            split = self._fp8_split(fp8_format, data, scales, scale_layout, worst)
-            if fp8_format is not None and split is None:
-                fp8.pack(data, scales, x)
+            split = self._fp8_rows(fp8_format, data, scales, x, scale_layout,
+                                   max(num_worst_tokens, handle.num_worst_tokens))
             recv = self._protocol.dispatch_cached(x, handle, num_worst_tokens, split)
         else:
             output_layout = output_layout or self.config.buffer.output_layout
@@ -166,9 +164,7 @@ class Buffer:
                                     output_layout, alignment, values=not self._protocol.checks_topk_values, cols=cols)
             if previous_event is not None:
                 previous_event.current_stream_wait()
-            split = self._fp8_split(fp8_format, data, scales, scale_layout, num_worst_tokens)
-            if fp8_format is not None and split is None:
-                fp8.pack(data, scales, x)
+            split = self._fp8_rows(fp8_format, data, scales, x, scale_layout, num_worst_tokens)
             recv, handle = self._protocol.dispatch(x, topk_idx, topk_weights, output_layout, alignment,
                                                    num_worst_tokens, split)
         per_expert = recv.num_recv_tokens_per_expert
@@ -181,14 +177,17 @@ class Buffer:
                                                                         scale_layout)
         return recv_x, recv.topk_idx, recv.topk_weights, per_expert, handle, self._event(record_event)
 
-    def _fp8_split(self, fp8_format: fp8.Fp8Format | None, data: torch.Tensor | None, scales: torch.Tensor | None,
-                   scale_layout: str, worst: int) -> fp8.Fp8Rows | None:
+    def _fp8_rows(self, fp8_format: fp8.Fp8Format | None, data: torch.Tensor | None, scales: torch.Tensor | None,
+                  x: torch.Tensor, scale_layout: str, worst: int) -> fp8.Fp8Rows | None:
         """An FP8 dispatch's rows for a protocol that packs and splits them itself (row-major
-        scales; its push reads them, its unpack writes them split), else None: they are packed
-        here (fp8.pack) and split after (fp8.unpack)."""
-        if fp8_format is None or scale_layout != "row" or not self._protocol.fp8_split(worst):
+        scales; its push reads them, its unpack writes them split), else None: an FP8 dispatch's
+        rows are then packed here into ``x`` (fp8.pack) and split after (fp8.unpack)."""
+        if fp8_format is None:
             return None
-        return fp8.Fp8Rows(fp8_format, data, scales)
+        if scale_layout == "row" and self._protocol.fp8_split(worst):
+            return fp8.Fp8Rows(fp8_format, data, scales)
+        fp8.pack(data, scales, x)
+        return None
 
     def grouped_layout(self, handle: DispatchHandle, psum: bool = False) -> torch.Tensor:
         """DeepGEMM's grouped layout of an expert-major dispatch's rows, for

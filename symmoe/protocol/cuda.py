@@ -60,10 +60,9 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from .. import build
+from .. import build, fp8
 from ..config import Config
 from ..errors import InputError, StallError
-from .. import fp8
 from ..fp8 import FP8_DTYPE, Fp8Rows
 from ..handle import DispatchHandle
 from ..layout import BufferLayout
@@ -273,6 +272,10 @@ class _CudaProtocol(Protocol):
         # The tail kernel that fills worst-case rows writes whole rows: not split.
         return self._splits_fp8 and not worst
 
+    def _row_shape(self, x: torch.Tensor, split: Fp8Rows | None) -> tuple[torch.dtype, int]:
+        """The x output's dtype and columns: an FP8 dispatch split by the unpack gets e4m3 rows."""
+        return (FP8_DTYPE, self.layout.hidden) if split is not None else (x.dtype, x.shape[1])
+
     def _fp8_rows(self, x: torch.Tensor, args: dict[str, int], out: dict[str, Any], split: Fp8Rows | None,
                   worst: int) -> tuple[int, torch.Tensor | None]:
         """(the kernels' x, the scales output). Without ``split``: x's rows, none. With it (an
@@ -305,7 +308,7 @@ class _CudaProtocol(Protocol):
         topk_idx = topk_idx.contiguous()
         topk_weights = topk_weights.float().contiguous()
         self._publish_x(x)
-        rows_dtype, cols = (FP8_DTYPE, lay.hidden) if split is not None else (x.dtype, x.shape[1])
+        rows_dtype, cols = self._row_shape(x, split)
         # Allocate everything first: the launches below then follow each other closely.
         cap = self._capacity(output_layout)  # what the kernels may write; `worst` rows are returned
         if worst:  # kept inside those rows too: outputs of exactly `worst` rows, returned whole (no slices)
@@ -412,7 +415,7 @@ class _CudaProtocol(Protocol):
             # what the kernels may write (the received rows are fewer), never past recv_rows
             rows = min(handle.num_recv_rows, self._capacity(handle.output_layout))
         self._publish_x(x)
-        rows_dtype, cols = (FP8_DTYPE, lay.hidden) if split is not None else (x.dtype, x.shape[1])
+        rows_dtype, cols = self._row_shape(x, split)
         out = self._outputs(max(rows, 1, worst), handle.output_layout, rows_dtype, cols=cols)
         args = _kernel_outputs(out, max(rows, 1), 0)  # same routing: the handle's selfmap holds
         x_ptr, scales = self._fp8_rows(x, args, out, split, worst)
